@@ -1,0 +1,168 @@
+"""`deform-surgeon` command line: a thin shell over the Python API (polygraphy-style subcommands and groups).
+
+Exit codes: 0 success; 1 verification failed (patched outputs differ) or a runtime check failed;
+2 bad input (one line on stderr naming the file and the problem); 3 `--strict` and some node was refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+from . import __version__
+from .errors import SurgeonError
+from .surgeon import SUM_MODES, inspect, patch
+from .verify import DEFAULT_ITERATIONS, DEFAULT_SEED, OPT_LEVELS, verify
+
+_RANGE = re.compile(r"^(?:(?P<name>[^:\[]+):)?\[(?P<lo>[^,\]]+),(?P<hi>[^\]]+)\]$")
+
+
+def parse_val_ranges(items: list[str] | None) -> dict[str, tuple[float, float]] | None:
+    """polygraphy's `--val-range` syntax: `NAME:[lo,hi]` per input, or `[lo,hi]` for all inputs."""
+    if not items:
+        return None
+    out: dict[str, tuple[float, float]] = {}
+    for item in items:
+        m = _RANGE.match(item.replace(" ", ""))
+        if not m:
+            raise SurgeonError(None, f"bad --val-range '{item}'", "write NAME:[lo,hi], e.g. image:[0,1]")
+        out[m.group("name") or ""] = (float(m.group("lo")), float(m.group("hi")))
+    return out
+
+
+def _verify_group(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("comparison (ONNX Runtime CPU, zero tolerance + byte comparison)")
+    g.add_argument("--iterations", type=int, default=None,
+                   help=f"seeded inputs to compare (default {DEFAULT_ITERATIONS})")
+    g.add_argument("--seed", type=int, default=None,
+                   help=f"seed of the first input; iteration i uses seed+i (default {DEFAULT_SEED})")
+    g.add_argument("--val-range", nargs="+", default=None, metavar="NAME:[LO,HI]",
+                   help="value range per input, polygraphy syntax (default floats [0,1], integers [0,8])")
+    g.add_argument("--opt-level", choices=OPT_LEVELS, default=None,
+                   help="ORT graph optimisation level of both sessions (default all)")
+
+
+def _verify_kwargs(args: argparse.Namespace, model: str) -> dict:
+    ranges = parse_val_ranges(args.val_range)
+    if ranges and "" in ranges:
+        from .verify import default_val_ranges
+
+        everything = ranges.pop("")
+        ranges = {**{k: everything for k in default_val_ranges(model)}, **ranges}
+    return {"iterations": args.iterations, "seed": args.seed, "val_range": ranges, "opt_level": args.opt_level}
+
+
+def _rewrite_group(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("rewrites")
+    g.add_argument("--allow-unproven", action="store_true",
+                   help="also rewrite gathers whose index range is NOT proven (listed loudly; unsafe on WebGPU)")
+    g.add_argument("--sum-mode", choices=SUM_MODES, default=None,
+                   help="Sum -> Add chain (default, bit-identical), tree (NOT bit-identical) or none")
+
+
+def _cmd_patch(args: argparse.Namespace) -> int:
+    out = args.output or str(Path(args.model).with_suffix("")) + ".patched.onnx"
+    if args.report:
+        _check_writable(args.report)
+    report = patch(args.model, out, allow_unproven=args.allow_unproven, sum_mode=args.sum_mode,
+                   verify=args.verify, copy_unchanged=args.copy_unchanged,
+                   verify_options=_verify_kwargs(args, args.model))
+    print(report.format(verbose=args.verbose))
+    if report.written:
+        print(f"wrote {out}")
+    if args.report:
+        Path(args.report).write_text(report.to_json())
+        print(f"report: {args.report}")
+    return 3 if (args.strict and report.refused) else 0
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    if args.json:
+        _check_writable(args.json)
+    report = inspect(args.model, allow_unproven=args.allow_unproven, sum_mode=args.sum_mode)
+    print(report.format(verbose=args.verbose))
+    if args.json:
+        Path(args.json).write_text(report.to_json())
+    return 3 if (args.strict and report.refused) else 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    for path in (args.original, args.patched):
+        if not Path(path).is_file():
+            raise SurgeonError(path, "no such file")
+    from .model_io import load_model
+
+    load_model(args.original), load_model(args.patched)
+    if args.json:
+        _check_writable(args.json)
+    result = verify(args.original, args.patched, **_verify_kwargs(args, args.original))
+    print(result.summary())
+    if args.json:
+        Path(args.json).write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    return 0 if result.identical else 1
+
+
+def _check_writable(path: str) -> None:
+    parent = Path(path).parent
+    if not parent.is_dir():
+        raise SurgeonError(path, f"folder {parent} does not exist")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="deform-surgeon",
+        description="Rewrite ONNX deformable-convolution graphs (BiRefNet) to run fully on WebGPU, bit-identically.")
+    parser.add_argument("--version", action="version", version=f"deform-surgeon {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("patch", help="prove, rewrite and save a model (atomic; optionally verified first)")
+    p.add_argument("model", help="input .onnx model (never modified)")
+    p.add_argument("output", nargs="?", default=None, help="output path (default: <name>.patched.onnx beside input)")
+    g = p.add_argument_group("output")
+    g.add_argument("--verify", action="store_true", help="write OUT only if it is byte-identical on ORT CPU")
+    g.add_argument("--report", metavar="FILE.json", help="also write the report as JSON")
+    g.add_argument("--copy-unchanged", action="store_true", help="with nothing to rewrite, still write a copy")
+    g.add_argument("--strict", action="store_true", help="exit 3 if any node was refused")
+    g.add_argument("-v", "--verbose", action="store_true", help="list every rewritten node")
+    _rewrite_group(p)
+    _verify_group(p)
+    p.set_defaults(func=_cmd_patch)
+
+    p = sub.add_parser("inspect", help="dry run: what would be rewritten or refused, and why")
+    p.add_argument("model")
+    p.add_argument("--json", metavar="FILE", help="write the report as JSON")
+    p.add_argument("--strict", action="store_true", help="exit 3 if any node would be refused")
+    p.add_argument("-v", "--verbose", action="store_true")
+    _rewrite_group(p)
+    p.set_defaults(func=_cmd_inspect)
+
+    p = sub.add_parser("verify", help="compare two models on ORT CPU: zero tolerance + exact bytes")
+    p.add_argument("original")
+    p.add_argument("patched")
+    p.add_argument("--json", metavar="FILE", help="write the result as JSON")
+    _verify_group(p)
+    p.set_defaults(func=_cmd_verify)
+
+    try:
+        from .placement import register_cli
+    except ImportError:  # the placement harness is optional at import time; its command says what is missing
+        register_cli = None
+    if register_cli is not None:
+        register_cli(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except SurgeonError as exc:
+        print(f"deform-surgeon: error: {exc.one_line()}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("deform-surgeon: interrupted", file=sys.stderr)
+        return 130

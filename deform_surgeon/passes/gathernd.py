@@ -1,0 +1,171 @@
+"""GatherND -> Gather on the flattened data, with a linear int32 index.
+
+Why: the exporter's `GatherND(batch_dims=2)` on rank-5 data `[B, G, Hp, Wp, C]` is not usable on the web (JSEP's
+shader fails to compile for rank-5 data; the native EP needs int64 index arithmetic on the CPU). A plain
+`Gather(axis=0)` on the data reshaped to `[B*G*Hp*Wp, C]` reads exactly the same rows, *provided* every index
+component lies in `[0, dim-1]`: only then is `((b*G + g)*Hp + y)*Wp + x` a bijection onto the rows. The range
+prover must prove that; an unproven GatherND is left alone and reported, unless the user asks for
+`--allow-unproven`, which rewrites it and says so loudly.
+
+    data [B, G, H, W, C] --Reshape--> [B*G*H*W, C] --Gather(axis=0)--> out [B, G, P, C]
+    indices [B, G, P, 2] -> y, x (int32) -> y*W + x + base[b, g]  (base = (b*G + g)*H*W)
+
+The pass is general in `batch_dims`, index depth and trailing dims; the exporter's form is one instance.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from ..pipeline import REFUSED, REWRITTEN, REWRITTEN_UNPROVEN, Action, Context
+from .ranges import IndexVerdict, Status, gathernd_verdict
+
+INT32_MAX = 2**31 - 1
+
+
+class LowerGatherND:
+    """Rewrite every proven GatherND into Reshape + int32 index arithmetic + Gather(axis=0)."""
+
+    name = "gathernd"
+
+    def run(self, ctx: Context) -> list[Action]:
+        # Shared work across the gathers of one run: the four corners of a deformable conv read the same data
+        # and share their clamped coordinates, so each flattened data tensor, each int32 coordinate and each
+        # scaled coordinate is built once, not once per corner.
+        self._memo: dict[tuple, gs.Tensor] = {}
+        actions = []
+        for node in [n for n in ctx.graph.nodes if n.op == "GatherND"]:
+            verdict = gathernd_verdict(ctx.prover, node)
+            actions.append(self.rewrite(ctx, node, verdict))
+        return actions
+
+    def check(self, ctx: Context, node: gs.Node, verdict: IndexVerdict) -> str | None:
+        """None if `node` may be rewritten, else the reason it must not be."""
+        if verdict.status is Status.OUT_OF_RANGE:
+            return f"indices out of range ({verdict.reason})"
+        if not verdict.proven and not ctx.options.allow_unproven:
+            return f"indices not proven in range: {verdict.reason}"
+        prover = ctx.prover
+        dshape = prover.static_shape(node.inputs[0])
+        ishape = prover.static_shape(node.inputs[1])
+        if dshape is None or ishape is None:
+            return "data or indices shape not known statically"
+        b = int(node.attrs.get("batch_dims", 0))
+        if dshape[:b] != ishape[:b]:
+            return f"batch dims differ: data {dshape[:b]} vs indices {ishape[:b]}"
+        rows = math.prod(dshape[: b + ishape[-1]])
+        if rows - 1 > INT32_MAX:
+            return f"flattened data has {rows} rows, more than an int32 index can address"
+        if prover.dtype(node.inputs[1]) not in (np.dtype(np.int64), np.dtype(np.int32)):
+            return f"indices dtype {prover.dtype(node.inputs[1])} is not int32/int64"
+        return None
+
+    def rewrite(self, ctx: Context, node: gs.Node, verdict: IndexVerdict) -> Action:
+        why_not = self.check(ctx, node, verdict)
+        if why_not is not None:
+            return Action(self.name, node.name, node.op, REFUSED, why_not)
+
+        prover = ctx.prover
+        data, indices = node.inputs[0], node.inputs[1]
+        out = node.outputs[0]
+        dshape, ishape = prover.static_shape(data), prover.static_shape(indices)
+        b, r = int(node.attrs.get("batch_dims", 0)), ishape[-1]
+        addressed = dshape[b: b + r]
+        rest = list(dshape[b + r:])
+        rows = math.prod(dshape[: b + r])
+        point_shape = list(ishape[:-1])
+        base = node.name or out.name
+        before = len(ctx.graph.nodes)
+
+        flat = self._memo.get(("flat", data.name))
+        if flat is None:
+            flat = ctx.var(f"{base}/flat", prover.dtype(data), [rows, *rest])
+            ctx.node("Reshape", f"{base}/flatten",
+                     [data, ctx.const(f"{base}/flat_shape", np.array([rows, *rest], dtype=np.int64))], [flat])
+            self._memo[("flat", data.name)] = flat
+
+        linear: gs.Tensor | None = None
+        for i, comp in enumerate(self.components(ctx, indices, r, point_shape, base)):
+            stride = math.prod(addressed[i + 1:])
+            term = comp
+            if stride != 1:
+                term = self._memo.get(("scaled", comp.name, stride))
+                if term is None:
+                    term = ctx.var(f"{base}/term{i}", np.int32, point_shape)
+                    ctx.node("Mul", f"{base}/scale{i}",
+                             [comp, ctx.const(f"{base}/stride{i}", np.array(stride, dtype=np.int32))], [term])
+                    self._memo[("scaled", comp.name, stride)] = term
+            if linear is None:
+                linear = term
+            else:
+                acc = ctx.var(f"{base}/linear{i}", np.int32, point_shape)
+                ctx.node("Add", f"{base}/accumulate{i}", [linear, term], [acc])
+                linear = acc
+
+        batch = dshape[:b]
+        if math.prod(batch) > 1:
+            offsets = (np.arange(math.prod(batch), dtype=np.int64) * math.prod(addressed)).astype(np.int32)
+            offsets = offsets.reshape(list(batch) + [1] * (len(point_shape) - b))
+            acc = ctx.var(f"{base}/linear", np.int32, point_shape)
+            ctx.node("Add", f"{base}/add_batch_offset", [linear, ctx.const(f"{base}/batch_offset", offsets)], [acc])
+            linear = acc
+
+        node.outputs.clear()
+        ctx.node("Gather", f"{base}/gather", [flat, linear], [out], {"axis": 0})
+        new_nodes = tuple(n.name for n in ctx.graph.nodes[before:])
+        if verdict.proven:
+            return Action(self.name, node.name, node.op, REWRITTEN, verdict.reason, new_nodes)
+        return Action(self.name, node.name, node.op, REWRITTEN_UNPROVEN,
+                      f"UNPROVEN, rewritten because --allow-unproven was given: {verdict.reason}", new_nodes)
+
+    def components(self, ctx: Context, indices: gs.Tensor, r: int, point_shape: list[int],
+                   base: str) -> list[gs.Tensor]:
+        """The r index components as int32 tensors of shape `point_shape`.
+
+        The exporter builds its indices as `Concat([y, x], axis=-1)` of `[..., 1]` tensors; reading `y` and `x`
+        before the Concat avoids materialising and re-splitting it (the Concat then dies in cleanup).
+        Casting to int32 is exact because the prover showed each component lies in `[0, dim-1]` and the
+        flattened row count fits int32 (checked in `check`).
+        """
+        sources = self._concat_sources(ctx, indices, r)
+        comps = []
+        for i in range(r):
+            key = ("component", sources[i].name if sources else f"{indices.name}[{i}]", tuple(point_shape))
+            if key in self._memo:
+                comps.append(self._memo[key])
+                continue
+            if sources is not None:
+                shape_const = self._memo.get(("shape", tuple(point_shape)))
+                if shape_const is None:
+                    shape_const = ctx.const(f"{base}/point_shape", np.array(point_shape, dtype=np.int64))
+                    self._memo[("shape", tuple(point_shape))] = shape_const
+                shaped = ctx.var(f"{base}/index{i}_i64", ctx.prover.dtype(indices), point_shape)
+                ctx.node("Reshape", f"{base}/index{i}_reshape",
+                         [sources[i], shape_const], [shaped])
+            else:
+                shaped = ctx.var(f"{base}/index{i}_i64", ctx.prover.dtype(indices), point_shape)
+                ctx.node("Gather", f"{base}/index{i}_select",
+                         [indices, ctx.const(f"{base}/component{i}", np.array(i, dtype=np.int64))],
+                         [shaped], {"axis": -1})
+            comp = ctx.var(f"{base}/index{i}", np.int32, point_shape)
+            ctx.node("Cast", f"{base}/index{i}_to_int32", [shaped], [comp], {"to": 6})  # 6 = INT32
+            self._memo[key] = comp
+            comps.append(comp)
+        return comps
+
+    @staticmethod
+    def _concat_sources(ctx: Context, indices: gs.Tensor, r: int) -> list[gs.Tensor] | None:
+        if len(indices.inputs) != 1 or indices.inputs[0].op != "Concat":
+            return None
+        concat = indices.inputs[0]
+        rank = len(ctx.prover.static_shape(indices) or ())
+        if rank == 0 or concat.attrs.get("axis") not in (-1, rank - 1) or len(concat.inputs) != r:
+            return None
+        for t in concat.inputs:
+            shape = ctx.prover.static_shape(t)
+            if shape is None or len(shape) != rank or shape[-1] != 1:
+                return None
+        return list(concat.inputs)

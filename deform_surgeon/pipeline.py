@@ -1,0 +1,130 @@
+"""The Pass protocol, the context passes share, and running passes to a fixed point.
+
+Why a fixed point: one pass can expose work for another (a lowered gather leaves a Sum next to it, a chained
+Sum leaves nothing), and running until nothing changes makes a second `patch` on a patched model a no-op by
+construction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Protocol
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from .passes.ranges import RangeProver, TypeInfo
+
+REWRITTEN = "rewritten"
+REWRITTEN_UNPROVEN = "rewritten_unproven"
+REFUSED = "refused"
+
+
+@dataclass(frozen=True)
+class Action:
+    """What one pass did, or refused to do, at one node, and why."""
+
+    pass_name: str
+    node: str
+    op: str
+    action: str
+    reason: str
+    new_nodes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["new_nodes"] = list(self.new_nodes)
+        return d
+
+
+@dataclass
+class Options:
+    """Patch options. `None` never appears: every field has its documented default."""
+
+    allow_unproven: bool = False
+    sum_mode: str = "chain"  # chain | tree | none
+
+
+class NameScope:
+    """Fresh, deterministic names derived from an original node's name, never colliding with existing ones."""
+
+    def __init__(self, graph: gs.Graph) -> None:
+        self.used: set[str] = {n.name for n in graph.nodes} | set(graph.tensors().keys())
+
+    def fresh(self, base: str) -> str:
+        name, k = base, 1
+        while name in self.used:
+            name = f"{base}_{k}"
+            k += 1
+        self.used.add(name)
+        return name
+
+
+@dataclass
+class Context:
+    """Everything a pass needs: the graph it mutates in place, type facts, options and the range prover."""
+
+    graph: gs.Graph
+    types: TypeInfo
+    options: Options = field(default_factory=Options)
+    names: NameScope = field(init=False)
+    _prover: RangeProver | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.names = NameScope(self.graph)
+
+    @property
+    def prover(self) -> RangeProver:
+        if self._prover is None:
+            self._prover = RangeProver(self.graph, self.types)
+        return self._prover
+
+    def invalidate(self) -> None:
+        """Forget cached proofs after a mutation (proofs are cheap to redo; stale ones are not acceptable)."""
+        self._prover = None
+
+    # -- small graph-building helpers shared by passes --------------------------------------------------------
+    def const(self, base: str, values: np.ndarray) -> gs.Constant:
+        return gs.Constant(self.names.fresh(base), np.ascontiguousarray(values))
+
+    def var(self, base: str, dtype: np.dtype | type | None, shape: Sequence[int | str | None] | None) -> gs.Variable:
+        return gs.Variable(self.names.fresh(base), dtype=None if dtype is None else np.dtype(dtype),
+                           shape=None if shape is None else list(shape))
+
+    def node(self, op: str, base: str, inputs: list[gs.Tensor], outputs: list[gs.Tensor],
+             attrs: dict | None = None) -> gs.Node:
+        node = gs.Node(op=op, name=self.names.fresh(base), attrs=attrs or {}, inputs=inputs, outputs=outputs)
+        self.graph.nodes.append(node)
+        return node
+
+
+class Pass(Protocol):
+    """A rewrite: finds its pattern, asks the prover where needed, rewrites in place, reports each node."""
+
+    name: str
+
+    def run(self, ctx: Context) -> list[Action]: ...
+
+
+def run_passes(ctx: Context, passes: Iterable[Pass], max_rounds: int = 4) -> list[Action]:
+    """Run passes in order until a round changes nothing; return every rewrite and the last round's refusals."""
+    passes = list(passes)
+    done: list[Action] = []
+    refusals: dict[tuple[str, str], Action] = {}
+    for _ in range(max_rounds):
+        changed = False
+        for p in passes:
+            actions = p.run(ctx)
+            for a in actions:
+                if a.action == REFUSED:
+                    refusals[(a.pass_name, a.node)] = a
+                else:
+                    done.append(a)
+                    changed = True
+            if any(a.action != REFUSED for a in actions):
+                ctx.graph.cleanup().toposort()
+                ctx.invalidate()
+        if not changed:
+            break
+    return done + list(refusals.values())

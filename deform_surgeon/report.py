@@ -1,0 +1,104 @@
+"""The PatchReport: what was rewritten, what was refused and why, op counts before/after; as a table or JSON."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+
+import onnx_graphsurgeon as gs
+
+from .pipeline import REFUSED, REWRITTEN, REWRITTEN_UNPROVEN, Action
+from .verify import VerifyResult
+
+REPORT_VERSION = 1
+_ALWAYS_SHOWN = ("GatherND", "GatherElements", "Sum", "Gather")
+
+
+def op_histogram(graph: gs.Graph) -> dict[str, int]:
+    return dict(sorted(Counter(n.op for n in graph.nodes).items()))
+
+
+@dataclass
+class PatchReport:
+    model: str
+    output: str | None = None
+    written: bool = False
+    options: dict = field(default_factory=dict)
+    ops_before: dict[str, int] = field(default_factory=dict)
+    ops_after: dict[str, int] = field(default_factory=dict)
+    actions: list[Action] = field(default_factory=list)
+    verification: VerifyResult | None = None
+    note: str = ""
+
+    @property
+    def rewritten(self) -> list[Action]:
+        return [a for a in self.actions if a.action in (REWRITTEN, REWRITTEN_UNPROVEN)]
+
+    @property
+    def unproven(self) -> list[Action]:
+        return [a for a in self.actions if a.action == REWRITTEN_UNPROVEN]
+
+    @property
+    def refused(self) -> list[Action]:
+        return [a for a in self.actions if a.action == REFUSED]
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.rewritten)
+
+    def to_dict(self) -> dict:
+        return {
+            "version": REPORT_VERSION,
+            "model": self.model,
+            "output": self.output,
+            "written": self.written,
+            "options": self.options,
+            "ops_before": self.ops_before,
+            "ops_after": self.ops_after,
+            "summary": {
+                "rewritten": len(self.rewritten) - len(self.unproven),
+                "rewritten_unproven": len(self.unproven),
+                "refused": len(self.refused),
+            },
+            "nodes": [a.to_dict() for a in self.actions],
+            "verification": None if self.verification is None else self.verification.to_dict(),
+            "note": self.note,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n"
+
+    def op_table(self) -> str:
+        ops = sorted({k for k in set(self.ops_before) | set(self.ops_after)
+                      if self.ops_before.get(k, 0) != self.ops_after.get(k, 0) or k in _ALWAYS_SHOWN})
+        rows = [("op type", "before", "after")] + [
+            (k, str(self.ops_before.get(k, 0)), str(self.ops_after.get(k, 0))) for k in ops]
+        rows.append(("(all nodes)", str(sum(self.ops_before.values())), str(sum(self.ops_after.values()))))
+        w = [max(len(r[i]) for r in rows) for i in range(3)]
+        return "\n".join(f"  {r[0]:<{w[0]}}  {r[1]:>{w[1]}}  {r[2]:>{w[2]}}" for r in rows)
+
+    def format(self, verbose: bool = False) -> str:
+        """The terminal report: the op table, a per-node summary and the verdict lines."""
+        lines = [f"model: {self.model}", self.op_table(), ""]
+        by_kind: dict[tuple[str, str], list[Action]] = {}
+        for a in self.actions:
+            by_kind.setdefault((a.pass_name, a.action), []).append(a)
+        for (pass_name, action), items in by_kind.items():
+            lines.append(f"{pass_name}: {len(items)} node(s) {action}")
+            shown = items if (verbose or action != REWRITTEN) else items[:3]
+            for a in shown:
+                lines.append(f"  {action:<18} {a.op:<14} {a.node}: {a.reason}")
+            if len(shown) < len(items):
+                lines.append(f"  ... {len(items) - len(shown)} more (--verbose or --report FILE.json lists all)")
+        if self.unproven:
+            lines.append(f"WARNING: {len(self.unproven)} node(s) rewritten WITHOUT a range proof "
+                         "(--allow-unproven); an out-of-range index there reads a wrong element silently on WebGPU:")
+            lines.extend(f"WARNING:   {a.op} '{a.node}'" for a in self.unproven)
+        if self.refused:
+            lines.append(f"{len(self.refused)} node(s) left unchanged (refused, see reasons above)")
+        if self.verification is not None:
+            lines.append(self.verification.summary())
+        if self.note:
+            lines.append(self.note)
+        return "\n".join(lines)

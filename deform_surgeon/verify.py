@@ -1,0 +1,189 @@
+"""Before/after comparison on ONNX Runtime CPU: polygraphy at zero tolerance, backed by an exact byte comparison.
+
+Why both: polygraphy's `--atol 0 --rtol 0` fails on two identical NaNs, passes `-0.0` against `+0.0` and skips an
+output that one model lacks. The byte comparison (same output names, dtypes, shapes and bytes, NaN-aware because
+identical NaN bits are equal bytes) is the verdict; polygraphy drives the runs (seeded inputs with explicit value
+ranges, both sessions at the same graph optimisation level) and its own verdict is reported beside it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+DEFAULT_ITERATIONS = 3
+DEFAULT_SEED = 1
+DEFAULT_FLOAT_RANGE = (0.0, 1.0)
+DEFAULT_INT_RANGE = (0, 8)
+OPT_LEVELS = ("disable", "basic", "extended", "all")
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    iteration: int
+    output: str
+    problem: str
+    index: tuple[int, ...] | None = None
+    original: str | None = None
+    patched: str | None = None
+
+    def text(self) -> str:
+        where = f"output '{self.output}' (iteration {self.iteration})"
+        if self.index is None:
+            return f"{where}: {self.problem}"
+        return f"{where}: {self.problem} at index {list(self.index)}: original {self.original}, patched {self.patched}"
+
+
+@dataclass
+class VerifyResult:
+    original: str
+    patched: str
+    iterations: int
+    seed: int
+    opt_level: str
+    val_range: dict[str, tuple[float, float]]
+    identical: bool = False
+    polygraphy_passed: bool = False
+    outputs_compared: list[str] = field(default_factory=list)
+    max_abs_diff: dict[str, float] = field(default_factory=dict)
+    mismatch: Mismatch | None = None
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["val_range"] = {k: list(v) for k, v in self.val_range.items()}
+        return d
+
+    def summary(self) -> str:
+        if self.identical:
+            return (f"verify: PASSED: {len(self.outputs_compared)} output(s) byte-identical on {self.iterations} "
+                    f"seeded input(s) (seed {self.seed}, ORT CPU, opt level '{self.opt_level}'; "
+                    f"polygraphy atol=0 rtol=0: {'passed' if self.polygraphy_passed else 'failed (NaNs)'})")
+        return f"verify: FAILED: {self.mismatch.text() if self.mismatch else 'outputs differ'}"
+
+
+def _ort_level(name: str):
+    import onnxruntime as ort
+
+    return {
+        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }[name]
+
+
+def default_val_ranges(model_path: str | Path, given: dict[str, tuple[float, float]] | None = None
+                       ) -> dict[str, tuple[float, float]]:
+    """An explicit value range for every graph input: floats [0, 1), integers [0, 8] unless given."""
+    import onnx
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    init = {i.name for i in model.graph.initializer}
+    ranges: dict[str, tuple[float, float]] = {}
+    for vi in model.graph.input:
+        if vi.name in init:
+            continue
+        elem = vi.type.tensor_type.elem_type
+        is_float = elem in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
+                            onnx.TensorProto.BFLOAT16)
+        ranges[vi.name] = (given or {}).get(vi.name, DEFAULT_FLOAT_RANGE if is_float else DEFAULT_INT_RANGE)
+    return ranges
+
+
+def verify(original: str | Path, patched: str | Path, *, iterations: int | None = None, seed: int | None = None,
+           val_range: dict[str, tuple[float, float]] | None = None, opt_level: str | None = None,
+           quiet: bool = True) -> VerifyResult:
+    """Run both models on the same seeded inputs on ORT CPU and compare every output byte for byte."""
+    from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
+    from polygraphy.comparator import Comparator, DataLoader
+    from polygraphy.comparator.compare import SimpleCompareFunc
+    from polygraphy.logger import G_LOGGER
+
+    iterations = DEFAULT_ITERATIONS if iterations is None else iterations
+    seed = DEFAULT_SEED if seed is None else seed
+    opt_level = "all" if opt_level is None else opt_level
+    ranges = default_val_ranges(original, val_range)
+    result = VerifyResult(str(original), str(patched), iterations, seed, opt_level, ranges)
+
+    import onnxruntime
+
+    from .errors import SurgeonError
+
+    old = G_LOGGER.module_severity
+    if quiet:
+        G_LOGGER.module_severity = G_LOGGER.ERROR
+        onnxruntime.set_default_logger_severity(3)
+    try:
+        level = _ort_level(opt_level)
+        runners = [
+            OnnxrtRunner(SessionFromOnnx(str(original), providers=["cpu"], graph_optimization_level=level),
+                         name="original"),
+            OnnxrtRunner(SessionFromOnnx(str(patched), providers=["cpu"], graph_optimization_level=level),
+                         name="patched"),
+        ]
+        results = None
+        for runner, path in zip(runners, (original, patched), strict=True):
+            try:  # one runner at a time, so a model that cannot run is named
+                ran = Comparator.run([runner], data_loader=DataLoader(seed=seed, iterations=iterations,
+                                                                     val_range=dict(ranges)))
+            except Exception as exc:
+                raise SurgeonError(path, f"fails to run on ORT CPU with the seeded inputs ({_one_line(exc)})",
+                                   "choose input ranges the model is valid for with --val-range") from None
+            if results is None:
+                results = ran
+            else:
+                results.lst.extend(ran.lst)
+        accuracy = Comparator.compare_accuracy(
+            results, compare_func=SimpleCompareFunc(atol=0.0, rtol=0.0, check_shapes=True))
+        result.polygraphy_passed = bool(accuracy)
+    finally:
+        G_LOGGER.module_severity = old
+
+    (_, orig_iters), (_, patch_iters) = results[0], results[1]
+    result.mismatch = compare_bytes(orig_iters, patch_iters, result)
+    result.identical = result.mismatch is None
+    return result
+
+
+def compare_bytes(orig_iters, patch_iters, result: VerifyResult) -> Mismatch | None:
+    """Exact comparison of every output of every iteration: names, dtypes, shapes, then bytes."""
+    first: Mismatch | None = None
+    for it, (a_out, b_out) in enumerate(zip(orig_iters, patch_iters, strict=True)):
+        a_names, b_names = set(a_out.keys()), set(b_out.keys())
+        if a_names != b_names:
+            return Mismatch(it, ", ".join(sorted(a_names ^ b_names)), "output present in only one model")
+        for name in sorted(a_names):
+            a, b = np.asarray(a_out[name]), np.asarray(b_out[name])
+            if name not in result.outputs_compared:
+                result.outputs_compared.append(name)
+            if a.dtype != b.dtype:
+                return Mismatch(it, name, f"dtype differs: {a.dtype} vs {b.dtype}")
+            if a.shape != b.shape:
+                return Mismatch(it, name, f"shape differs: {list(a.shape)} vs {list(b.shape)}")
+            diff = _max_abs_diff(a, b)
+            result.max_abs_diff[name] = max(result.max_abs_diff.get(name, 0.0), diff)
+            if a.tobytes() != b.tobytes() and first is None:
+                av = a.reshape(-1).view(np.uint8).reshape(a.size, -1) if a.size else a
+                bv = b.reshape(-1).view(np.uint8).reshape(b.size, -1) if b.size else b
+                flat = int(np.nonzero((av != bv).any(axis=1))[0][0])
+                idx = tuple(int(i) for i in np.unravel_index(flat, a.shape)) if a.shape else ()
+                first = Mismatch(it, name, f"bytes differ (max abs diff {diff:g})", idx,
+                                 repr(a.reshape(-1)[flat].item()), repr(b.reshape(-1)[flat].item()))
+    return first
+
+
+def _max_abs_diff(a: np.ndarray, b: np.ndarray) -> float:
+    if a.size == 0 or a.dtype == np.bool_:
+        return 0.0 if a.size == 0 else float(np.count_nonzero(a != b))
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = np.abs(a.astype(np.float64) - b.astype(np.float64))
+    d = d[~np.isnan(d)]
+    return float(d.max()) if d.size else (0.0 if np.array_equal(a, b, equal_nan=True) else math.inf)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text[:300]

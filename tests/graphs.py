@@ -1,0 +1,139 @@
+"""Small hand-built graphs in the exporter's shape, for unit and property tests.
+
+`exporter_like(...)` builds what deform-conv2d-onnx-exporter 1.2.0 emits for the sampling step of one
+deformable conv: `p = grid + offset -> Floor -> Cast(int64) -> Slice y/x (+1 for the far corner) ->
+Clip(0, size-1) -> Concat -> 4 x GatherND(batch_dims=2) -> weighted 4-input Sum`, with the index source
+selectable so tests can build proven, partly proven and unprovable variants.
+
+Run as a script to (re)write the committed hand-built fixtures: `python tests/graphs.py --out tests/fixtures`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+CLAMPED = "clamped"  # every component clipped to [0, size-1] after the grid is added (the exporter's form)
+PARTLY = "partly"  # y clipped, x not
+UNCLAMPED = "unclamped"  # no clip at all
+CLIP_BEFORE_GRID = "clip_before_grid"  # the offset is clipped, then the grid is added: bounds nothing
+SOURCES = (CLAMPED, PARTLY, UNCLAMPED, CLIP_BEFORE_GRID)
+
+_NP_TO_ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16,
+               np.dtype(np.int32): TensorProto.INT32}
+
+
+def exporter_like(B: int = 1, G: int = 1, H: int = 6, W: int = 7, C: int = 3, P: int = 5,
+                  dtype: type = np.float32, source: str = CLAMPED, with_sum: bool = True,
+                  seed: int = 0, opset: int = 17) -> onnx.ModelProto:
+    """A model with inputs `data` [B,G,H,W,C] and `offset` float32 [B,G,P,2], four GatherNDs and (floats) a Sum."""
+    rng = np.random.default_rng(seed)
+    nodes: list[onnx.NodeProto] = []
+    inits: list[onnx.TensorProto] = []
+
+    def const(name: str, value) -> str:
+        inits.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    def node(op: str, inputs: list[str], output: str, **attrs) -> str:
+        nodes.append(helper.make_node(op, inputs, [output], name=f"{op}_{output}", **attrs))
+        return output
+
+    grid = np.stack([rng.integers(0, H, size=P), rng.integers(0, W, size=P)], axis=-1).astype(np.float32)
+    offset = "offset"
+    if source == CLIP_BEFORE_GRID:
+        offset = node("Clip", [offset, const("off_lo", np.float32(-2)), const("off_hi", np.float32(2))],
+                      "offset_clipped")
+    p = node("Add", [const("grid", grid.reshape(1, 1, P, 2)), offset], "p")
+    p_int = node("Cast", [node("Floor", [p], "p_floor")], "p_int", to=TensorProto.INT64)
+    axes = const("axis3", np.array([3], np.int64))
+    y = node("Slice", [p_int, const("s0", np.array([0], np.int64)), const("e1", np.array([1], np.int64)), axes], "y")
+    x = node("Slice", [p_int, const("s1", np.array([1], np.int64)), const("e2", np.array([2], np.int64)), axes], "x")
+    one = const("one", np.array(1, np.int64))
+    y1 = node("Add", [y, one], "y1")
+    x1 = node("Add", [x, one], "x1")
+    zero = const("zero", np.array(0, np.int64))
+    hmax, wmax = const("hmax", np.array(H - 1, np.int64)), const("wmax", np.array(W - 1, np.int64))
+    coords = {}
+    for key, t, top in (("t", y, hmax), ("b", y1, hmax), ("l", x, wmax), ("r", x1, wmax)):
+        clip = source == CLAMPED or (source == PARTLY and key in "tb")
+        coords[key] = node("Clip", [t, zero, top], f"{key}_clipped") if clip else t
+    outputs = []
+    gathered = []
+    for corner in ("tl", "br", "bl", "tr"):
+        idx = node("Concat", [coords[corner[0]], coords[corner[1]]], f"idx_{corner}", axis=3)
+        v = node("GatherND", ["data", idx], f"v_{corner}", batch_dims=2)
+        gathered.append(v)
+    onnx_dtype = _NP_TO_ONNX[np.dtype(dtype)]
+    if with_sum and np.dtype(dtype).kind == "f":
+        frac = node("Sub", [p, "p_floor"], "frac")
+        if np.dtype(dtype) != np.float32:
+            frac = node("Cast", [frac], "frac_cast", to=onnx_dtype)
+        weighted = []
+        for i, v in enumerate(gathered):
+            w = node("Slice", [frac, const(f"ws{i}", np.array([i % 2], np.int64)),
+                               const(f"we{i}", np.array([i % 2 + 1], np.int64)), axes], f"w{i}")
+            weighted.append(node("Mul", [v, w], f"wv{i}"))
+        nodes.append(helper.make_node("Sum", weighted, ["out"], name="Sum_out"))
+        outputs.append(helper.make_tensor_value_info("out", onnx_dtype, [B, G, P, C]))
+    else:
+        outputs.extend(helper.make_tensor_value_info(v, onnx_dtype, [B, G, P, C]) for v in gathered)
+    graph = helper.make_graph(
+        nodes, f"exporter_like_{source}",
+        [helper.make_tensor_value_info("data", onnx_dtype, [B, G, H, W, C]),
+         helper.make_tensor_value_info("offset", TensorProto.FLOAT, [B, G, P, 2])],
+        outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="tests/graphs.py")
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def sum_only(n_inputs: int = 4, dtype: type = np.float32, shape: tuple[int, ...] = (2, 3)) -> onnx.ModelProto:
+    """A model that is one n-input Sum (with broadcasting on the last input)."""
+    t = _NP_TO_ONNX[np.dtype(dtype)]
+    names = [f"x{i}" for i in range(n_inputs)]
+    shapes = [list(shape)] * (n_inputs - 1) + [[1, shape[-1]]] if n_inputs > 1 else [list(shape)]
+    graph = helper.make_graph(
+        [helper.make_node("Sum", names, ["y"], name="the_sum")], "sum_only",
+        [helper.make_tensor_value_info(n, t, s) for n, s in zip(names, shapes, strict=True)],
+        [helper.make_tensor_value_info("y", t, list(shape))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="tests/graphs.py")
+    model.ir_version = 8
+    return model
+
+
+def no_deform() -> onnx.ModelProto:
+    """A model with nothing to rewrite (Relu)."""
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "plain",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="tests/graphs.py")
+    model.ir_version = 8
+    return model
+
+
+FIXTURES = {
+    "gathernd_b2g2.onnx": lambda: exporter_like(B=2, G=2, H=5, W=6, C=3, P=7),
+    "gathernd_refused.onnx": lambda: exporter_like(source=CLIP_BEFORE_GRID),
+    "sum_only.onnx": sum_only,
+    "no_deform.onnx": no_deform,
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", default=str(Path(__file__).parent / "fixtures"))
+    args = parser.parse_args()
+    for name, build in FIXTURES.items():
+        path = Path(args.out) / name
+        path.write_bytes(build().SerializeToString())
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
