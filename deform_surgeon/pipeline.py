@@ -86,7 +86,7 @@ class Context:
 
     # -- small graph-building helpers shared by passes --------------------------------------------------------
     def const(self, base: str, values: np.ndarray) -> gs.Constant:
-        return gs.Constant(self.names.fresh(base), np.ascontiguousarray(values))
+        return gs.Constant(self.names.fresh(base), np.array(values, order="C"))  # keeps 0-d arrays 0-d
 
     def var(self, base: str, dtype: np.dtype | type | None, shape: Sequence[int | str | None] | None) -> gs.Variable:
         return gs.Variable(self.names.fresh(base), dtype=None if dtype is None else np.dtype(dtype),

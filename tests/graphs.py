@@ -24,13 +24,16 @@ CLIP_BEFORE_GRID = "clip_before_grid"  # the offset is clipped, then the grid is
 SOURCES = (CLAMPED, PARTLY, UNCLAMPED, CLIP_BEFORE_GRID)
 
 _NP_TO_ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16,
-               np.dtype(np.int32): TensorProto.INT32}
+               np.dtype(np.int32): TensorProto.INT32, np.dtype(np.float64): TensorProto.DOUBLE}
 
 
 def exporter_like(B: int = 1, G: int = 1, H: int = 6, W: int = 7, C: int = 3, P: int = 5,
                   dtype: type = np.float32, source: str = CLAMPED, with_sum: bool = True,
-                  seed: int = 0, opset: int = 17) -> onnx.ModelProto:
-    """A model with inputs `data` [B,G,H,W,C] and `offset` float32 [B,G,P,2], four GatherNDs and (floats) a Sum."""
+                  seed: int = 0, opset: int = 17, margin: int = 0) -> onnx.ModelProto:
+    """A model with inputs `data` [B,G,H,W,C] and `offset` float32 [B,G,P,2], four GatherNDs and (floats) a Sum.
+
+    The base grid lies in `[margin, size-1-margin]` (a margin keeps unclamped corners in range for small offsets).
+    """
     rng = np.random.default_rng(seed)
     nodes: list[onnx.NodeProto] = []
     inits: list[onnx.TensorProto] = []
@@ -43,7 +46,8 @@ def exporter_like(B: int = 1, G: int = 1, H: int = 6, W: int = 7, C: int = 3, P:
         nodes.append(helper.make_node(op, inputs, [output], name=f"{op}_{output}", **attrs))
         return output
 
-    grid = np.stack([rng.integers(0, H, size=P), rng.integers(0, W, size=P)], axis=-1).astype(np.float32)
+    grid = np.stack([rng.integers(margin, H - margin, size=P), rng.integers(margin, W - margin, size=P)],
+                    axis=-1).astype(np.float32)
     offset = "offset"
     if source == CLIP_BEFORE_GRID:
         offset = node("Clip", [offset, const("off_lo", np.float32(-2)), const("off_hi", np.float32(2))],

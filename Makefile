@@ -1,0 +1,71 @@
+# deform_surgeon — two commands for a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+DEMO_MODEL := tests/fixtures/decoder_gathernd_1024.onnx
+DEMO_OUT   := out/decoder_gathernd_1024.patched.onnx
+MODEL ?=
+OUT   ?= $(if $(MODEL),$(basename $(MODEL)).patched.onnx,)
+ARGS  ?=
+PYTEST_ARGS ?=
+
+.PHONY: help install demo patch verify inspect test test-fast lint fixtures webgpu-setup placement clean
+
+help:
+	@echo "make demo                      install, patch + verify the default 1024x1024 model, print the report"
+	@echo "make test                      install (incl. WebGPU runtimes) and run the whole test suite"
+	@echo "make patch MODEL=m.onnx [OUT=] patch a model (OUT defaults to <name>.patched.onnx beside it)"
+	@echo "make verify MODEL=a OUT=b      compare two models on ORT CPU, zero tolerance + exact bytes"
+	@echo "make inspect MODEL=m.onnx      dry run: what would be rewritten or refused, and why"
+	@echo "make placement MODEL=m.onnx    where ORT's WebGPU EP places the nodes (ARGS='--runtime browser')"
+	@echo "make fixtures | lint | webgpu-setup | clean"
+
+$(STAMP): setup.cfg pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	mkdir -p out
+	$(BIN)/deform-surgeon patch $(DEMO_MODEL) $(DEMO_OUT) --verify --report out/demo_report.json
+
+patch: $(STAMP)
+	@test -n "$(MODEL)" || { echo "usage: make patch MODEL=path/to/model.onnx [OUT=path]"; exit 2; }
+	$(BIN)/deform-surgeon patch $(MODEL) $(OUT) $(ARGS)
+
+verify: $(STAMP)
+	@test -n "$(MODEL)" -a -n "$(OUT)" || { echo "usage: make verify MODEL=original.onnx OUT=patched.onnx"; exit 2; }
+	$(BIN)/deform-surgeon verify $(MODEL) $(OUT) $(ARGS)
+
+inspect: $(STAMP)
+	@test -n "$(MODEL)" || { echo "usage: make inspect MODEL=path/to/model.onnx"; exit 2; }
+	$(BIN)/deform-surgeon inspect $(MODEL) $(ARGS)
+
+webgpu-setup:
+	bash scripts/webgpu_setup.sh
+
+placement: $(STAMP) webgpu-setup
+	@test -n "$(MODEL)" || { echo "usage: make placement MODEL=path/to/model.onnx [ARGS='--runtime browser --bundle jsep']"; exit 2; }
+	$(BIN)/deform-surgeon placement $(MODEL) $(ARGS)
+
+test: $(STAMP) webgpu-setup
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not webgpu" $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check deform_surgeon scripts tests
+
+# Re-export the exporter fixtures (needs torch; large download-free install from this machine's disk)
+fixtures: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[fixtures]'
+	$(BIN)/python scripts/make_fixtures.py --out tests/fixtures
+	$(BIN)/python tests/graphs.py --out tests/fixtures
+
+clean:
+	rm -rf out .pytest_cache .ruff_cache .hypothesis
