@@ -17,7 +17,9 @@ from .model_io import (
     load_model,
     save_model_atomic,
 )
+from .passes.gather_elements import LowerGatherElements
 from .passes.gathernd import LowerGatherND
+from .passes.residency import NarrowIndexChains
 from .passes.sum_chain import ChainSum
 from .pipeline import Context, Options, run_passes
 from .report import PatchReport, op_histogram
@@ -28,7 +30,7 @@ SUM_MODES = ("chain", "tree", "none")
 
 def default_passes() -> list:
     """The passes `patch` runs, in order (to a fixed point)."""
-    return [LowerGatherND(), ChainSum()]
+    return [LowerGatherND(), LowerGatherElements(), NarrowIndexChains(), ChainSum()]
 
 
 def _run(model_path: str | Path, options: Options):

@@ -103,9 +103,10 @@ def _general_gathernd(batch_dims: int, data_shape, ind_shape, hi) -> onnx.ModelP
     (0, [4, 5, 6], [3, 3]),          # r = rank: scalar rows
 ])
 def test_lowering_is_general_in_batch_dims_depth_and_trailing_dims(batch_dims, data_shape, ind_shape):
-    model = _general_gathernd(batch_dims, data_shape, ind_shape, hi=min(data_shape[batch_dims:batch_dims + ind_shape[-1]]) - 1)
+    hi = min(data_shape[batch_dims:batch_dims + ind_shape[-1]]) - 1
+    model = _general_gathernd(batch_dims, data_shape, ind_shape, hi=hi)
     patched, actions = patch_in_memory(model)
-    assert [a.action for a in actions] == [REWRITTEN]
+    assert [a.action for a in actions if a.pass_name == "gathernd"] == [REWRITTEN]
     rng = np.random.default_rng(2)
     for _ in range(3):
         feeds = {"data": rng.standard_normal(data_shape).astype(np.float32),
@@ -116,7 +117,7 @@ def test_lowering_is_general_in_batch_dims_depth_and_trailing_dims(batch_dims, d
 def test_too_many_rows_for_an_int32_index_is_refused():
     model = _general_gathernd(0, [50000, 50000, 1], [3, 2], hi=10)
     _, actions = patch_in_memory(model)
-    assert actions[0].action == REFUSED and "int32" in actions[0].reason
+    assert [(a.action, "int32" in a.reason) for a in actions if a.pass_name == "gathernd"] == [(REFUSED, True)]
 
 
 def test_exporter_fixtures_lose_every_gathernd_and_stay_identical():
@@ -143,6 +144,6 @@ def test_every_allowed_rewrite_is_exact_and_no_escaping_index_is_proven(B, G, H,
         return
     assert all(a.action == REWRITTEN for a in gathers)
     rng = np.random.default_rng(seed)
-    for wide in ((-3.0, 3.0), (-100.0, 100.0)):  # inside and far outside the data
+    for wide in ((-3.0, 3.0), (-100.0, 100.0), (-3e9, 3e9)):  # inside, outside, and beyond float32's 2^24
         feeds = feeds_for(model, rng, offset_range=wide)
         assert_bytes_equal(run_ort(model, feeds), run_ort(patched, feeds))

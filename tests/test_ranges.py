@@ -229,8 +229,8 @@ def test_integer_intervals_are_sound(chain):
                       helper.make_node("Floor", [f"{out}_f"], [f"{out}_g"]),
                       helper.make_node("Cast", [f"{out}_g"], [out], to=dtype)]
         cur = out
-    model = build(nodes, [helper.make_tensor_value_info("x", I64, [5])], [helper.make_tensor_value_info(cur, dtype, [5])],
-                  inits)
+    model = build(nodes, [helper.make_tensor_value_info("x", I64, [5])],
+                  [helper.make_tensor_value_info(cur, dtype, [5])], inits)
     p, graph = prover(model)
     span = p.bound(graph.tensors()[cur]).whole
     xs = np.array([lo, hi, (lo + hi) // 2, lo + 1 if lo < hi else lo, hi - 1 if lo < hi else hi], dtype=np.int64)
@@ -251,7 +251,8 @@ def test_float_intervals_are_sound(lo, width, c, ftype):
     nodes = [helper.make_node("Clip", ["x", "lo", "hi"], ["a"]), helper.make_node("Mul", ["a", "c"], ["b"]),
              helper.make_node("Add", ["b", "c"], ["d"]), helper.make_node("Floor", ["d"], ["e"]),
              helper.make_node("Cast", ["e"], ["y"], to=I64)]
-    model = build(nodes, [helper.make_tensor_value_info("x", ftype, [4])], [helper.make_tensor_value_info("y", I64, [4])],
+    model = build(nodes, [helper.make_tensor_value_info("x", ftype, [4])],
+                  [helper.make_tensor_value_info("y", I64, [4])],
                   [("lo", np.asarray(lo_t)), ("hi", np.asarray(hi_t)), ("c", np.asarray(np_t(c)))])
     p, graph = prover(model)
     span = p.bound(graph.tensors()["y"]).whole

@@ -164,8 +164,14 @@ class LowerGatherND:
         rank = len(ctx.prover.static_shape(indices) or ())
         if rank == 0 or concat.attrs.get("axis") not in (-1, rank - 1) or len(concat.inputs) != r:
             return None
+        sources = []
         for t in concat.inputs:
             shape = ctx.prover.static_shape(t)
             if shape is None or len(shape) != rank or shape[-1] != 1:
                 return None
-        return list(concat.inputs)
+            # Reshape(Reshape(a, s1), s2) == Reshape(a, s2): start from `a`, so corners that reshape the same
+            # clamped coordinate separately (the exporter does, once per corner) share one int32 coordinate.
+            while len(t.inputs) == 1 and t.inputs[0].op == "Reshape":
+                t = t.inputs[0].inputs[0]
+            sources.append(t)
+        return sources

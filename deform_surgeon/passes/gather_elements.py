@@ -1,0 +1,134 @@
+"""GatherElements (the exporter's `use_gathernd=False` form) -> Gather on the transposed, flattened data.
+
+Why: with `use_gathernd=False` the exporter samples with `GatherElements(data [B, G, C, Hp*Wp], index, axis=3)`
+whose index `y*Wp + x` is `Expand`ed over the C channels: an int64 tensor C times larger than it needs to be,
+which the WebGPU EPs cannot compute on the GPU. The same values come from one row gather per sampling point:
+
+    data [B, G, C, N] --Transpose--> [B, G, N, C] --Reshape--> [B*G*N, C] --Gather(axis=0)--> [B, G, P, C]
+    --Transpose--> out [B, G, C, P]          with the row index  X[b, g, 0, p] + (b*G + g)*N  (int32)
+
+where `X` is the index before the channel `Expand`, so the channel-expanded index is never materialised.
+Exact when the prover shows `0 <= X < N` (and the row count fits int32); anything else is refused.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from ..pipeline import REFUSED, REWRITTEN, REWRITTEN_UNPROVEN, Action, Context
+from .gathernd import INT32_MAX
+from .ranges import IndexVerdict, Status, gather_elements_verdict
+
+
+class LowerGatherElements:
+    """Rewrite proven per-pixel GatherElements (index constant across the channel axis) into a row Gather."""
+
+    name = "gather_elements"
+
+    def run(self, ctx: Context) -> list[Action]:
+        self._memo: dict[tuple, gs.Tensor] = {}
+        return [self.rewrite(ctx, n, gather_elements_verdict(ctx.prover, n))
+                for n in [n for n in ctx.graph.nodes if n.op == "GatherElements"]]
+
+    @staticmethod
+    def _key(ctx: Context, t: gs.Tensor) -> tuple:
+        """Identify data tensors by value: the exporter reshapes the same input once per corner."""
+        p = t.inputs[0] if len(t.inputs) == 1 else None
+        if p is not None and p.op == "Reshape":
+            shape = ctx.prover.constant(p.inputs[1])
+            if shape is not None:
+                return ("reshape", p.inputs[0].name, tuple(int(v) for v in shape.reshape(-1)))
+        return ("tensor", t.name)
+
+    def per_pixel_index(self, ctx: Context, node: gs.Node) -> tuple[gs.Tensor | None, str | None]:
+        """The index before its channel broadcast (`[..., 1, P]`), or the reason there is none."""
+        prover = ctx.prover
+        data, indices = node.inputs
+        dshape, ishape = prover.static_shape(data), prover.static_shape(indices)
+        if dshape is None or ishape is None:
+            return None, "data or indices shape not known statically"
+        k = len(dshape)
+        if k < 2 or int(node.attrs.get("axis", 0)) % k != k - 1:
+            return None, "only a gather along the last axis (the exporter's form) is lowered"
+        if dshape[:k - 1] != ishape[:k - 1]:
+            return None, f"indices {list(ishape)} do not match data {list(dshape)} outside the gather axis"
+        if ishape[k - 2] == 1:
+            return indices, None
+        producer = indices.inputs[0] if len(indices.inputs) == 1 else None
+        if producer is not None and producer.op == "Expand":
+            src = producer.inputs[0]
+            sshape = prover.static_shape(src)
+            if sshape is not None and len(sshape) == k and sshape[k - 2] == 1 and \
+                    list(sshape[:k - 2]) == list(ishape[:k - 2]) and sshape[k - 1] == ishape[k - 1]:
+                return src, None
+        return None, "the index is not the same for every channel (not an Expand over the channel axis)"
+
+    def check(self, ctx: Context, node: gs.Node, verdict: IndexVerdict) -> str | None:
+        if verdict.status is Status.OUT_OF_RANGE:
+            return f"indices out of range ({verdict.reason})"
+        if not verdict.proven and not ctx.options.allow_unproven:
+            return f"indices not proven in range: {verdict.reason}"
+        _, why = self.per_pixel_index(ctx, node)
+        if why is not None:
+            return why
+        dshape = ctx.prover.static_shape(node.inputs[0])
+        rows = math.prod(dshape[:-2]) * dshape[-1]
+        if rows - 1 > INT32_MAX:
+            return f"flattened data has {rows} rows, more than an int32 index can address"
+        if ctx.prover.dtype(node.inputs[1]) not in (np.dtype(np.int64), np.dtype(np.int32)):
+            return "indices are not int32/int64"
+        return None
+
+    def rewrite(self, ctx: Context, node: gs.Node, verdict: IndexVerdict) -> Action:
+        why_not = self.check(ctx, node, verdict)
+        if why_not is not None:
+            return Action(self.name, node.name, node.op, REFUSED, why_not)
+        prover = ctx.prover
+        data, out = node.inputs[0], node.outputs[0]
+        index, _ = self.per_pixel_index(ctx, node)
+        dshape = prover.static_shape(data)
+        k = len(dshape)
+        lead, channels, n = list(dshape[:k - 2]), dshape[k - 2], dshape[k - 1]
+        points = prover.static_shape(index)[k - 1]
+        swap = list(range(k - 2)) + [k - 1, k - 2]
+        base = node.name or out.name
+        before = len(ctx.graph.nodes)
+
+        flat = self._memo.get(("flat", self._key(ctx, data)))
+        if flat is None:
+            rows_first = ctx.var(f"{base}/rows_first", prover.dtype(data), lead + [n, channels])
+            ctx.node("Transpose", f"{base}/rows_first", [data], [rows_first], {"perm": swap})
+            flat = ctx.var(f"{base}/flat", prover.dtype(data), [math.prod(lead) * n, channels])
+            ctx.node("Reshape", f"{base}/flatten",
+                     [rows_first, ctx.const(f"{base}/flat_shape", np.array([-1, channels], np.int64))], [flat])
+            self._memo[("flat", self._key(ctx, data))] = flat
+
+        point_shape = lead + [points]
+        linear = self._memo.get(("index", index.name))
+        if linear is None:
+            shaped = ctx.var(f"{base}/index_i64", prover.dtype(index), point_shape)
+            ctx.node("Reshape", f"{base}/index_reshape",
+                     [index, ctx.const(f"{base}/point_shape", np.array(point_shape, np.int64))], [shaped])
+            linear = ctx.var(f"{base}/index", np.int32, point_shape)
+            ctx.node("Cast", f"{base}/index_to_int32", [shaped], [linear], {"to": onnx.TensorProto.INT32})
+            if math.prod(lead) > 1:
+                offsets = (np.arange(math.prod(lead), dtype=np.int64) * n).astype(np.int32).reshape(lead + [1])
+                acc = ctx.var(f"{base}/linear", np.int32, point_shape)
+                ctx.node("Add", f"{base}/add_batch_offset",
+                         [linear, ctx.const(f"{base}/batch_offset", offsets)], [acc])
+                linear = acc
+            self._memo[("index", index.name)] = linear
+
+        rows = ctx.var(f"{base}/rows", prover.dtype(data), point_shape + [channels])
+        ctx.node("Gather", f"{base}/gather", [flat, linear], [rows], {"axis": 0})
+        node.outputs.clear()
+        ctx.node("Transpose", f"{base}/channels_first", [rows], [out], {"perm": swap})
+        new_nodes = tuple(x.name for x in ctx.graph.nodes[before:])
+        if verdict.proven:
+            return Action(self.name, node.name, node.op, REWRITTEN, verdict.reason, new_nodes)
+        return Action(self.name, node.name, node.op, REWRITTEN_UNPROVEN,
+                      f"UNPROVEN, rewritten because --allow-unproven was given: {verdict.reason}", new_nodes)
