@@ -97,6 +97,55 @@ def exporter_like(B: int = 1, G: int = 1, H: int = 6, W: int = 7, C: int = 3, P:
     return model
 
 
+def gather_elements_like(B: int = 1, G: int = 1, H: int = 6, W: int = 7, C: int = 3, P: int = 5,
+                         clamp: bool = True, seed: int = 0) -> onnx.ModelProto:
+    """The exporter's `use_gathernd=False` sampling: index `y*W + x` expanded over C, GatherElements(axis=3).
+
+    Inputs `data` float32 [B,G,C,H,W] and `offset` float32 [B,G,P,2]; outputs the four corner gathers.
+    """
+    rng = np.random.default_rng(seed)
+    nodes: list[onnx.NodeProto] = []
+    inits: list[onnx.TensorProto] = []
+
+    def const(name: str, value) -> str:
+        inits.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    def node(op: str, inputs: list[str], output: str, **attrs) -> str:
+        nodes.append(helper.make_node(op, inputs, [output], name=f"{op}_{output}", **attrs))
+        return output
+
+    grid = np.stack([rng.integers(0, H, size=P), rng.integers(0, W, size=P)], axis=-1).astype(np.float32)
+    p = node("Add", [const("grid", grid.reshape(1, 1, P, 2)), "offset"], "p")
+    p_int = node("Cast", [node("Floor", [p], "p_floor")], "p_int", to=TensorProto.INT64)
+    axes = const("axis3", np.array([3], np.int64))
+    y = node("Slice", [p_int, const("s0", np.array([0], np.int64)), const("e1", np.array([1], np.int64)), axes], "y")
+    x = node("Slice", [p_int, const("s1", np.array([1], np.int64)), const("e2", np.array([2], np.int64)), axes], "x")
+    one, zero = const("one", np.array(1, np.int64)), const("zero", np.array(0, np.int64))
+    coords = {"t": y, "b": node("Add", [y, one], "y1"), "l": x, "r": node("Add", [x, one], "x1")}
+    for key, top in (("t", H - 1), ("b", H - 1), ("l", W - 1), ("r", W - 1)):
+        if clamp:
+            coords[key] = node("Clip", [coords[key], zero, const(f"max_{key}", np.array(top, np.int64))], f"{key}_c")
+        coords[key] = node("Reshape", [coords[key], const(f"shape_{key}", np.array([B, G, 1, P], np.int64))],
+                           f"{key}_r")
+    flat = node("Reshape", ["data", const("flat", np.array([B, G, C, H * W], np.int64))], "data_flat")
+    outputs = []
+    for corner in ("tl", "br", "bl", "tr"):
+        row = node("Mul", [coords[corner[0]], const(f"w_{corner}", np.array(W, np.int64))], f"row_{corner}")
+        idx = node("Add", [row, coords[corner[1]]], f"idx_{corner}")
+        idx = node("Expand", [idx, const(f"ex_{corner}", np.array([B, G, C, P], np.int64))], f"idx_x_{corner}")
+        outputs.append(node("GatherElements", [flat, idx], f"v_{corner}", axis=3))
+    graph = helper.make_graph(
+        nodes, "gather_elements_like",
+        [helper.make_tensor_value_info("data", TensorProto.FLOAT, [B, G, C, H, W]),
+         helper.make_tensor_value_info("offset", TensorProto.FLOAT, [B, G, P, 2])],
+        [helper.make_tensor_value_info(v, TensorProto.FLOAT, [B, G, C, P]) for v in outputs], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="tests/graphs.py")
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
 def sum_only(n_inputs: int = 4, dtype: type = np.float32, shape: tuple[int, ...] = (2, 3)) -> onnx.ModelProto:
     """A model that is one n-input Sum (with broadcasting on the last input)."""
     t = _NP_TO_ONNX[np.dtype(dtype)]

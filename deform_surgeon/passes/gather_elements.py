@@ -56,8 +56,6 @@ class LowerGatherElements:
             return None, "only a gather along the last axis (the exporter's form) is lowered"
         if dshape[:k - 1] != ishape[:k - 1]:
             return None, f"indices {list(ishape)} do not match data {list(dshape)} outside the gather axis"
-        if ishape[k - 2] == 1:
-            return indices, None
         producer = indices.inputs[0] if len(indices.inputs) == 1 else None
         if producer is not None and producer.op == "Expand":
             src = producer.inputs[0]
@@ -65,6 +63,8 @@ class LowerGatherElements:
             if sshape is not None and len(sshape) == k and sshape[k - 2] == 1 and \
                     list(sshape[:k - 2]) == list(ishape[:k - 2]) and sshape[k - 1] == ishape[k - 1]:
                 return src, None
+        if ishape[k - 2] == 1:
+            return indices, None
         return None, "the index is not the same for every channel (not an Expand over the channel axis)"
 
     def check(self, ctx: Context, node: gs.Node, verdict: IndexVerdict) -> str | None:
