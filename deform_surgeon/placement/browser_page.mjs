@@ -1,0 +1,171 @@
+// Runs inside headless Chromium (served by browser_harness.mjs from 127.0.0.1): loads an onnxruntime-web bundle,
+// creates a session on WebGPU with the verbose log on, optionally runs it, and returns a JSON-able result.
+//
+// Why hooks on GPUAdapter.requestDevice: on JSEP a WGSL compile failure surfaces only as an *uncaptured* WebGPU
+// error (RUNTIME_FACTS section 6), and session.run() still resolves. Listening for `uncapturederror` on every
+// device that the page creates (ORT's included) is the only way to see it as data rather than as a console line.
+
+const gpuErrors = [];
+window.__gpuErrors = gpuErrors;
+
+function progress(text) {
+  console.log(`@@progress ${text}`);
+}
+
+function hookDevices() {
+  if (!('gpu' in navigator) || typeof GPUAdapter === 'undefined') return;
+  const orig = GPUAdapter.prototype.requestDevice;
+  GPUAdapter.prototype.requestDevice = async function (...a) {
+    const device = await orig.apply(this, a);
+    device.addEventListener('uncapturederror', (ev) => {
+      const err = ev.error;
+      const kind = err && err.constructor ? err.constructor.name : 'GPUError';
+      // No preventDefault(): Chrome still prints its own console report, which the harness forwards too.
+      gpuErrors.push(`${kind}: ${err && err.message ? err.message : String(err)}`);
+    });
+    device.lost.then((info) => gpuErrors.push(`device lost (${info.reason}): ${info.message}`));
+    return device;
+  };
+}
+
+async function adapterInfo() {
+  if (!('gpu' in navigator)) return { adapter: null, error: 'navigator.gpu is missing (WebGPU disabled?)' };
+  const adapter = await navigator.gpu.requestAdapter();
+  if (!adapter) return { adapter: null, error: 'navigator.gpu.requestAdapter() returned null' };
+  const info = adapter.info || {};
+  const lim = adapter.limits;
+  return {
+    adapter: {
+      source: 'navigator.gpu.requestAdapter() in the page (same browser, same default adapter ORT requests)',
+      vendor: info.vendor ?? null,
+      architecture: info.architecture ?? null,
+      device: info.device ?? null,
+      description: info.description ?? null,
+      isFallbackAdapter: info.isFallbackAdapter ?? adapter.isFallbackAdapter ?? null,
+      features: [...adapter.features].sort(),
+      limits: {
+        maxBufferSize: Number(lim.maxBufferSize),
+        maxStorageBufferBindingSize: Number(lim.maxStorageBufferBindingSize),
+        maxComputeWorkgroupStorageSize: Number(lim.maxComputeWorkgroupStorageSize),
+        maxComputeInvocationsPerWorkgroup: Number(lim.maxComputeInvocationsPerWorkgroup),
+        maxComputeWorkgroupsPerDimension: Number(lim.maxComputeWorkgroupsPerDimension),
+        maxStorageBuffersPerShaderStage: Number(lim.maxStorageBuffersPerShaderStage),
+      },
+    },
+    error: null,
+  };
+}
+
+const TYPED = {
+  float32: Float32Array,
+  float64: Float64Array,
+  float16: Uint16Array,
+  int8: Int8Array,
+  uint8: Uint8Array,
+  int16: Int16Array,
+  uint16: Uint16Array,
+  int32: Int32Array,
+  uint32: Uint32Array,
+  int64: BigInt64Array,
+  uint64: BigUint64Array,
+  bool: Uint8Array,
+};
+
+function errorText(e) {
+  if (e === undefined || e === null) return String(e);
+  return e.message !== undefined ? String(e.message) : String(e);
+}
+
+async function fetchBytes(url) {
+  const r = await fetch(url);
+  if (!r.ok) throw new Error(`GET ${url}: HTTP ${r.status}`);
+  return r.arrayBuffer();
+}
+
+/** cfg: {bundle, bundleFile, debug, run, externalData: [path], inputs: [{name, dtype, dims, file}]} */
+window.runHarness = async function runHarness(cfg) {
+  hookDevices();
+  const result = { session_ok: false, error: null, adapter: null, adapter_note: null, timings: {}, run: null, versions: {} };
+  const probe = await adapterInfo();
+  result.adapter = probe.adapter;
+  if (probe.error) result.adapter_note = probe.error;
+
+  progress(`importing /ort/${cfg.bundleFile}`);
+  const ort = await import(`/ort/${cfg.bundleFile}`);
+  result.versions['onnxruntime-web'] = ort.env.versions ? ort.env.versions.web || ort.env.versions.common : null;
+  ort.env.wasm.wasmPaths = '/ort/';
+  ort.env.wasm.numThreads = 1; // no cross-origin isolation on this page, and one thread keeps the log ordered
+  ort.env.wasm.proxy = false;
+  ort.env.logLevel = 'verbose';
+  if (cfg.debug) ort.env.debug = true; // JSEP: makes shader compile failures reject session.run()
+
+  progress('fetching model');
+  const model = new Uint8Array(await fetchBytes('/model.onnx'));
+  const options = {
+    executionProviders: ['webgpu'],
+    logSeverityLevel: 0,
+    logVerbosityLevel: 0,
+  };
+  if (cfg.externalData && cfg.externalData.length) {
+    options.externalData = cfg.externalData.map((p) => ({ path: p, data: `/external/${encodeURI(p)}` }));
+  }
+  progress(`creating session (${cfg.bundle} bundle)`);
+  const t0 = performance.now();
+  let session = null;
+  try {
+    session = await ort.InferenceSession.create(model, options);
+    result.session_ok = true;
+  } catch (e) {
+    result.error = errorText(e);
+  }
+  result.timings.session_create_s = (performance.now() - t0) / 1000;
+  progress(`session ${result.session_ok ? 'created' : 'failed'} in ${result.timings.session_create_s.toFixed(2)} s`);
+  result.gpu_errors_after_session = gpuErrors.slice();
+
+  if (session && cfg.run) {
+    result.run = { ok: false, error: null, outputs: {}, gpu_errors: [] };
+    const before = gpuErrors.length;
+    try {
+      const feeds = {};
+      for (const m of cfg.inputs) {
+        const buf = await fetchBytes(`/io/${encodeURIComponent(m.file)}`);
+        const Ctor = TYPED[m.dtype];
+        if (!Ctor) throw new Error(`unsupported input dtype ${m.dtype}`);
+        feeds[m.name] = new ort.Tensor(m.dtype, new Ctor(buf), m.dims);
+      }
+      progress('running inference');
+      const t1 = performance.now();
+      const outs = await session.run(feeds);
+      result.timings.run_s = (performance.now() - t1) / 1000;
+      let i = 0;
+      for (const name of session.outputNames) {
+        const t = outs[name];
+        const data = t.data;
+        const file = `out_${i++}.bin`;
+        const bytes = new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
+        const r = await fetch(`/upload/${file}`, { method: 'POST', body: bytes });
+        if (!r.ok) throw new Error(`upload of ${name} failed: HTTP ${r.status}`);
+        result.run.outputs[name] = { dtype: t.type, dims: Array.from(t.dims), file };
+      }
+      result.run.ok = true;
+      progress(`run finished in ${result.timings.run_s.toFixed(2)} s`);
+    } catch (e) {
+      result.run.error = errorText(e);
+      progress('run failed');
+    }
+    // Let queued uncaptured-error events arrive before judging the run.
+    await new Promise((r) => setTimeout(r, 200));
+    result.run.gpu_errors = gpuErrors.slice(before);
+  }
+  if (session) {
+    try {
+      await session.release();
+    } catch {
+      // release errors do not change the measurement
+    }
+  }
+  result.gpu_errors = gpuErrors.slice();
+  return result;
+};
+
+window.__harnessReady = true;

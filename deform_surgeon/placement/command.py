@@ -1,0 +1,266 @@
+"""The ``placement`` subcommand: ``deform-surgeon placement MODEL ...`` and ``placement --compare A B``.
+
+Exit codes: 0 when every session (and run, with ``--run``) succeeded; 1 when a session creation or a run
+failed (including a run that "succeeded" with an uncaptured WebGPU error); 2 for bad input (missing or
+unreadable model file, bad arguments) and when the runtimes are not installed (the message names ``make
+webgpu-setup``). Non-identical outputs are printed prominently but do not change the exit code: they are a
+finding about the model, while 1 means the measurement itself could not be completed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .result import Placement
+from .runner import BUNDLES, DEFAULT_TIMEOUT, RUNTIMES, SetupMissing, measure_placement
+
+
+def register_cli(subparsers: Any) -> argparse.ArgumentParser:
+    """Adds ``placement`` to an argparse subparsers object; the parser's ``func(args) -> int`` runs it."""
+    p = subparsers.add_parser(
+        "placement",
+        help="show which nodes a WebGPU EP leaves on the CPU (real onnxruntime-node / onnxruntime-web)",
+        description=(
+            "Create a session on a real WebGPU execution provider and report node placement from ORT's "
+            "verbose "
+            "log: CPU nodes, Memcpy nodes, CPU op histogram, ops without a WebGPU kernel. Needs "
+            "`make webgpu-setup`."
+        ),
+    )
+    p.add_argument("model", nargs="?", metavar="MODEL", help="ONNX model to measure")
+    p.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("ORIGINAL", "PATCHED"),
+        help="measure two models and print them side by side",
+    )
+    p.add_argument(
+        "--runtime",
+        choices=RUNTIMES,
+        default="node",
+        help="node: onnxruntime-node native WebGPU EP (default); browser: headless Chromium",
+    )
+    p.add_argument(
+        "--bundle",
+        choices=BUNDLES,
+        default="webgpu",
+        help="browser only: webgpu = ort.webgpu.min.mjs (native EP), jsep = ort.min.mjs, "
+        "all = ort.all.min.mjs (default: webgpu)",
+    )
+    p.add_argument("--json", metavar="FILE", help="write the Placement JSON (with --compare: both) to FILE")
+    p.add_argument(
+        "--run",
+        action="store_true",
+        help="also run seeded inputs and compare every output byte for byte with ORT CPU",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the generated inputs (default 0)")
+    p.add_argument(
+        "--device-limits-out",
+        metavar="FILE.json",
+        help="write the WebGPU adapter info and limits to FILE.json",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT,
+        metavar="SEC",
+        help=f"stop the runtime after SEC seconds (default {DEFAULT_TIMEOUT:g})",
+    )
+    p.add_argument("--log", metavar="FILE", help="keep the raw ORT verbose log in FILE")
+    p.set_defaults(func=run_placement_command)
+    return p
+
+
+class _Progress:
+    """Progress on stderr: one line per step with the elapsed time, so a slow browser start is visible."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.t0 = time.monotonic()
+
+    def __call__(self, text: str) -> None:
+        print(
+            f"[placement {self.label} {time.monotonic() - self.t0:6.1f}s] {text}", file=sys.stderr, flush=True
+        )
+
+
+def _err(msg: str) -> None:
+    print(f"deform-surgeon placement: error: {msg}", file=sys.stderr)
+
+
+def run_placement_command(args: argparse.Namespace) -> int:
+    if args.compare and args.model:
+        _err("give either MODEL or --compare ORIGINAL PATCHED, not both")
+        return 2
+    if not args.compare and not args.model:
+        _err("missing MODEL (or --compare ORIGINAL PATCHED)")
+        return 2
+    models = list(args.compare) if args.compare else [args.model]
+    for m in models:
+        if not Path(m).is_file():
+            _err(f"model file not found: {m}")
+            return 2
+    if args.runtime == "node" and args.bundle != "webgpu":
+        print(f"note: --bundle {args.bundle} is ignored with --runtime node", file=sys.stderr)
+    if args.timeout <= 0:
+        _err("--timeout must be positive")
+        return 2
+
+    results: list[Placement] = []
+    for i, m in enumerate(models):
+        label = ("original" if i == 0 else "patched") if args.compare else Path(m).name
+        try:
+            results.append(
+                measure_placement(
+                    m,
+                    runtime=args.runtime,
+                    bundle=args.bundle,
+                    run=args.run,
+                    seed=args.seed,
+                    timeout=args.timeout,
+                    progress=_Progress(label),
+                    log_out=(
+                        None if not args.log else (args.log if len(models) == 1 else f"{args.log}.{label}")
+                    ),
+                )
+            )
+        except (FileNotFoundError, ValueError, SetupMissing) as e:
+            _err(str(e))
+            return 2
+        except KeyboardInterrupt:  # measure_placement has already stopped its processes
+            _err("interrupted")
+            return 130
+
+    if args.compare:
+        print(format_comparison(results[0], results[1]))
+    else:
+        print(format_placement(results[0]))
+
+    if args.json:
+        doc: Any = (
+            {"original": results[0].to_dict(), "patched": results[1].to_dict()}
+            if args.compare
+            else results[0].to_dict()
+        )
+        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
+    if args.device_limits_out:
+        adapter = results[0].adapter
+        Path(args.device_limits_out).write_text(
+            json.dumps(
+                {
+                    "runtime": results[0].runtime,
+                    "bundle": results[0].bundle,
+                    "adapter": adapter,
+                    "limits": (adapter or {}).get("limits"),
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+    return 0 if all(r.ok for r in results) else 1
+
+
+# --------------------------------------------------------------------------------------------------- output
+
+
+def _adapter_line(a: dict[str, Any] | None) -> str:
+    if not a:
+        return "adapter: unknown"
+    lim = a.get("limits") or {}
+    fb = " (fallback adapter)" if a.get("isFallbackAdapter") else ""
+    return (
+        f"adapter: {a.get('vendor') or '?'} {a.get('architecture') or '?'}{fb}; "
+        f"maxBufferSize {lim.get('maxBufferSize')}, maxStorageBufferBindingSize "
+        f"{lim.get('maxStorageBufferBindingSize')}, maxComputeWorkgroupStorageSize "
+        f"{lim.get('maxComputeWorkgroupStorageSize')}"
+    )
+
+
+def _where(p: Placement) -> str:
+    return p.runtime if p.runtime == "node" else f"browser/{p.bundle}"
+
+
+def format_placement(p: Placement) -> str:
+    """Readable report of one Placement (the JSON has everything; this is what a person scans)."""
+    lines = [f"model:   {p.model}", f"runtime: {_where(p)} -> {p.gpu_provider or '?'}"]
+    t = p.timings.get("session_create_s")
+    lines.append(
+        f"session: {'ok' if p.session_ok else 'FAILED'}" + (f" in {t:.2f} s" if t is not None else "")
+    )
+    if p.error:
+        lines.append(f"error:   {p.error}")
+    lines.append(_adapter_line(p.adapter))
+    if p.placement_logged:
+        per = ", ".join(f"{ep} {n}" for ep, n in p.nodes_by_provider.items())
+        lines.append(f"nodes:   {p.total_nodes} ({per})")
+        kinds = ", ".join(f"{k} {v}" for k, v in p.memcpy_by_kind.items())
+        lines.append(
+            f"CPU nodes: {p.cpu_nodes}    Memcpy nodes: {p.memcpy}" + (f" ({kinds})" if kinds else "")
+        )
+        if p.cpu_ops:
+            lines.append("CPU ops:")
+            w = max(len(op) for op in p.cpu_ops)
+            lines += [f"  {op:<{w}}  {n}" for op, n in p.cpu_ops.items()]
+        if p.kernel_not_found:
+            shown = ", ".join(f"{k['op']} ({k['node']})" for k in p.kernel_not_found[:10])
+            more = f" and {len(p.kernel_not_found) - 10} more" if len(p.kernel_not_found) > 10 else ""
+            lines.append(f"no WebGPU kernel: {shown}{more}")
+    else:
+        lines.append("placement: not in the log")
+    if p.run is not None:
+        r = p.run
+        lines.append(
+            f"run:     {'ok' if r.get('ok') else 'FAILED'}"
+            + (f" in {p.timings['run_s']:.2f} s" if "run_s" in p.timings else "")
+        )
+        if r.get("error"):
+            lines.append(f"run error: {r['error']}")
+        for name, o in (r.get("outputs") or {}).items():
+            verdict = "identical" if o.get("identical") else "DIFFERENT"
+            lines.append(
+                f"  {name}: {verdict}  max|diff| {o.get('max_abs_diff')}  {o.get('dtype')} {o.get('shape')}"
+            )
+    for n in p.notes:
+        lines.append(f"note:    {n}")
+    return "\n".join(lines)
+
+
+def format_comparison(a: Placement, b: Placement) -> str:
+    """Side-by-side table of two placements: the patched model should have no CPU nodes and no Memcpy."""
+    rows: list[tuple[str, str, str]] = [
+        ("runtime", _where(a), _where(b)),
+        ("session", "ok" if a.session_ok else "FAILED", "ok" if b.session_ok else "FAILED"),
+        ("nodes", str(a.total_nodes), str(b.total_nodes)),
+        ("CPU nodes", str(a.cpu_nodes), str(b.cpu_nodes)),
+        ("Memcpy nodes", str(a.memcpy), str(b.memcpy)),
+        ("no WebGPU kernel", str(len(a.kernel_not_found)), str(len(b.kernel_not_found))),
+    ]
+    if a.run is not None or b.run is not None:
+
+        def rv(p: Placement) -> str:
+            if p.run is None:
+                return "-"
+            if not p.run.get("ok"):
+                return "FAILED"
+            return "identical" if p.run.get("identical") else "DIFFERENT"
+
+        rows.append(("run vs ORT CPU", rv(a), rv(b)))
+    ops = list(dict.fromkeys([*a.cpu_ops, *b.cpu_ops]))
+    if ops:
+        rows.append(("CPU ops:", "", ""))
+        rows += [(f"  {op}", str(a.cpu_ops.get(op, 0)), str(b.cpu_ops.get(op, 0))) for op in ops]
+    w0 = max(len(r[0]) for r in rows)
+    w1 = max(len("original"), *(len(r[1]) for r in rows))
+    out = [f"{'':<{w0}}  {'original':>{w1}}  patched"]
+    out += [f"{r[0]:<{w0}}  {r[1]:>{w1}}  {r[2]}" for r in rows]
+    for label, p in (("original", a), ("patched", b)):
+        if p.error:
+            out.append(f"{label} error: {p.error}")
+        if p.run and p.run.get("error"):
+            out.append(f"{label} run error: {p.run['error']}")
+    return "\n".join(out)

@@ -1,0 +1,602 @@
+"""Drives the JS harnesses (onnxruntime-node, or onnxruntime-web in headless Chromium) and builds a Placement.
+
+Why subprocesses and a log file: the WebGPU EPs exist only in the JS runtimes (the Python onnxruntime wheel
+has no WebGPU EP), and ORT reports node placement only in its verbose log. The harness's stderr (ORT's log, or
+the forwarded browser console) goes straight to a file so that an 18,000-node log can never fill a pipe;
+stdout carries only ``@@progress`` lines. Every harness runs in its own process group and is stopped (SIGTERM,
+then SIGKILL) on timeout, error or Ctrl-C; Chromium, which playwright starts in a process group of its own, is
+additionally found through the unique temporary profile directory on its command line and stopped by pid.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .logparse import CPU_EP, parse_ort_log
+from .result import Placement
+
+PKG_DIR = Path(__file__).resolve().parent
+NODE_MODULES = PKG_DIR / "node_modules"
+CHROMIUM = Path("/usr/bin/chromium")
+SWIFTSHADER_ICD = Path("/usr/lib/chromium/vk_swiftshader_icd.json")
+CHROMIUM_LIBDIR = Path("/usr/lib/chromium")
+SETUP_COMMAND = "make webgpu-setup"
+
+RUNTIMES = ("node", "browser")
+BUNDLES = ("webgpu", "jsep", "all")
+DEFAULT_TIMEOUT = 600.0
+DEFAULT_INT_RANGE = (0, 4)
+
+Progress = Callable[[str], None] | None
+
+# onnxruntime-js tensor type names -> numpy dtypes
+_JS_DTYPES: dict[str, np.dtype] = {
+    "float32": np.dtype(np.float32),
+    "float64": np.dtype(np.float64),
+    "float16": np.dtype(np.float16),
+    "int8": np.dtype(np.int8),
+    "uint8": np.dtype(np.uint8),
+    "int16": np.dtype(np.int16),
+    "uint16": np.dtype(np.uint16),
+    "int32": np.dtype(np.int32),
+    "uint32": np.dtype(np.uint32),
+    "int64": np.dtype(np.int64),
+    "uint64": np.dtype(np.uint64),
+    "bool": np.dtype(np.bool_),
+}
+_NP_TO_JS = {v: k for k, v in _JS_DTYPES.items()}
+
+
+class SetupMissing(RuntimeError):
+    """The Debian/npm runtimes are not installed; the message names the command that installs them."""
+
+
+# --------------------------------------------------------------------------------------------------- setup
+
+
+def _pinned_versions() -> dict[str, str]:
+    try:
+        return json.loads((PKG_DIR / "package.json").read_text())["dependencies"]
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+def missing_setup(runtime: str | None = None) -> str | None:
+    """None when the runtimes are installed, else a one-line message naming ``make webgpu-setup``.
+
+    ``runtime`` ("node" or "browser") limits the check to what that runtime needs; None checks both. Versions
+    are compared with the pins of package.json because a placement measured on another ORT build would not
+    be comparable across commits.
+    """
+    missing: list[str] = []
+    if shutil.which("node") is None:
+        missing.append("node")
+    need_node = runtime in (None, "node")
+    need_browser = runtime in (None, "browser")
+    files: list[Path] = [PKG_DIR / "harness_common.mjs"]
+    if need_browser:
+        files += [
+            CHROMIUM,
+            NODE_MODULES / "playwright-core" / "package.json",
+            NODE_MODULES / "onnxruntime-web" / "dist" / "ort.webgpu.min.mjs",
+            NODE_MODULES / "onnxruntime-web" / "dist" / "ort.min.mjs",
+            NODE_MODULES / "onnxruntime-web" / "dist" / "ort.all.min.mjs",
+        ]
+    if need_node:
+        files += [
+            SWIFTSHADER_ICD,
+            NODE_MODULES
+            / "onnxruntime-node"
+            / "bin"
+            / "napi-v6"
+            / "linux"
+            / "x64"
+            / "onnxruntime_binding.node",
+            NODE_MODULES / "webgpu" / "package.json",
+        ]
+    if not NODE_MODULES.is_dir():
+        missing.append("npm packages (deform_surgeon/placement/node_modules)")
+        files = [f for f in files if not f.is_relative_to(NODE_MODULES)]
+    for f in files:
+        if not f.exists():
+            missing.append(str(f.relative_to(PKG_DIR)) if f.is_relative_to(PKG_DIR) else str(f))
+    pins = _pinned_versions()
+    for pkg in ("onnxruntime-web", "onnxruntime-node", "playwright-core", "webgpu"):
+        pj = NODE_MODULES / pkg / "package.json"
+        if pkg in pins and pj.exists():
+            try:
+                got = json.loads(pj.read_text()).get("version")
+            except (OSError, ValueError):
+                got = None
+            if got != pins[pkg]:
+                missing.append(f"{pkg}@{pins[pkg]} (found {got})")
+    if not missing:
+        return None
+    return f"WebGPU runtimes not installed ({', '.join(missing)}); run `{SETUP_COMMAND}`"
+
+
+# --------------------------------------------------------------------------------------------------- model io
+
+
+def _load_model_header(model_path: Path) -> Any:
+    import onnx
+
+    return onnx.load(str(model_path), load_external_data=False)
+
+
+def external_data_files(model: Any) -> list[str]:
+    """Relative paths of the external-data files a model references (the browser must be given them)."""
+    from onnx import TensorProto
+
+    locations: list[str] = []
+    for init in model.graph.initializer:
+        if init.data_location == TensorProto.EXTERNAL:
+            for entry in init.external_data:
+                if entry.key == "location" and entry.value not in locations:
+                    locations.append(entry.value)
+    return locations
+
+
+def make_inputs(
+    model: Any, seed: int = 0, int_range: tuple[int, int] = DEFAULT_INT_RANGE
+) -> tuple[dict[str, np.ndarray], list[str]]:
+    """Seeded inputs for every graph input that is not an initializer: floats uniform in [0, 1), integers
+    uniform in ``int_range`` (half-open), bools 0/1. Unknown or symbolic dimensions become 1 (noted),
+    because the runtimes need concrete shapes and 1 is the size every exported BiRefNet input accepts."""
+    from onnx import helper
+
+    rng = np.random.default_rng(seed)
+    inits = {i.name for i in model.graph.initializer}
+    feeds: dict[str, np.ndarray] = {}
+    notes: list[str] = []
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        tt = vi.type.tensor_type
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type))
+        shape: list[int] = []
+        for i, d in enumerate(tt.shape.dim):
+            if d.HasField("dim_value") and d.dim_value > 0:
+                shape.append(int(d.dim_value))
+            else:
+                shape.append(1)
+                notes.append(f"input {vi.name}: dimension {i} ({d.dim_param or '?'}) set to 1")
+        if dtype.kind == "f":
+            arr = rng.random(shape, dtype=np.float32).astype(dtype)
+        elif dtype.kind in "iu":
+            arr = rng.integers(int_range[0], int_range[1], size=shape, dtype=np.int64).astype(dtype)
+        elif dtype.kind == "b":
+            arr = rng.integers(0, 2, size=shape).astype(np.bool_)
+        else:
+            raise ValueError(f"input {vi.name}: dtype {dtype} is not supported by the harness")
+        feeds[vi.name] = np.ascontiguousarray(arr)
+    return feeds, notes
+
+
+def _write_inputs(io_dir: Path, feeds: dict[str, np.ndarray]) -> None:
+    meta = []
+    for i, (name, arr) in enumerate(feeds.items()):
+        if arr.dtype not in _NP_TO_JS:
+            raise ValueError(f"input {name}: dtype {arr.dtype} has no onnxruntime-js equivalent")
+        file = f"in_{i}.bin"
+        (io_dir / file).write_bytes(np.ascontiguousarray(arr).astype(arr.dtype.newbyteorder("<")).tobytes())
+        meta.append({"name": name, "dtype": _NP_TO_JS[arr.dtype], "dims": list(arr.shape), "file": file})
+    (io_dir / "inputs.json").write_text(json.dumps(meta))
+
+
+def compare_outputs(
+    got: dict[str, np.ndarray | None], ref: dict[str, np.ndarray]
+) -> dict[str, dict[str, Any]]:
+    """Byte-for-byte comparison of every reference output, plus the largest absolute difference.
+
+    Bytes, not values: ``-0.0`` vs ``+0.0`` and NaN payloads are differences here (RUNTIME_FACTS section 5:
+    zero tolerance is not bit identity). ``max_abs_diff`` is over positions where both values are finite;
+    positions where exactly one side is non-finite (or both, but different) are counted in
+    ``nonfinite_mismatch``.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for name, r in ref.items():
+        g = got.get(name)
+        if g is None:
+            out[name] = {
+                "identical": False,
+                "max_abs_diff": None,
+                "dtype": None,
+                "shape": None,
+                "missing": True,
+                "reference_dtype": str(r.dtype),
+                "reference_shape": list(r.shape),
+            }
+            continue
+        entry: dict[str, Any] = {"dtype": str(g.dtype), "shape": list(g.shape)}
+        if g.dtype != r.dtype or g.shape != r.shape:
+            entry.update(
+                identical=False,
+                max_abs_diff=None,
+                reference_dtype=str(r.dtype),
+                reference_shape=list(r.shape),
+            )
+            out[name] = entry
+            continue
+        identical = np.ascontiguousarray(g).tobytes() == np.ascontiguousarray(r).tobytes()
+        a = g.astype(np.float64)
+        b = r.astype(np.float64)
+        fin = np.isfinite(a) & np.isfinite(b)
+        diff = np.abs(a[fin] - b[fin])
+        same_nonfinite = (~np.isfinite(a)) & (~np.isfinite(b)) & ((a == b) | (np.isnan(a) & np.isnan(b)))
+        nonfinite_mismatch = int(np.count_nonzero(~fin & ~same_nonfinite))
+        mismatched = int(np.count_nonzero(diff != 0)) + nonfinite_mismatch
+        entry.update(
+            identical=bool(identical),
+            max_abs_diff=float(diff.max()) if diff.size else 0.0,
+            mismatched_elements=mismatched,
+            nonfinite_mismatch=nonfinite_mismatch,
+        )
+        out[name] = entry
+    return out
+
+
+def reference_outputs(model_path: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """ORT CPU in this Python process on the same inputs: the ground truth every GPU run is held against."""
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    values = sess.run(names, feeds)
+    return {n: np.asarray(v) for n, v in zip(names, values, strict=True)}
+
+
+# ----------------------------------------------------------------------------------------------- processes
+
+
+def _pids_with_marker(marker: str) -> list[int]:
+    """Pids of processes whose command line contains ``marker`` (a unique temp path of this measurement)."""
+    pids: list[int] = []
+    me = os.getpid()
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == me:
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in cmd:
+            pids.append(int(d.name))
+    return pids
+
+
+def _stop_group(proc: subprocess.Popen, grace: float = 8.0) -> None:
+    """SIGTERM the harness's process group (the browser harness then closes Chromium); SIGKILL if it
+    lingers."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=10)
+
+
+def _sweep(marker: str) -> None:
+    """Stops leftover processes of this measurement (Chromium runs in a process group of its own)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        pids = _pids_with_marker(marker)
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline and _pids_with_marker(marker):
+            time.sleep(0.1)
+
+
+def _run_harness(
+    cmd: list[str], env: dict[str, str], log_path: Path, timeout: float, progress: Progress, marker: str
+) -> tuple[int | None, str | None, str]:
+    """Runs one harness; returns (exit code or None, error text for timeout/interrupt, last progress text)."""
+    last = {"text": "starting"}
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,  # never written: its EOF tells the harness (--watch-stdin) we are gone
+            stdout=subprocess.PIPE,
+            stderr=log,
+            env=env,
+            cwd=str(PKG_DIR),
+            start_new_session=True,
+        )
+
+        def pump() -> None:
+            assert proc.stdout is not None
+            for raw in proc.stdout:
+                text = raw.decode("utf-8", "replace").rstrip("\n")
+                if text.startswith("@@progress "):
+                    text = text[len("@@progress ") :]
+                    last["text"] = text
+                if progress is not None:
+                    progress(text)
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        try:
+            rc = proc.wait(timeout=timeout)
+            reader.join(timeout=5)
+            return rc, None, last["text"]
+        except subprocess.TimeoutExpired:
+            step = last["text"]
+            _stop_group(proc)
+            return None, f"timed out after {timeout:g} s (last step: {step})", step
+        finally:
+            _stop_group(proc)
+            _sweep(marker)
+            if proc.stdin is not None:
+                proc.stdin.close()
+
+
+def _harness_env(tmp: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    xdg = tmp / "xdg"
+    xdg.mkdir(mode=0o700, exist_ok=True)
+    env["XDG_RUNTIME_DIR"] = str(xdg)  # Dawn's Vulkan backend wants a writable one
+    env["VK_ICD_FILENAMES"] = str(SWIFTSHADER_ICD)  # SwiftShader; Dawn rejects Mesa lavapipe
+    if ctypes.util.find_library("vulkan") is None and CHROMIUM_LIBDIR.is_dir():
+        # No system Vulkan loader (Debian libvulkan1): fall back to the one Chromium ships.
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            p for p in (str(CHROMIUM_LIBDIR), env.get("LD_LIBRARY_PATH", "")) if p
+        )
+    return env
+
+
+# --------------------------------------------------------------------------------------------------- main
+
+
+def measure_placement(
+    model_path: str | os.PathLike[str],
+    runtime: str = "node",
+    bundle: str | None = "webgpu",
+    run: bool = False,
+    seed: int = 0,
+    timeout: float = DEFAULT_TIMEOUT,
+    progress: Progress = None,
+    *,
+    int_range: tuple[int, int] = DEFAULT_INT_RANGE,
+    log_out: str | os.PathLike[str] | None = None,
+    jsep_debug: bool = True,
+    feeds: dict[str, np.ndarray] | None = None,
+) -> Placement:
+    """Creates a session for ``model_path`` on a real WebGPU EP and reports where ORT placed every node.
+
+    ``runtime="node"`` uses onnxruntime-node's native WebGPU EP (``bundle`` is ignored and reported as None);
+    ``runtime="browser"`` loads onnxruntime-web in headless Chromium with ``bundle`` "webgpu" (native EP),
+    "jsep" or "all" (both JSEP). With ``run=True`` seeded inputs (or ``feeds``) are run there and on ORT CPU
+    in Python and compared byte for byte; a run that reports any uncaptured WebGPU error counts as failed even
+    if ``session.run()`` resolved. ``jsep_debug=False`` only exists to demonstrate JSEP's silent failure mode.
+    ``log_out`` keeps a copy of the raw ORT log. Raises FileNotFoundError / ValueError for bad input and
+    :class:`SetupMissing` when the runtimes are not installed; runtime failures are returned, never raised.
+    """
+    t_start = time.monotonic()
+    model = Path(model_path)
+    if not model.is_file():
+        raise FileNotFoundError(f"model file not found: {model}")
+    if runtime not in RUNTIMES:
+        raise ValueError(f"runtime must be one of {RUNTIMES}, not {runtime!r}")
+    if runtime == "browser" and bundle not in BUNDLES:
+        raise ValueError(f"bundle must be one of {BUNDLES}, not {bundle!r}")
+    if runtime == "node":
+        bundle = None
+    try:
+        header = _load_model_header(model)
+    except Exception as e:  # onnx raises DecodeError and friends: the file is not an ONNX model
+        raise ValueError(f"{model}: not a readable ONNX model ({e})") from e
+    msg = missing_setup(runtime)
+    if msg:
+        raise SetupMissing(msg)
+
+    notes: list[str] = []
+    tmp = Path(tempfile.mkdtemp(prefix="ds-placement-"))
+    try:
+        io_dir = tmp / "io"
+        io_dir.mkdir()
+        if run:
+            if feeds is None:
+                feeds, in_notes = make_inputs(header, seed=seed, int_range=int_range)
+                notes += in_notes
+            _write_inputs(io_dir, feeds)
+        out_json = tmp / "result.json"
+        log_path = tmp / "ort.log"
+        if runtime == "node":
+            cmd = [
+                "node",
+                str(PKG_DIR / "ort_node_harness.mjs"),
+                "--model",
+                str(model.resolve()),
+                "--out",
+                str(out_json),
+            ]
+        else:
+            cmd = [
+                "node",
+                str(PKG_DIR / "browser_harness.mjs"),
+                "--model",
+                str(model.resolve()),
+                "--out",
+                str(out_json),
+                "--bundle",
+                str(bundle),
+                "--chromium",
+                str(CHROMIUM),
+                "--user-data-dir",
+                str(tmp / "chromium-profile"),
+                "--external",
+                json.dumps(external_data_files(header)),
+                "--jsep-debug",
+                "1" if jsep_debug else "0",
+            ]
+        if run:
+            cmd += ["--io", str(io_dir), "--run"]
+        cmd.append("--watch-stdin")
+        rc, fail, _last = _run_harness(cmd, _harness_env(tmp), log_path, timeout, progress, marker=str(tmp))
+
+        raw: dict[str, Any] = {}
+        if out_json.exists():
+            try:
+                raw = json.loads(out_json.read_text())
+            except ValueError as e:
+                raw = {"error": f"unreadable harness result: {e}"}
+        log_text = log_path.read_text("utf-8", "replace") if log_path.exists() else ""
+        if log_out is not None:
+            Path(log_out).write_text(log_text)
+        error = raw.get("error")
+        if fail:
+            error = f"{fail}; {error}" if error else fail
+        elif not raw:
+            tail = "\n".join(log_text.strip().splitlines()[-5:])
+            error = f"harness exited with code {rc} and wrote no result: {tail}"
+        session_ok = bool(raw.get("session_ok")) and not fail
+
+        summary = parse_ort_log(log_text.splitlines())
+        if raw.get("adapter_note"):
+            notes.append(str(raw["adapter_note"]))
+        if summary.placement_logged and not summary.nodes_listed:
+            (ep,) = summary.nodes_by_provider or {"?": 0}
+            notes.append(f"ORT logged 'All nodes placed on [{ep}]' (no per-node list)")
+        cpu_ops = summary.cpu_ops
+        if summary.placement_logged and not summary.nodes_listed and summary.cpu_nodes:
+            cpu_ops = _model_op_histogram(header)
+            notes.append(
+                "cpu_ops taken from the model file: ORT lists no nodes when one EP takes all of them"
+            )
+        if session_ok and not summary.placement_logged:
+            notes.append("the log has no placement block; counts are unknown (was the verbose log cut?)")
+
+        run_info: dict[str, Any] | None = None
+        if run:
+            run_info = _finish_run(raw.get("run"), io_dir, model, feeds or {}, session_ok, error, seed)
+
+        timings = {k: float(v) for k, v in (raw.get("timings") or {}).items()}
+        timings["total_s"] = time.monotonic() - t_start
+        return Placement(
+            runtime=runtime,
+            bundle=bundle,
+            session_ok=session_ok,
+            error=error,
+            cpu_nodes=summary.cpu_nodes,
+            memcpy=summary.memcpy,
+            nodes_by_provider=summary.nodes_by_provider,
+            cpu_ops=cpu_ops,
+            cpu_node_names=summary.cpu_node_names,
+            memcpy_tensors=summary.memcpy_tensors,
+            kernel_not_found=summary.kernel_not_found,
+            adapter=raw.get("adapter"),
+            run=run_info,
+            model=str(model),
+            gpu_provider=summary.gpu_provider,
+            total_nodes=summary.total_nodes,
+            placement_logged=summary.placement_logged,
+            memcpy_by_kind=summary.memcpy_by_kind,
+            timings=timings,
+            versions={k: str(v) for k, v in (raw.get("versions") or {}).items() if v is not None},
+            notes=notes,
+        )
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _model_op_histogram(model: Any) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for node in model.graph.node:
+        counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def _finish_run(
+    raw_run: dict[str, Any] | None,
+    io_dir: Path,
+    model: Path,
+    feeds: dict[str, np.ndarray],
+    session_ok: bool,
+    session_error: str | None,
+    seed: int,
+) -> dict[str, Any]:
+    """Turns the harness's run report into the Placement ``run`` entry, comparing with ORT CPU."""
+    info: dict[str, Any] = {
+        "ok": False,
+        "error": None,
+        "outputs": {},
+        "gpu_errors": [],
+        "reference_error": None,
+        "identical": None,
+        "seed": seed,
+    }
+    if raw_run is None:
+        info["error"] = (
+            "not run: session creation failed"
+            if not session_ok
+            else (session_error or "the harness did not report a run")
+        )
+        return info
+    gpu_errors = list(raw_run.get("gpu_errors") or [])
+    info["gpu_errors"] = gpu_errors
+    got: dict[str, np.ndarray | None] = {}
+    for name, o in (raw_run.get("outputs") or {}).items():
+        f = io_dir / o["file"]
+        dtype = _JS_DTYPES.get(o["dtype"])
+        if dtype is None or not f.exists():
+            got[name] = None
+            continue
+        got[name] = (
+            np.frombuffer(f.read_bytes(), dtype=dtype.newbyteorder("<")).astype(dtype).reshape(o["dims"])
+        )
+    ok = bool(raw_run.get("ok"))
+    error = raw_run.get("error")
+    if ok and gpu_errors:
+        ok = False
+        error = f"uncaptured WebGPU error during the run (session.run() resolved anyway): {gpu_errors[0]}"
+    try:
+        ref = reference_outputs(model, feeds)
+    except Exception as e:  # the reference is part of the measurement: report, do not raise
+        info["reference_error"] = f"{type(e).__name__}: {e}"
+        ref = None
+    if ref is not None and raw_run.get("ok"):
+        info["outputs"] = compare_outputs(got, ref)
+        info["identical"] = all(v["identical"] for v in info["outputs"].values())
+    elif ref is None and ok:
+        ok = False
+        error = f"reference run on ORT CPU failed: {info['reference_error']}"
+    info["ok"] = ok
+    info["error"] = error
+    return info
+
+
+__all__ = [
+    "CPU_EP",
+    "SetupMissing",
+    "compare_outputs",
+    "make_inputs",
+    "measure_placement",
+    "missing_setup",
+    "reference_outputs",
+]
