@@ -14,6 +14,7 @@ from pathlib import Path
 
 from . import __version__
 from .errors import SurgeonError
+from .model_io import atomic_path, check_model, load_model
 from .surgeon import SUM_MODES, inspect, patch
 from .verify import DEFAULT_ITERATIONS, DEFAULT_SEED, OPT_LEVELS, verify
 
@@ -66,26 +67,26 @@ def _rewrite_group(parser: argparse.ArgumentParser) -> None:
 def _cmd_patch(args: argparse.Namespace) -> int:
     out = args.output or str(Path(args.model).with_suffix("")) + ".patched.onnx"
     if args.report:
-        _check_writable(args.report)
+        _check_writable(args.report, [args.model, out])
     report = patch(args.model, out, allow_unproven=args.allow_unproven, sum_mode=args.sum_mode,
-                   verify=args.verify, copy_unchanged=args.copy_unchanged,
+                   verify=args.verify, copy_unchanged=args.copy_unchanged, strict=args.strict,
                    verify_options=_verify_kwargs(args, args.model))
     print(report.format(verbose=args.verbose))
     if report.written:
         print(f"wrote {out}")
     if args.report:
-        Path(args.report).write_text(report.to_json())
+        _write_text(args.report, report.to_json())
         print(f"report: {args.report}")
     return 3 if (args.strict and report.refused) else 0
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
     if args.json:
-        _check_writable(args.json)
+        _check_writable(args.json, [args.model])
     report = inspect(args.model, allow_unproven=args.allow_unproven, sum_mode=args.sum_mode)
     print(report.format(verbose=args.verbose))
     if args.json:
-        Path(args.json).write_text(report.to_json())
+        _write_text(args.json, report.to_json())
     return 3 if (args.strict and report.refused) else 0
 
 
@@ -93,22 +94,31 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     for path in (args.original, args.patched):
         if not Path(path).is_file():
             raise SurgeonError(path, "no such file")
-    from .model_io import load_model
-
-    load_model(args.original), load_model(args.patched)
+    for path in (args.original, args.patched):
+        check_model(load_model(path), path)
     if args.json:
-        _check_writable(args.json)
+        _check_writable(args.json, [args.original, args.patched])
     result = verify(args.original, args.patched, **_verify_kwargs(args, args.original))
     print(result.summary())
     if args.json:
-        Path(args.json).write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+        _write_text(args.json, json.dumps(result.to_dict(), indent=2) + "\n")
     return 0 if result.identical else 1
 
 
-def _check_writable(path: str) -> None:
-    parent = Path(path).parent
-    if not parent.is_dir():
-        raise SurgeonError(path, f"folder {parent} does not exist")
+def _check_writable(path: str, models: list[str]) -> None:
+    """A report path must be writable and must not name one of the command's models (it would clobber it)."""
+    target = Path(path)
+    for model in models:
+        if target.resolve() == Path(model).resolve():
+            raise SurgeonError(path, "report path is one of this command's models",
+                               "choose another name, e.g. report.json")
+    if not target.parent.is_dir():
+        raise SurgeonError(path, f"folder {target.parent} does not exist")
+
+
+def _write_text(path: str, text: str) -> None:
+    with atomic_path(path, suffix=".json") as tmp:
+        tmp.write_text(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -125,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--verify", action="store_true", help="write OUT only if it is byte-identical on ORT CPU")
     g.add_argument("--report", metavar="FILE.json", help="also write the report as JSON")
     g.add_argument("--copy-unchanged", action="store_true", help="with nothing to rewrite, still write a copy")
-    g.add_argument("--strict", action="store_true", help="exit 3 if any node was refused")
+    g.add_argument("--strict", action="store_true", help="if any node is refused: write nothing and exit 3")
     g.add_argument("-v", "--verbose", action="store_true", help="list every rewritten node")
     _rewrite_group(p)
     _verify_group(p)

@@ -116,6 +116,9 @@ def atomic_path(target: str | Path, suffix: str = ".onnx") -> Iterator[Path]:
     target = Path(target)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=f".tmp{suffix}", dir=target.parent)
     os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; the output gets the mode any new file would
     tmp_path = Path(tmp)
     try:
         yield tmp_path

@@ -54,10 +54,11 @@ def inspect(model_path: str | Path, *, allow_unproven: bool = False, sum_mode: s
 
 def patch(model_path: str | Path, output_path: str | Path | None = None, *, allow_unproven: bool = False,
           sum_mode: str | None = None, verify: bool = False, copy_unchanged: bool = False,
-          verify_options: dict | None = None) -> PatchReport:
+          strict: bool = False, verify_options: dict | None = None) -> PatchReport:
     """Patch `model_path`; write `output_path` (atomically, and only after verification if `verify`).
 
     With nothing to rewrite, nothing is written unless `copy_unchanged` (then an exact copy of the input).
+    With `strict`, nothing is written if any node was refused.
     Raises `SurgeonError` (one line: file and problem) on bad input and `VerificationError` when the patched
     model's outputs differ; in both cases no output file exists afterwards.
     """
@@ -68,6 +69,9 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
     model, graph, before, actions = _run(model_path, options)
     report = PatchReport(str(model_path), None if output_path is None else str(output_path), False,
                          vars(options), before, before, actions)
+    if strict and report.refused and output_path is not None:
+        report.note = f"--strict: {len(report.refused)} node(s) refused; {output_path} not written"
+        return report
     if not report.changed:
         report.note = f"nothing to rewrite in {model_path}"
         if output_path is not None and copy_unchanged:

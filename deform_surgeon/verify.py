@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .errors import SurgeonError
+
 DEFAULT_ITERATIONS = 3
 DEFAULT_SEED = 1
 DEFAULT_FLOAT_RANGE = (0.0, 1.0)
@@ -105,17 +107,23 @@ def verify(original: str | Path, patched: str | Path, *, iterations: int | None 
     iterations = DEFAULT_ITERATIONS if iterations is None else iterations
     seed = DEFAULT_SEED if seed is None else seed
     opt_level = "all" if opt_level is None else opt_level
+    if iterations < 1:
+        raise SurgeonError(None, f"--iterations must be at least 1 (got {iterations})")
     ranges = default_val_ranges(original, val_range)
+    for name, (lo, hi) in (val_range or {}).items():
+        if name not in ranges:
+            raise SurgeonError(original, f"--val-range names '{name}', which is not an input of the model",
+                               f"inputs: {', '.join(ranges) or 'none'}")
+        if not (math.isfinite(lo) and math.isfinite(hi)) or lo > hi:
+            raise SurgeonError(None, f"--val-range {name}:[{lo},{hi}] is not a finite range with lo <= hi")
     result = VerifyResult(str(original), str(patched), iterations, seed, opt_level, ranges)
 
     import onnxruntime
 
-    from .errors import SurgeonError
-
     old = G_LOGGER.module_severity
-    if quiet:
-        G_LOGGER.module_severity = G_LOGGER.ERROR
-        onnxruntime.set_default_logger_severity(3)
+    if quiet:  # the verdict below is ours: polygraphy's and ORT's own failure lines would only repeat it
+        G_LOGGER.module_severity = G_LOGGER.CRITICAL
+        onnxruntime.set_default_logger_severity(4)
     try:
         level = _ort_level(opt_level)
         runners = [

@@ -1,0 +1,249 @@
+"""`deform_surgeon.verify`: zero tolerance on ORT CPU, decided by an exact byte comparison.
+
+The tiny models here pin down what the byte comparison catches that polygraphy's own `atol=0, rtol=0` verdict
+gets wrong (identical NaNs fail it, -0.0 vs +0.0 passes it), which is why `verify` does not simply trust it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import graphs
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from deform_surgeon import SurgeonError, verify
+
+FIXTURES = Path(__file__).parent / "fixtures"
+ONE = np.float32(1.0)
+ONE_PLUS_ULP = np.nextafter(ONE, np.float32(2))
+
+
+def save(folder: Path, name: str, nodes: list, outputs: list, inits: tuple = ()) -> Path:
+    """A one-input model, `x` float32 [2, 3], saved as folder/name.onnx."""
+    graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              outputs, list(inits))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="test_verify")
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    path = folder / f"{name}.onnx"
+    onnx.save(model, path)
+    return path
+
+
+def out(name: str = "y", elem: int = TensorProto.FLOAT, shape: tuple = (2, 3)):
+    return helper.make_tensor_value_info(name, elem, list(shape))
+
+
+def const(name: str, value) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.asarray(value, dtype=np.float32), name)
+
+
+def ort_run(path: Path, x: np.ndarray) -> np.ndarray:
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return sess.run(None, {"x": x})[0]
+
+
+def times(folder: Path, name: str, k) -> Path:
+    """y = x * k (k a scalar constant)."""
+    return save(folder, name, [helper.make_node("Mul", ["x", "k"], ["y"])], [out()], (const("k", k),))
+
+
+def constant_output(folder: Path, name: str, c: np.ndarray) -> Path:
+    """y = x * 0 + c, which is exactly c for the inputs in [0, 1) (depends on x so nothing is folded)."""
+    nodes = [helper.make_node("Mul", ["x", "zero"], ["t"]), helper.make_node("Add", ["t", "c"], ["y"])]
+    return save(folder, name, nodes, [out()], (const("zero", 0.0), const("c", c)))
+
+
+def test_identical_models_pass(tmp_path):
+    a = times(tmp_path, "a", 3.0)
+    b = tmp_path / "b.onnx"
+    shutil.copyfile(a, b)
+    result = verify(a, b)
+    assert result.identical and result.mismatch is None
+    assert result.outputs_compared == ["y"] and result.max_abs_diff == {"y": 0.0}
+    assert result.polygraphy_passed
+    assert result.summary().startswith("verify: PASSED")
+
+
+def test_exporter_fixture_and_its_patch_pass(tmp_path):
+    from deform_surgeon import patch
+
+    patched = tmp_path / "p.onnx"
+    patch(FIXTURES / "gathernd_b2g2.onnx", patched)
+    assert verify(FIXTURES / "gathernd_b2g2.onnx", patched).identical
+
+
+def test_one_ulp_fails_and_is_located(tmp_path):
+    c = np.full((2, 3), ONE, np.float32)
+    c_ulp = c.copy()
+    c_ulp[1, 2] = ONE_PLUS_ULP
+    assert int(c_ulp.view(np.uint32)[1, 2]) - int(c.view(np.uint32)[1, 2]) == 1
+    a, b = constant_output(tmp_path, "a", c), constant_output(tmp_path, "b", c_ulp)
+    x = np.random.default_rng(0).random((2, 3), dtype=np.float32)
+    assert ort_run(a, x).tobytes() == c.tobytes() and ort_run(b, x).tobytes() == c_ulp.tobytes()
+
+    result = verify(a, b)
+    assert not result.identical
+    m = result.mismatch
+    assert (m.iteration, m.output, m.index) == (0, "y", (1, 2))
+    assert m.original == repr(float(ONE)) and m.patched == repr(float(ONE_PLUS_ULP))
+    text = m.text()
+    assert "'y'" in text and "[1, 2]" in text and m.original in text and m.patched in text
+    assert result.max_abs_diff["y"] == float(ONE_PLUS_ULP) - 1.0
+    assert not result.polygraphy_passed
+
+
+def test_negative_zero_fails_although_polygraphy_passes(tmp_path):
+    a, b = times(tmp_path, "plus_zero", 0.0), times(tmp_path, "minus_zero", -0.0)
+    x = np.random.default_rng(0).random((2, 3), dtype=np.float32)
+    assert (ort_run(a, x).view(np.uint32) == 0x00000000).all()  # ORT CPU really gives +0.0 ...
+    assert (ort_run(b, x).view(np.uint32) == 0x80000000).all()  # ... and -0.0
+
+    result = verify(a, b)
+    assert not result.identical
+    assert result.mismatch.output == "y" and result.mismatch.index == (0, 0)
+    assert (result.mismatch.original, result.mismatch.patched) == ("0.0", "-0.0")
+    assert result.polygraphy_passed  # polygraphy alone would have called these equal
+
+
+def nan_models(folder: Path) -> tuple[Path, Path]:
+    a = save(folder, "nan_a", [helper.make_node("Div", ["x", "x"], ["y"])], [out()])
+    b = save(folder, "nan_b", [helper.make_node("Div", ["x", "x"], ["q"]), helper.make_node("Identity", ["q"], ["y"])],
+             [out()])
+    return a, b
+
+
+def test_identical_nans_pass_although_polygraphy_fails(tmp_path):
+    a, b = nan_models(tmp_path)
+    zeros = np.zeros((2, 3), np.float32)
+    ya, yb = ort_run(a, zeros), ort_run(b, zeros)
+    assert np.isnan(ya).all() and ya.tobytes() == yb.tobytes()
+
+    result = verify(a, b, val_range={"x": (0, 0)})
+    assert result.identical and result.mismatch is None
+    assert not result.polygraphy_passed  # NaN != NaN: polygraphy's zero tolerance fails identical outputs
+    assert result.val_range == {"x": (0, 0)}
+
+
+@pytest.mark.parametrize("extra_in", ["original", "patched"])
+def test_output_in_only_one_model_fails(tmp_path, extra_in):
+    one = times(tmp_path, "one", 2.0)
+    two = save(tmp_path, "two", [helper.make_node("Mul", ["x", "k"], ["y"]), helper.make_node("Neg", ["x"], ["z"])],
+               [out(), out("z")], (const("k", 2.0),))
+    result = verify(two, one) if extra_in == "original" else verify(one, two)
+    assert not result.identical
+    assert result.mismatch.output == "z" and "only one model" in result.mismatch.problem
+
+
+def test_dtype_difference_fails(tmp_path):
+    f32 = save(tmp_path, "f32", [helper.make_node("Identity", ["x"], ["y"])], [out()])
+    f64 = save(tmp_path, "f64", [helper.make_node("Cast", ["x"], ["y"], to=TensorProto.DOUBLE)],
+               [out(elem=TensorProto.DOUBLE)])
+    result = verify(f32, f64)
+    assert not result.identical
+    assert result.mismatch.output == "y" and "dtype" in result.mismatch.problem
+
+
+def test_shape_difference_fails(tmp_path):
+    same = save(tmp_path, "same", [helper.make_node("Identity", ["x"], ["y"])], [out()])
+    flat = save(tmp_path, "flat", [helper.make_node("Flatten", ["x"], ["y"], axis=0)], [out(shape=(1, 6))])
+    result = verify(same, flat)
+    assert not result.identical
+    assert result.mismatch.output == "y" and "shape" in result.mismatch.problem
+
+
+@pytest.mark.parametrize("refused_is", ["original", "patched"])
+def test_model_that_cannot_run_is_named(tmp_path, refused_is):
+    """Offsets in [-50, 50] push the refused fixture's (unclamped) GatherND indices out of range: ORT errors."""
+    runs = tmp_path / "clamped.onnx"
+    onnx.save(graphs.exporter_like(), runs)  # same inputs, every index clamped: runs for any offset
+    fails = tmp_path / "refused.onnx"
+    shutil.copyfile(FIXTURES / "gathernd_refused.onnx", fails)
+    pair = (fails, runs) if refused_is == "original" else (runs, fails)
+    with pytest.raises(SurgeonError) as info:
+        verify(*pair, val_range={"offset": (-50, 50)})
+    assert info.value.path == str(fails)
+    assert str(info.value).startswith(f"{fails}: ") and "fails to run" in str(info.value)
+    assert str(runs) not in str(info.value)
+
+
+def test_zero_iterations_is_rejected_as_such(tmp_path):
+    a = times(tmp_path, "a", 2.0)
+    with pytest.raises(SurgeonError) as info:
+        verify(a, a, iterations=0)
+    assert "iterations" in str(info.value) and str(a) not in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("bad", [{"not_an_input": (0.0, 1.0)}, {"x": (1.0, 0.0)}, {"x": (float("nan"), 1.0)}],
+                         ids=["unknown-name", "lo-above-hi", "nan-bound"])
+def test_bad_val_range_is_rejected(tmp_path, bad):
+    a = times(tmp_path, "a", 2.0)
+    with pytest.raises(SurgeonError):
+        verify(a, a, val_range=bad)
+
+
+# -- the CLI -----------------------------------------------------------------------------------------------------
+
+def cli(*args, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "deform_surgeon", *map(str, args)], cwd=cwd, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_cli_verify_mismatch_exit_1_and_first_mismatch(tmp_path):
+    c = np.full((2, 3), ONE, np.float32)
+    c_ulp = c.copy()
+    c_ulp[1, 2] = ONE_PLUS_ULP
+    constant_output(tmp_path, "a", c)
+    constant_output(tmp_path, "b", c_ulp)
+    proc = cli("verify", "a.onnx", "b.onnx", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    verdicts = [ln for ln in proc.stdout.splitlines() if ln.startswith("verify:")]
+    assert len(verdicts) == 1 and verdicts[0].startswith("verify: FAILED"), proc.stdout
+    assert [ln for ln in proc.stdout.splitlines() if "FAILED" in ln] == verdicts, proc.stdout
+    for part in ("'y'", "[1, 2]", repr(float(ONE)), repr(float(ONE_PLUS_ULP))):
+        assert part in verdicts[0], verdicts[0]
+
+
+@pytest.fixture(scope="module")
+def cli_nan_run(tmp_path_factory):
+    """`deform-surgeon verify` of two models that output identical NaNs (a success, exit 0)."""
+    folder = tmp_path_factory.mktemp("nan")
+    nan_models(folder)
+    proc = cli("verify", "nan_a.onnx", "nan_b.onnx", "--val-range", "x:[0,0]", "--json", "v.json", cwd=folder)
+    return proc, folder
+
+
+def test_cli_verify_success_exit_0(cli_nan_run):
+    proc, folder = cli_nan_run
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    verdicts = [ln for ln in proc.stdout.splitlines() if ln.startswith("verify:")]
+    assert len(verdicts) == 1 and verdicts[0].startswith("verify: PASSED") and "failed (NaNs)" in verdicts[0]
+    result = json.loads((folder / "v.json").read_text())
+    assert result["identical"] is True and result["polygraphy_passed"] is False
+    assert result["val_range"] == {"x": [0.0, 0.0]}
+
+
+def test_cli_verify_prints_only_its_verdict(cli_nan_run):
+    """Polygraphy's own comparator lines ('[E] FAILED | ...' for identical NaNs) must not reach the terminal."""
+    proc, _ = cli_nan_run
+    assert proc.returncode == 0
+    assert "FAILED" not in proc.stdout, proc.stdout
+
+
+def test_cli_verify_model_that_cannot_run_one_stderr_line(tmp_path):
+    """Only our line: ORT's own '[E:onnxruntime:...] Non-zero status code' log line must not precede it."""
+    onnx.save(graphs.exporter_like(), tmp_path / "clamped.onnx")
+    shutil.copyfile(FIXTURES / "gathernd_refused.onnx", tmp_path / "refused.onnx")
+    proc = cli("verify", "clamped.onnx", "refused.onnx", "--val-range", "offset:[-50,50]", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("deform-surgeon: error: refused.onnx: fails to run")
