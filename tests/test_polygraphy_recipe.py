@@ -77,3 +77,8 @@ def test_recipe_fails_on_perturbed_model(saved, tmp_path):
     proc = shell(RECIPE[1], tmp_path)
     assert proc.returncode != 0, proc.stdout + proc.stderr
     assert "FAILED | Output: 'mask'" in proc.stdout + proc.stderr  # failed on the comparison, not on loading
+
+
+def test_the_readme_shows_exactly_this_recipe():
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    assert all(f"    {line}\n" in readme for line in RECIPE)
