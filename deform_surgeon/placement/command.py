@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -230,6 +231,42 @@ def format_placement(p: Placement) -> str:
     return "\n".join(lines)
 
 
+def per_block(p: Placement) -> dict[str, tuple[int, int]]:
+    """CPU nodes and Memcpy nodes of a placement, per deform block (`deform_surgeon.blocks`) of its model."""
+    import onnx
+
+    from ..blocks import block_of, deform_blocks, tensor_blocks
+
+    model = onnx.load(p.model, load_external_data=False)
+    owner = deform_blocks(model)
+    tensors = tensor_blocks(model, owner)
+    counts: dict[str, list[int]] = {}
+    for name in p.cpu_node_names:
+        counts.setdefault(block_of(name, owner) or OUTSIDE, [0, 0])[0] += 1
+    for t in p.memcpy_tensors:
+        counts.setdefault(tensors.get(t, OUTSIDE), [0, 0])[1] += 1
+    for label in [*set(owner.values()), OUTSIDE]:
+        counts.setdefault(label, [0, 0])
+    return {k: (v[0], v[1]) for k, v in counts.items()}
+
+
+OUTSIDE = "outside deform blocks"
+
+
+def _block_rows(a: Placement, b: Placement) -> list[tuple[str, str, str]]:
+    if not (a.model and b.model and Path(a.model).is_file() and Path(b.model).is_file()):
+        return []
+    pa, pb = per_block(a), per_block(b)
+    labels = sorted(set(pa) | set(pb), key=lambda k: (k == OUTSIDE, [int(t) if t.isdigit() else t
+                                                                    for t in re.split(r"(\d+)", k)]))
+    rows = [("per deform block (CPU nodes / Memcpy):", "", "")]
+    for k in labels:
+        ca, ma = pa.get(k, (0, 0))
+        cb, mb = pb.get(k, (0, 0))
+        rows.append((f"  {k}", f"{ca} / {ma}", f"{cb} / {mb}"))
+    return rows
+
+
 def format_comparison(a: Placement, b: Placement) -> str:
     """Side-by-side table of two placements: the patched model should have no CPU nodes and no Memcpy."""
     rows: list[tuple[str, str, str]] = [
@@ -254,6 +291,7 @@ def format_comparison(a: Placement, b: Placement) -> str:
     if ops:
         rows.append(("CPU ops:", "", ""))
         rows += [(f"  {op}", str(a.cpu_ops.get(op, 0)), str(b.cpu_ops.get(op, 0))) for op in ops]
+    rows += _block_rows(a, b)
     w0 = max(len(r[0]) for r in rows)
     w1 = max(len("original"), *(len(r[1]) for r in rows))
     out = [f"{'':<{w0}}  {'original':>{w1}}  patched"]

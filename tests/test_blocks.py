@@ -1,0 +1,48 @@
+"""Deform-block attribution: found from structure, stable across a patch, used to split placement per block."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import pytest
+from conftest import FIXTURES, patch_in_memory
+
+from deform_surgeon.blocks import block_of, deform_blocks
+from deform_surgeon.placement.command import OUTSIDE, per_block
+from deform_surgeon.placement.result import Placement
+
+
+@pytest.mark.parametrize("name", ["decoder_gathernd.onnx", "decoder_gatherelements_fp16.onnx"])
+def test_every_sampler_and_sum_belongs_to_one_of_eight_blocks_that_survive_the_patch(name):
+    model = onnx.load(str(FIXTURES / name))
+    owner = deform_blocks(model)
+    samplers = [n for n in model.graph.node if n.op_type in ("GatherND", "GatherElements", "Sum")]
+    assert samplers and all(n.name in owner for n in samplers)
+    assert len(set(owner.values())) == 8
+    assert not any(n.op_type == "Conv" and n.name in owner for n in model.graph.node)  # the block ends at its Conv
+    patched, _ = patch_in_memory(model)
+    after = deform_blocks(patched)
+    assert set(after.values()) == set(owner.values())
+    assert all(after[n.name] for n in patched.graph.node if n.op_type == "Gather")
+
+
+def test_ort_made_node_names_are_attributed_to_their_origin():
+    owner = {"Slice_24": "Conv 'c'"}
+    assert block_of("Slice_24/GatherSliceToSplitFusion", owner) == "Conv 'c'"
+    assert block_of("Relu_1", owner) is None
+
+
+def test_per_block_counts_cpu_nodes_and_memcpy(tmp_path: Path):
+    model = onnx.load(str(FIXTURES / "decoder_gathernd.onnx"))
+    owner = deform_blocks(model)
+    sums = [n for n in model.graph.node if n.op_type == "Sum"]
+    relu = next(n for n in model.graph.node if n.name not in owner)
+    p = Placement(runtime="node", bundle=None, session_ok=True, error=None, cpu_nodes=3, memcpy=2,
+                  nodes_by_provider={}, cpu_ops={}, cpu_node_names=[sums[0].name, sums[1].name, relu.name],
+                  memcpy_tensors=[sums[0].output[0], relu.output[0]], kernel_not_found=[], adapter=None, run=None,
+                  model=str(FIXTURES / "decoder_gathernd.onnx"))
+    counts = per_block(p)
+    assert counts[owner[sums[0].name]] == (1, 1) and counts[owner[sums[1].name]] == (1, 0)
+    assert counts[OUTSIDE] == (1, 1)
+    assert sum(c for c, _ in counts.values()) == 3 and len(counts) == 9
