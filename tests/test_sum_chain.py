@@ -102,3 +102,45 @@ def test_the_per_op_check_catches_a_naive_fp16_chain():
         [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [64, 64])])
     feeds = dict(zip(names, xs, strict=True))
     assert eval_per_op(helper.make_model(naive), feeds).tobytes() != cpu_sum_semantics(xs).tobytes()
+
+
+def test_fp16_fixture_sums_are_exact_under_per_op_rounding():
+    """On the onnxconverter-common fp16 fixture, with the real fp16 tensors of a real inference: each replaced Sum,
+    evaluated op by op as a GPU rounds, equals ORT CPU's Sum of the same fp16 inputs (which is what the original
+    computes in the browser: its Sum runs on the CPU EP, fed fp16 tensors from the GPU)."""
+    from conftest import FIXTURES
+
+    model = onnx.load(str(FIXTURES / "decoder_gathernd_fp16.onnx"))
+    patched, actions = patch_in_memory(model)
+    sums = {n.name: n for n in model.graph.node if n.op_type == "Sum"}
+    replaced = [a for a in actions if a.pass_name == "sum_chain"]
+    assert sorted(a.node for a in replaced) == sorted(sums) and len(sums) == 8
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    wanted = sorted({t for n in sums.values() for t in n.input})
+    probe.graph.output.extend(helper.make_tensor_value_info(t, TensorProto.FLOAT16, None) for t in wanted)
+    image = np.random.default_rng(11).uniform(0, 1, size=(1, 3, 64, 64)).astype(np.float16)
+    values = dict(zip([o.name for o in probe.graph.output], run_ort(probe, {"image": image}), strict=True))
+
+    new = {n.name: n for n in patched.graph.node}
+    for action in replaced:
+        node = sums[action.node]
+        xs = [values[t] for t in node.input]
+        reference = run_ort(sum_model_like(xs), {f"x{i}": x for i, x in enumerate(xs)})[0]  # ORT CPU's fp16 Sum
+        assert reference.tobytes() == cpu_sum_semantics(xs).tobytes()
+        sub = helper.make_model(helper.make_graph([new[name] for name in action.new_nodes], "sub", [], []))
+        sub.graph.output.append(helper.make_tensor_value_info(node.output[0], TensorProto.FLOAT16, None))
+        got = eval_per_op(sub, dict(zip(node.input, xs, strict=True)))
+        assert got.tobytes() == reference.tobytes(), action.node
+
+
+def sum_model_like(xs: list[np.ndarray]) -> onnx.ModelProto:
+    names = [f"x{i}" for i in range(len(xs))]
+    graph = helper.make_graph(
+        [helper.make_node("Sum", names, ["y"])], "sum",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT16, list(x.shape)) for n, x in zip(names, xs, strict=True)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
