@@ -393,3 +393,25 @@ def test_env_of_node_harness(tmp_path: Path) -> None:
     env = runner_mod._harness_env(tmp_path)
     assert env["VK_ICD_FILENAMES"].endswith("vk_swiftshader_icd.json")
     assert os.access(env["XDG_RUNTIME_DIR"], os.W_OK)
+
+
+@pytest.mark.webgpu
+@pytest.mark.skipif(_SETUP is not None, reason=f"WebGPU runtimes not set up: {_SETUP}")
+def test_lowered_gathernd5_runs_on_jsep_and_matches_cpu(tmp_path: Path) -> None:
+    """The exporter's sampling step: rank-5 GatherND fails on JSEP as exported; after `patch` it runs there, fully
+    on the GPU, and its outputs equal ORT CPU's byte for byte."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from graphs import exporter_like
+
+    import deform_surgeon as ds
+
+    original = _save(exporter_like(H=6, W=6, C=4, P=8, with_sum=False), tmp_path / "sampling.onnx")
+    patched = tmp_path / "sampling.patched.onnx"
+    ds.patch(original, patched, verify=True)
+    before = measure_placement(original, runtime="browser", bundle="jsep", run=True, timeout=120)
+    assert before.run is not None and not before.run["ok"] and "WGSL" in before.run["error"]
+    after = measure_placement(patched, runtime="browser", bundle="jsep", run=True, timeout=120)
+    assert after.cpu_nodes == 0 and after.memcpy == 0, after.cpu_ops
+    assert after.run is not None and after.run["ok"] and after.run["identical"], after.run
