@@ -19,9 +19,9 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from ..pipeline import REFUSED, REWRITTEN, REWRITTEN_UNPROVEN, Action, Context
-from .gathernd import INT32_MAX
-from .ranges import IndexVerdict, Status, gather_elements_verdict
+from ..pipeline import REFUSED, Action, Context
+from .gathernd import gate, rewritten
+from .ranges import IndexVerdict, gather_elements_verdict
 
 
 class LowerGatherElements:
@@ -68,20 +68,14 @@ class LowerGatherElements:
         return None, "the index is not the same for every channel (not an Expand over the channel axis)"
 
     def check(self, ctx: Context, node: gs.Node, verdict: IndexVerdict) -> str | None:
-        if verdict.status is Status.OUT_OF_RANGE:
-            return f"indices out of range ({verdict.reason})"
-        if not verdict.proven and not ctx.options.allow_unproven:
-            return f"indices not proven in range: {verdict.reason}"
-        _, why = self.per_pixel_index(ctx, node)
-        if why is not None:
-            return why
-        dshape = ctx.prover.static_shape(node.inputs[0])
-        rows = math.prod(dshape[:-2]) * dshape[-1]
-        if rows - 1 > INT32_MAX:
-            return f"flattened data has {rows} rows, more than an int32 index can address"
-        if ctx.prover.dtype(node.inputs[1]) not in (np.dtype(np.int64), np.dtype(np.int32)):
-            return "indices are not int32/int64"
-        return None
+        """None if `node` may be rewritten, else the reason it must not be."""
+        why = gate(ctx, node, verdict, rows=None)
+        if why is None:
+            _, why = self.per_pixel_index(ctx, node)
+        if why is None:
+            dshape = ctx.prover.static_shape(node.inputs[0])
+            why = gate(ctx, node, verdict, rows=math.prod(dshape[:-2]) * dshape[-1])
+        return why
 
     def rewrite(self, ctx: Context, node: gs.Node, verdict: IndexVerdict) -> Action:
         why_not = self.check(ctx, node, verdict)
@@ -127,8 +121,4 @@ class LowerGatherElements:
         ctx.node("Gather", f"{base}/gather", [flat, linear], [rows], {"axis": 0})
         node.outputs.clear()
         ctx.node("Transpose", f"{base}/channels_first", [rows], [out], {"perm": swap})
-        new_nodes = tuple(x.name for x in ctx.graph.nodes[before:])
-        if verdict.proven:
-            return Action(self.name, node.name, node.op, REWRITTEN, verdict.reason, new_nodes)
-        return Action(self.name, node.name, node.op, REWRITTEN_UNPROVEN,
-                      f"UNPROVEN, rewritten because --allow-unproven was given: {verdict.reason}", new_nodes)
+        return rewritten(self.name, node, verdict, tuple(x.name for x in ctx.graph.nodes[before:]))

@@ -26,6 +26,28 @@ from .ranges import IndexVerdict, Status, gathernd_verdict
 INT32_MAX = 2**31 - 1
 
 
+def gate(ctx: Context, node: gs.Node, verdict: IndexVerdict, rows: int | None) -> str | None:
+    """The checks every gather lowering shares: a proof (or --allow-unproven), int32 rows, an integer index."""
+    if verdict.status is Status.OUT_OF_RANGE:
+        return f"indices out of range ({verdict.reason})"
+    if not verdict.proven and not ctx.options.allow_unproven:
+        return f"indices not proven in range: {verdict.reason}"
+    if rows is not None and rows - 1 > INT32_MAX:
+        return f"flattened data has {rows} rows, more than an int32 index can address"
+    dtype = ctx.prover.dtype(node.inputs[1])
+    if dtype not in (np.dtype(np.int64), np.dtype(np.int32)):
+        return f"indices dtype {dtype} is not int32/int64"
+    return None
+
+
+def rewritten(pass_name: str, node: gs.Node, verdict: IndexVerdict, new_nodes: tuple[str, ...]) -> Action:
+    """The Action of a lowered gather: proven, or loudly unproven under --allow-unproven."""
+    if verdict.proven:
+        return Action(pass_name, node.name, node.op, REWRITTEN, verdict.reason, new_nodes)
+    return Action(pass_name, node.name, node.op, REWRITTEN_UNPROVEN,
+                  f"UNPROVEN, rewritten because --allow-unproven was given: {verdict.reason}", new_nodes)
+
+
 class LowerGatherND:
     """Rewrite every proven GatherND into Reshape + int32 index arithmetic + Gather(axis=0)."""
 
@@ -44,24 +66,15 @@ class LowerGatherND:
 
     def check(self, ctx: Context, node: gs.Node, verdict: IndexVerdict) -> str | None:
         """None if `node` may be rewritten, else the reason it must not be."""
-        if verdict.status is Status.OUT_OF_RANGE:
-            return f"indices out of range ({verdict.reason})"
-        if not verdict.proven and not ctx.options.allow_unproven:
-            return f"indices not proven in range: {verdict.reason}"
         prover = ctx.prover
         dshape = prover.static_shape(node.inputs[0])
         ishape = prover.static_shape(node.inputs[1])
         if dshape is None or ishape is None:
-            return "data or indices shape not known statically"
+            return gate(ctx, node, verdict, rows=None) or "data or indices shape not known statically"
         b = int(node.attrs.get("batch_dims", 0))
         if dshape[:b] != ishape[:b]:
             return f"batch dims differ: data {dshape[:b]} vs indices {ishape[:b]}"
-        rows = math.prod(dshape[: b + ishape[-1]])
-        if rows - 1 > INT32_MAX:
-            return f"flattened data has {rows} rows, more than an int32 index can address"
-        if prover.dtype(node.inputs[1]) not in (np.dtype(np.int64), np.dtype(np.int32)):
-            return f"indices dtype {prover.dtype(node.inputs[1])} is not int32/int64"
-        return None
+        return gate(ctx, node, verdict, rows=math.prod(dshape[: b + ishape[-1]]))
 
     def rewrite(self, ctx: Context, node: gs.Node, verdict: IndexVerdict) -> Action:
         why_not = self.check(ctx, node, verdict)
@@ -115,11 +128,7 @@ class LowerGatherND:
 
         node.outputs.clear()
         ctx.node("Gather", f"{base}/gather", [flat, linear], [out], {"axis": 0})
-        new_nodes = tuple(n.name for n in ctx.graph.nodes[before:])
-        if verdict.proven:
-            return Action(self.name, node.name, node.op, REWRITTEN, verdict.reason, new_nodes)
-        return Action(self.name, node.name, node.op, REWRITTEN_UNPROVEN,
-                      f"UNPROVEN, rewritten because --allow-unproven was given: {verdict.reason}", new_nodes)
+        return rewritten(self.name, node, verdict, tuple(n.name for n in ctx.graph.nodes[before:]))
 
     def components(self, ctx: Context, indices: gs.Tensor, r: int, point_shape: list[int],
                    base: str) -> list[gs.Tensor]:
