@@ -56,8 +56,14 @@ def deform_blocks(model: onnx.ModelProto) -> dict[str, str]:
     return owner
 
 
-def block_of(name: str, owner: dict[str, str]) -> str | None:
-    """The block of a node name as ORT reports it (ORT-made nodes keep their origin's name before a '/')."""
+_ORT_CAST_PREFIX = "InsertedPrecisionFreeCast_"  # ORT's casts around CPU fp16 islands, named after their tensor
+
+
+def block_of(name: str, owner: dict[str, str], tensors: dict[str, str] | None = None) -> str | None:
+    """The block of a node name as ORT reports it: ORT-made nodes keep their origin's name before a '/', and the
+    casts ORT inserts around CPU fp16 islands are named after the tensor they convert."""
+    if tensors is not None and name.startswith(_ORT_CAST_PREFIX):
+        return tensors.get(name[len(_ORT_CAST_PREFIX):])
     while name:
         if name in owner:
             return owner[name]

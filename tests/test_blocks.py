@@ -31,6 +31,7 @@ def test_ort_made_node_names_are_attributed_to_their_origin():
     owner = {"Slice_24": "Conv 'c'"}
     assert block_of("Slice_24/GatherSliceToSplitFusion", owner) == "Conv 'c'"
     assert block_of("Relu_1", owner) is None
+    assert block_of("InsertedPrecisionFreeCast_t_9", owner, {"t_9": "Conv 'c'"}) == "Conv 'c'"
 
 
 def test_per_block_counts_cpu_nodes_and_memcpy(tmp_path: Path):

@@ -242,7 +242,7 @@ def per_block(p: Placement) -> dict[str, tuple[int, int]]:
     tensors = tensor_blocks(model, owner)
     counts: dict[str, list[int]] = {}
     for name in p.cpu_node_names:
-        counts.setdefault(block_of(name, owner) or OUTSIDE, [0, 0])[0] += 1
+        counts.setdefault(block_of(name, owner, tensors) or OUTSIDE, [0, 0])[0] += 1
     for t in p.memcpy_tensors:
         counts.setdefault(tensors.get(t, OUTSIDE), [0, 0])[1] += 1
     for label in [*set(owner.values()), OUTSIDE]:
