@@ -10,12 +10,13 @@ OUT   ?= $(if $(MODEL),$(basename $(MODEL)).patched.onnx,)
 ARGS  ?=
 PYTEST_ARGS ?=
 
-.PHONY: help install demo patch verify inspect test test-fast lint fixtures webgpu-setup placement clean
+.PHONY: help install demo patch batch verify inspect test test-fast lint fixtures webgpu-setup placement clean
 
 help:
 	@echo "make demo                      install, patch + verify the default 1024x1024 model, print the report"
 	@echo "make test                      install (incl. WebGPU runtimes) and run the whole test suite"
 	@echo "make patch MODEL=m.onnx [OUT=] patch a model (OUT defaults to <name>.patched.onnx beside it)"
+	@echo "make batch MANIFEST=m.toml     patch every model of a TOML manifest in parallel (ARGS='--jobs 2 --verify')"
 	@echo "make verify MODEL=a OUT=b      compare two models on ORT CPU, zero tolerance + exact bytes"
 	@echo "make inspect MODEL=m.onnx      dry run: what would be rewritten or refused, and why"
 	@echo "make placement MODEL=m.onnx    where ORT's WebGPU EP places the nodes (ARGS='--runtime browser')"
@@ -40,6 +41,10 @@ patch: $(STAMP)
 verify: $(STAMP)
 	@test -n "$(MODEL)" -a -n "$(OUT)" || { echo "usage: make verify MODEL=original.onnx OUT=patched.onnx"; exit 2; }
 	$(BIN)/deform-surgeon verify $(MODEL) $(OUT) $(ARGS)
+
+batch: $(STAMP)
+	@test -n "$(MANIFEST)" || { echo "usage: make batch MANIFEST=models.toml [ARGS='--jobs 2 --verify']"; exit 2; }
+	$(BIN)/deform-surgeon batch $(MANIFEST) $(ARGS)
 
 inspect: $(STAMP)
 	@test -n "$(MODEL)" || { echo "usage: make inspect MODEL=path/to/model.onnx"; exit 2; }

@@ -62,6 +62,9 @@ def _rewrite_group(parser: argparse.ArgumentParser) -> None:
                    help="also rewrite gathers whose index range is NOT proven (listed loudly; unsafe on WebGPU)")
     g.add_argument("--sum-mode", choices=SUM_MODES, default=None,
                    help="Sum -> Add chain (default, bit-identical), tree (NOT bit-identical) or none")
+    g.add_argument("--max-buffer", type=_size_arg, default=None, metavar="BYTES",
+                   help="split deformable-conv blocks whose tensors exceed BYTES (e.g. 256MiB) into row chunks "
+                        "(exact); `deform-surgeon budget` lists what remains over it")
 
 
 def _cmd_patch(args: argparse.Namespace) -> int:
@@ -69,6 +72,7 @@ def _cmd_patch(args: argparse.Namespace) -> int:
     if args.report:
         _check_writable(args.report, [args.model, out])
     report = patch(args.model, out, allow_unproven=args.allow_unproven, sum_mode=args.sum_mode,
+                   max_buffer=args.max_buffer,
                    verify=args.verify, copy_unchanged=args.copy_unchanged, strict=args.strict,
                    verify_options=_verify_kwargs(args, args.model))
     print(report.format(verbose=args.verbose))
@@ -83,7 +87,8 @@ def _cmd_patch(args: argparse.Namespace) -> int:
 def _cmd_inspect(args: argparse.Namespace) -> int:
     if args.json:
         _check_writable(args.json, [args.model])
-    report = inspect(args.model, allow_unproven=args.allow_unproven, sum_mode=args.sum_mode)
+    report = inspect(args.model, allow_unproven=args.allow_unproven, sum_mode=args.sum_mode,
+                     max_buffer=args.max_buffer)
     print(report.format(verbose=args.verbose))
     if args.json:
         _write_text(args.json, report.to_json())
@@ -103,6 +108,50 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     if args.json:
         _write_text(args.json, json.dumps(result.to_dict(), indent=2) + "\n")
     return 0 if result.identical else 1
+
+
+def _size_arg(text: str) -> int:
+    from .budget import parse_size
+
+    try:
+        return parse_size(text)
+    except SurgeonError as exc:
+        raise argparse.ArgumentTypeError(exc.one_line()) from None
+
+
+def _cmd_budget(args: argparse.Namespace) -> int:
+    from .budget import SPEC_MAX_BINDING, SPEC_MAX_BUFFER, analyze, read_device_limits
+
+    if not Path(args.model).is_file():
+        check_model(load_model(args.model), args.model)  # names a missing file / folder the usual way
+    if args.json:
+        _check_writable(args.json, [args.model])
+    limits, source = {"max_buffer": SPEC_MAX_BUFFER, "max_binding": SPEC_MAX_BINDING}, "WebGPU spec defaults"
+    if args.device_limits:
+        limits.update(read_device_limits(args.device_limits))
+        source = f"device limits from {args.device_limits}"
+    given = [k for k in ("max_buffer", "max_binding") if getattr(args, k) is not None]
+    for k in given:
+        limits[k] = getattr(args, k)
+    if given:
+        source += "; " + ", ".join(f"--{k.replace('_', '-')}" for k in given) + " given"
+    report = analyze(args.model, limits["max_buffer"], limits["max_binding"], limits_source=source)
+    print(report.format(limit_rows=args.rows))
+    if args.json:
+        _write_text(args.json, report.to_json())
+    return 0 if report.ok else 1
+
+
+def _cmd_batch(args: argparse.Namespace) -> int:
+    from .batch import main as batch_main
+
+    cli = {k: getattr(args, k, None) for k in ("allow_unproven", "sum_mode", "verify", "strict", "copy_unchanged",
+                                               "iterations", "seed", "opt_level", "out_dir", "report_dir",
+                                               "max_buffer")}
+    ranges = parse_val_ranges(args.val_range)
+    if ranges:
+        cli["val_range"] = {k: list(v) for k, v in ranges.items()}
+    return batch_main(args.manifest, args.glob, cli, args.jobs, args.summary, show_progress=not args.no_progress)
 
 
 def _check_writable(path: str, models: list[str]) -> None:
@@ -155,6 +204,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="FILE", help="write the result as JSON")
     _verify_group(p)
     p.set_defaults(func=_cmd_verify)
+
+    p = sub.add_parser("batch", help="patch many models (TOML manifest and/or globs) in parallel processes; "
+                                     "a report per model and a summary table (exit 1 if any failed, 3 if refused)")
+    p.add_argument("manifest", nargs="?", default=None, help="TOML manifest (see `deform_surgeon.batch`)")
+    p.add_argument("--glob", action="append", default=[], metavar="PATTERN",
+                   help="also patch every model matching PATTERN (repeatable; quote it)")
+    p.add_argument("-j", "--jobs", type=int, default=None, help="worker processes (default: number of cores)")
+    g = p.add_argument_group("output")
+    g.add_argument("--out-dir", metavar="DIR", help="outputs of entries without `output` (default: beside input)")
+    g.add_argument("--report-dir", metavar="DIR", help="per-model JSON reports (default: beside each output)")
+    g.add_argument("--summary", metavar="FILE.json", help="also write the summary as JSON")
+    g.add_argument("--verify", action="store_true", help="keep each output only if byte-identical on ORT CPU")
+    g.add_argument("--copy-unchanged", action="store_true", help="with nothing to rewrite, still write a copy")
+    g.add_argument("--strict", action="store_true", help="write nothing for a model with a refused node")
+    g.add_argument("--no-progress", action="store_true", help="no progress bars / lines on stderr")
+    _rewrite_group(p)
+    _verify_group(p)
+    p.set_defaults(func=_cmd_batch)
+
+    p = sub.add_parser("budget", help="tensors larger than a WebGPU device's buffer limits (exit 1 if any "
+                                      "exceeds maxBufferSize)")
+    p.add_argument("model")
+    p.add_argument("--max-buffer", type=_size_arg, default=None, metavar="BYTES",
+                   help="maxBufferSize (default: the WebGPU spec's 256MiB, or --device-limits)")
+    p.add_argument("--max-binding", type=_size_arg, default=None, metavar="BYTES",
+                   help="maxStorageBufferBindingSize (default: the WebGPU spec's 128MiB, or --device-limits)")
+    p.add_argument("--device-limits", metavar="FILE.json",
+                   help="limits captured from a real adapter (`deform-surgeon placement --device-limits-out`)")
+    p.add_argument("--json", metavar="FILE", help="write the report as JSON")
+    p.add_argument("--rows", type=int, default=40, help="table rows shown per section (default 40)")
+    p.set_defaults(func=_cmd_budget)
 
     try:
         from .placement import register_cli

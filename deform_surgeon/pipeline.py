@@ -44,6 +44,7 @@ class Options:
 
     allow_unproven: bool = False
     sum_mode: str = "chain"  # chain | tree | none
+    max_buffer: int | None = None  # bytes; split deform blocks whose tensors exceed it (None: no split)
 
 
 class NameScope:

@@ -3,49 +3,65 @@ atomic save -> report. The CLI and the Python API both call `patch` and `inspect
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-
-import onnx_graphsurgeon as gs
 
 from .errors import SurgeonError, VerificationError
 from .model_io import (
+    check_external_output,
     check_model,
     check_output_path,
     copy_atomic,
     export_graph,
+    import_graph,
     infer_value_types,
     load_model,
     save_model_atomic,
+    split_weights,
+    stubbed_copy,
+    weightless,
 )
 from .passes.gather_elements import LowerGatherElements
 from .passes.gathernd import LowerGatherND
 from .passes.residency import NarrowIndexChains
+from .passes.split import SplitBlocks
 from .passes.sum_chain import ChainSum
 from .pipeline import Context, Options, run_passes
 from .report import PatchReport, op_histogram
 from .verify import verify as verify_models
 
 SUM_MODES = ("chain", "tree", "none")
+PATCH_STAGES = ("prove", "export", "write", "verify")  # what `patch(progress=...)` reports, in this order
 
 
 def default_passes() -> list:
     """The passes `patch` runs, in order (to a fixed point)."""
-    return [LowerGatherND(), LowerGatherElements(), NarrowIndexChains(), ChainSum()]
+    return [LowerGatherND(), LowerGatherElements(), NarrowIndexChains(), ChainSum(), SplitBlocks()]
 
 
 def _run(model_path: str | Path, options: Options):
-    model = load_model(model_path)
-    check_model(model, model_path)
-    graph = gs.import_onnx(model)
-    ctx = Context(graph, infer_value_types(model), options)
-    before = op_histogram(graph)
-    actions = run_passes(ctx, default_passes())
+    model, _, graph, before, actions = _run_stored(model_path, options)
     return model, graph, before, actions
 
 
-def inspect(model_path: str | Path, *, allow_unproven: bool = False, sum_mode: str | None = None) -> PatchReport:
+def _run_stored(model_path: str | Path, options: Options):
+    """Load, check and prove/rewrite, never copying weights: checker and shape inference see a weight-less copy,
+    the graph holds stored weights as lazy constants (see model_io). Also returns the model's `Weights`."""
+    model = load_model(model_path)
+    weights = split_weights(model, Path(model_path).parent)
+    skeleton = weightless(model, weights)
+    check_model(skeleton, model_path, weights)
+    graph = import_graph(model, weights)
+    ctx = Context(graph, infer_value_types(skeleton, weights), options)
+    before = op_histogram(graph)
+    actions = run_passes(ctx, default_passes())
+    return model, weights, graph, before, actions
+
+
+def inspect(model_path: str | Path, *, allow_unproven: bool = False, sum_mode: str | None = None,
+            max_buffer: int | None = None) -> PatchReport:
     """Dry run: what `patch` would rewrite or refuse, and why. Writes nothing."""
-    options = _options(allow_unproven, sum_mode)
+    options = _options(allow_unproven, sum_mode, max_buffer)
     _, graph, before, actions = _run(model_path, options)
     graph.cleanup().toposort()
     return PatchReport(str(model_path), None, False, vars(options), before, op_histogram(graph), actions,
@@ -54,19 +70,27 @@ def inspect(model_path: str | Path, *, allow_unproven: bool = False, sum_mode: s
 
 def patch(model_path: str | Path, output_path: str | Path | None = None, *, allow_unproven: bool = False,
           sum_mode: str | None = None, verify: bool = False, copy_unchanged: bool = False,
-          strict: bool = False, verify_options: dict | None = None) -> PatchReport:
+          strict: bool = False, verify_options: dict | None = None, max_buffer: int | None = None,
+          progress: Callable[[str], None] | None = None) -> PatchReport:
     """Patch `model_path`; write `output_path` (atomically, and only after verification if `verify`).
+
+    Weights are never loaded into memory as a whole (see model_io): a model with external data keeps it external,
+    in the output's own `<OUT>.data`. `progress(stage)` is called as the work reaches each of `PATCH_STAGES`.
 
     With nothing to rewrite, nothing is written unless `copy_unchanged` (then an exact copy of the input).
     With `strict`, nothing is written if any node was refused.
     Raises `SurgeonError` (one line: file and problem) on bad input and `VerificationError` when the patched
     model's outputs differ; in both cases no output file exists afterwards.
     """
-    options = _options(allow_unproven, sum_mode)
+    options = _options(allow_unproven, sum_mode, max_buffer)
     load_model(model_path) if not Path(model_path).is_file() else None  # a missing input is named first
     if output_path is not None:
         check_output_path(output_path, [model_path])
-    model, graph, before, actions = _run(model_path, options)
+    stage = progress or (lambda _: None)
+    stage("prove")
+    model, weights, graph, before, actions = _run_stored(model_path, options)
+    if output_path is not None:
+        check_external_output(output_path, model_path, weights)
     report = PatchReport(str(model_path), None if output_path is None else str(output_path), False,
                          vars(options), before, before, actions)
     if strict and report.refused and output_path is not None:
@@ -75,34 +99,43 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
     if not report.changed:
         report.note = f"nothing to rewrite in {model_path}"
         if output_path is not None and copy_unchanged:
-            copy_atomic(model_path, output_path)
+            if weights.external:  # its data must move beside the copy: same tensors, references re-pointed
+                stage("write")
+                save_model_atomic(stubbed_copy(model, weights), output_path, weights=weights)
+            else:
+                copy_atomic(model_path, output_path)
             report.written = True
             report.note += f"; wrote an unchanged copy to {output_path}"
         elif output_path is not None:
             report.note += "; no output written (--copy-unchanged writes an unchanged copy)"
         return report
 
+    stage("export")
     graph.cleanup().toposort()
     report.ops_after = op_histogram(graph)
-    patched = export_graph(graph, model)
-    check_model(patched, output_path or f"{model_path} (patched)")
+    patched = export_graph(graph, model, weights)
+    check_model(patched, output_path or f"{model_path} (patched)", weights)
     if output_path is None:
         return report
 
     def _verify(tmp: Path) -> None:
+        stage("verify")
         result = verify_models(model_path, tmp, **(verify_options or {}))
         report.verification = result
         if not result.identical:
             raise VerificationError(output_path, f"patched model differs from the original, not written: "
                                     f"{result.mismatch.text() if result.mismatch else 'outputs differ'}")
 
-    save_model_atomic(patched, output_path, verify=_verify if verify else None)
+    stage("write")
+    save_model_atomic(patched, output_path, verify=_verify if verify else None, weights=weights)
     report.written = True
     return report
 
 
-def _options(allow_unproven: bool, sum_mode: str | None) -> Options:
+def _options(allow_unproven: bool, sum_mode: str | None, max_buffer: int | None = None) -> Options:
     sum_mode = "chain" if sum_mode is None else sum_mode
     if sum_mode not in SUM_MODES:
         raise SurgeonError(None, f"unknown sum mode '{sum_mode}'", f"choose one of {', '.join(SUM_MODES)}")
-    return Options(allow_unproven=allow_unproven, sum_mode=sum_mode)
+    if max_buffer is not None and (isinstance(max_buffer, bool) or not isinstance(max_buffer, int) or max_buffer < 1):
+        raise SurgeonError(None, f"bad max buffer size {max_buffer!r}", "give a positive number of bytes")
+    return Options(allow_unproven=allow_unproven, sum_mode=sum_mode, max_buffer=max_buffer)

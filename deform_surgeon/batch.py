@@ -1,0 +1,497 @@
+"""`deform-surgeon batch`: patch many models (a TOML manifest and/or globs) in parallel worker processes.
+
+Why a process per model: a model that crashes the ONNX parser, exhausts memory or fails in any other way fails
+its own entry and nothing else; a fresh process also returns a large model's memory to the system. Processes
+come from a fork server that has already imported the package, so starting one costs milliseconds.
+
+Every entry ends in one of: `ok` (written; with --verify, verified), `unchanged` (nothing to rewrite),
+`refused` (some node was refused; written unless strict), `failed` (bad input, verification failed, worker
+died; nothing written). Exit code: 0 if every entry is ok or unchanged, 3 if some were refused and none failed,
+1 if any failed, 2 if the batch itself cannot start (manifest missing or malformed, no models).
+
+Manifest (paths relative to the manifest's folder)::
+
+    [defaults]                    # optional; any entry option, plus out_dir and report_dir
+    verify = true
+    out_dir = "patched"           # outputs of entries without `output` (default: beside the input)
+
+    [[model]]
+    input = "birefnet_1024.onnx"
+    output = "patched/birefnet_1024.webgpu.onnx"   # default: <out_dir>/<name>.patched.onnx
+    report = "reports/birefnet_1024.json"          # default: <report_dir or output's folder>/<name>.report.json
+
+    [[model]]
+    glob = "variants/*.onnx"      # one entry per match, outputs by the default rule
+    sum_mode = "chain"
+
+Entry options: allow_unproven, sum_mode, verify, strict, copy_unchanged, iterations, seed, val_range
+(`{ image = [0, 1] }`), opt_level. Switches given on the command line (--verify, --strict, ...) apply to every
+entry; valued command-line options are defaults that the manifest overrides.
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import json
+import multiprocessing
+import os
+import queue
+import signal
+import sys
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import SurgeonError
+from .model_io import atomic_path, external_data_path
+
+OPTIONS = {  # entry option -> accepted Python types
+    "allow_unproven": (bool,), "sum_mode": (str,), "verify": (bool,), "strict": (bool,),
+    "copy_unchanged": (bool,), "iterations": (int,), "seed": (int,), "val_range": (dict,), "opt_level": (str,),
+    "max_buffer": (int,),
+}
+SWITCHES = ("allow_unproven", "verify", "strict", "copy_unchanged")
+ENTRY_KEYS = {"input", "glob", "output", "report", *OPTIONS}
+DEFAULT_KEYS = {"out_dir", "report_dir", *OPTIONS}
+STAGE_FRACTION = {"queued": 0.0, "start": 0.02, "prove": 0.05, "export": 0.55, "write": 0.7, "verify": 0.8}
+
+OK, UNCHANGED, REFUSED, FAILED = "ok", "unchanged", "refused", "failed"
+
+
+@dataclass
+class Entry:
+    """One model of a batch: where it comes from, where it goes, its options, and (later) what happened."""
+
+    number: int
+    input: str
+    output: str | None = None
+    report: str | None = None
+    options: dict = field(default_factory=dict)
+    error: str | None = None  # set before running: the entry is not run
+    status: str = "queued"
+    stage: str = "queued"
+    seconds: float = 0.0
+    result: dict | None = None
+    ran: bool = False  # a worker was started (entries failed while planning get no report file)
+    report_written: bool = False
+
+    def writes(self) -> list[Path]:
+        out = [Path(self.output), external_data_path(self.output)] if self.output else []
+        return out + ([Path(self.report)] if self.report else [])
+
+
+# ---------------------------------------------------------------------------------------------------- planning
+def plan(manifest: str | None, globs: list[str], cli: dict) -> list[Entry]:
+    """The entries of a batch, in order, each with its output and report paths and its options resolved.
+
+    Problems of the batch as a whole raise `SurgeonError`; problems of one entry are recorded in `entry.error`.
+    """
+    raw: list[tuple[dict, Path]] = []
+    defaults: dict = {}
+    if manifest is not None:
+        path = Path(manifest)
+        if not path.is_file():
+            raise SurgeonError(path, "no such file" if not path.exists() else "is not a file")
+        try:
+            data = tomllib.loads(path.read_text())
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise SurgeonError(path, f"not a valid TOML manifest ({' '.join(str(exc).split())})") from None
+        unknown = set(data) - {"defaults", "model"}
+        if unknown:
+            raise SurgeonError(path, f"unknown manifest key(s): {', '.join(sorted(unknown))}",
+                               "a manifest has [defaults] and [[model]] entries")
+        defaults = data.get("defaults", {})
+        models = data.get("model", [])
+        if not isinstance(defaults, dict) or not isinstance(models, list) or not all(isinstance(m, dict)
+                                                                                      for m in models):
+            raise SurgeonError(path, "[defaults] must be a table and [[model]] an array of tables")
+        bad = set(defaults) - DEFAULT_KEYS
+        if bad:
+            raise SurgeonError(path, f"unknown option(s) in [defaults]: {', '.join(sorted(bad))}",
+                               f"known: {', '.join(sorted(DEFAULT_KEYS))}")
+        problem = _option_problem(defaults)
+        if problem:
+            raise SurgeonError(path, f"[defaults]: {problem}")
+        base = path.parent
+        defaults = {k: (str(base / v) if k in ("out_dir", "report_dir") and isinstance(v, str) else v)
+                    for k, v in defaults.items()}
+        raw += [(m, base) for m in models]
+    raw += [({"glob": g}, Path()) for g in globs]
+    if not raw:
+        raise SurgeonError(manifest, "no models: the manifest lists none" if manifest else
+                           "no models: give a manifest or --glob PATTERN")
+
+    entries: list[Entry] = []
+    for spec, base in raw:
+        number = len(entries) + 1
+        bad = set(spec) - ENTRY_KEYS
+        problem = None
+        if bad:
+            problem = f"unknown option(s) {', '.join(sorted(bad))} (known: {', '.join(sorted(ENTRY_KEYS))})"
+        elif ("input" in spec) == ("glob" in spec):
+            problem = "an entry needs exactly one of `input` or `glob`"
+        elif "glob" in spec and ("output" in spec or "report" in spec):
+            problem = "a `glob` entry cannot name one `output` or `report`; give each model its own entry"
+        elif not all(isinstance(spec.get(k, ""), str) for k in ("input", "glob", "output", "report")):
+            problem = "input, glob, output and report must be strings"
+        else:
+            problem = _option_problem(spec)
+        if problem:
+            entries.append(Entry(number, str(spec.get("input", spec.get("glob", f"entry {number}"))),
+                                 error=problem))
+            continue
+        options = {k: v for k, v in cli.items() if k in OPTIONS and v is not None and k not in SWITCHES}
+        options.update({k: v for k, v in defaults.items() if k in OPTIONS})
+        options.update({k: v for k, v in spec.items() if k in OPTIONS})
+        for k in SWITCHES:
+            options[k] = bool(options.get(k)) or bool(cli.get(k))
+        out_dir = defaults.get("out_dir") or cli.get("out_dir")
+        report_dir = defaults.get("report_dir") or cli.get("report_dir")
+        if "glob" in spec:
+            pattern = str(base / spec["glob"])
+            matches = sorted(p for p in globlib.glob(pattern, recursive=True) if not p.endswith(".patched.onnx"))
+            if not matches:
+                entries.append(Entry(number, spec["glob"], error=f"glob '{spec['glob']}' matches no file"))
+                continue
+            inputs = [(m, None, None) for m in matches]
+        else:
+            inputs = [(str(base / spec["input"]), spec.get("output"), spec.get("report"))]
+        for inp, out, rep in inputs:
+            out = str(base / out) if out else str(Path(out_dir or Path(inp).parent) / f"{Path(inp).stem}.patched.onnx")
+            if not rep:
+                rep = str(Path(report_dir or Path(out).parent) / f"{Path(out).stem}.report.json")
+            else:
+                rep = str(base / rep)
+            entries.append(Entry(len(entries) + 1, inp, out, rep, dict(options)))
+    _check_collisions(entries)
+    return entries
+
+
+def _option_problem(spec: dict) -> str | None:
+    for key, types in OPTIONS.items():
+        if key in spec and (not isinstance(spec[key], types) or (int in types and isinstance(spec[key], bool))):
+            return f"option {key} = {spec[key]!r} should be {' or '.join(t.__name__ for t in types)}"
+    ranges = spec.get("val_range", {})
+    for name, r in ranges.items():
+        if (not isinstance(r, list) or len(r) != 2 or not all(isinstance(x, int | float) and not isinstance(x, bool)
+                                                              for x in r)):
+            return f"val_range.{name} = {r!r} should be [lo, hi]"
+    return None
+
+
+def _check_collisions(entries: list[Entry]) -> None:
+    """Fail every entry that would write where an earlier entry writes, or where any entry reads."""
+    inputs = {}
+    for e in entries:
+        if e.error is None:
+            inputs.setdefault(Path(e.input).resolve(), e)
+    claimed: dict[Path, Entry] = {}
+    for e in entries:
+        if e.error is not None:
+            continue
+        for path in e.writes():
+            key = path.resolve()
+            owner = claimed.get(key)
+            reader = inputs.get(key)
+            if owner is not None:
+                what = "output" if key == Path(owner.output).resolve() else "report or data file"
+                e.error = f"{path} is also the {what} of entry {owner.number} ({owner.input}): duplicate output path"
+            elif reader is not None and reader is not e:
+                e.error = f"{path} is the input of entry {reader.number}: it would be overwritten"
+            if e.error:
+                break
+        if e.error is None:
+            for path in e.writes():
+                claimed[path.resolve()] = e
+            if not Path(e.output).parent.is_dir():
+                e.error = f"{e.output}: output folder {Path(e.output).parent} does not exist or is not a folder"
+            elif not Path(e.report).parent.is_dir():
+                e.error = f"{e.report}: report folder {Path(e.report).parent} does not exist or is not a folder"
+
+
+# ---------------------------------------------------------------------------------------------------- running
+def _work(number: int, entry: dict, messages) -> None:
+    """Worker process: patch one model, reporting stages and the result on `messages`."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so temporary files are removed on the way out
+    from .errors import SurgeonError as Error
+    from .surgeon import patch
+
+    options = dict(entry["options"])
+    val_range = {k: tuple(v) for k, v in (options.pop("val_range", None) or {}).items()} or None
+    if val_range and "" in val_range:  # `--val-range [lo,hi]`: every input of this model
+        from .verify import default_val_ranges
+
+        everything = val_range.pop("")
+        try:
+            val_range = {**{k: everything for k in default_val_ranges(entry["input"])}, **val_range}
+        except Exception:  # an unreadable model: patch() below names the problem
+            val_range = None
+    verify_options = {k: options.pop(k, None) for k in ("iterations", "seed", "opt_level")}
+    verify_options["val_range"] = val_range
+    messages.put(("stage", number, "start"))
+    try:
+        report = patch(entry["input"], entry["output"], progress=lambda s: messages.put(("stage", number, s)),
+                       verify_options=verify_options, **options)
+        messages.put(("done", number, report.to_dict(), None))
+    except Error as exc:
+        messages.put(("done", number, None, exc.one_line()))
+    except MemoryError:
+        messages.put(("done", number, None, f"{entry['input']}: out of memory"))
+    except Exception as exc:  # a bug, not bad input: still only this entry fails
+        messages.put(("done", number, None, f"{entry['input']}: internal error: {type(exc).__name__}: {exc}"))
+
+
+def _context():
+    methods = multiprocessing.get_all_start_methods()
+    if "forkserver" in methods:
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["deform_surgeon.surgeon"])
+        return ctx
+    return multiprocessing.get_context("spawn")
+
+
+def run(entries: list[Entry], jobs: int, progress: Progress | None = None) -> float:
+    """Run the entries that have no error yet, `jobs` at a time; fill in their status. Returns the wall time."""
+    start = time.perf_counter()
+    todo = [e for e in entries if e.error is None]
+    for e in entries:
+        if e.error is not None:
+            e.status = FAILED
+    ctx = _context()
+    messages = ctx.Queue()
+    running: dict[int, tuple[Entry, object, float]] = {}
+    by_number = {e.number: e for e in entries}
+    if progress:
+        progress.start(entries)
+    try:
+        while todo or running:
+            while todo and len(running) < jobs:
+                e = todo.pop(0)
+                proc = ctx.Process(target=_work, args=(e.number, {"input": e.input, "output": e.output,
+                                                                   "options": e.options}, messages), daemon=True)
+                proc.start()
+                e.stage, e.status, e.ran = "start", "running", True
+                running[e.number] = (e, proc, time.perf_counter())
+            try:
+                msg = messages.get(timeout=0.2)
+            except queue.Empty:
+                msg = None
+            if msg is not None:
+                _handle(msg, by_number, running, progress)
+            for number, (e, proc, t0) in list(running.items()):
+                if proc.exitcode is not None and number in running:
+                    while True:  # its last messages may still be in the pipe
+                        try:
+                            _handle(messages.get(timeout=0.5), by_number, running, progress)
+                        except queue.Empty:
+                            break
+                    if number in running:
+                        code = proc.exitcode
+                        why = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+                        _finish(e, None, f"{e.input}: worker process died ({why}; out of memory?)", t0)
+                        _remove_temporaries(e)
+                        del running[number]
+                        if progress:
+                            progress.finished(e)
+            if progress:
+                progress.tick()
+    except KeyboardInterrupt:
+        for _e, proc, _ in running.values():
+            proc.terminate()
+        for e, proc, _ in running.values():
+            proc.join(10)
+            _remove_temporaries(e)
+        raise
+    finally:
+        if progress:
+            progress.close()
+    return time.perf_counter() - start
+
+
+def _handle(msg, by_number: dict[int, Entry], running: dict, progress: Progress | None) -> None:
+    kind, number = msg[0], msg[1]
+    e = by_number[number]
+    if kind == "stage":
+        e.stage = msg[2]
+        return
+    if number not in running:
+        return
+    _, proc, t0 = running.pop(number)
+    _finish(e, msg[2], msg[3], t0)
+    proc.join()
+    if progress:
+        progress.finished(e)
+
+
+def _finish(e: Entry, result: dict | None, error: str | None, t0: float) -> None:
+    e.seconds = time.perf_counter() - t0
+    e.result, e.error = result, error
+    if error is not None:
+        e.status = FAILED
+    elif result["summary"]["refused"]:
+        e.status = REFUSED
+    elif not result["written"] and result["summary"]["rewritten"] + result["summary"]["rewritten_unproven"] == 0:
+        e.status = UNCHANGED
+    else:
+        e.status = OK
+    e.stage = "done"
+
+
+def _remove_temporaries(e: Entry) -> None:
+    """What a killed worker may have left: its `atomic_path` temporaries (never the output itself)."""
+    if not e.output:
+        return
+    out = Path(e.output)
+    for name in (out.name, external_data_path(out).name):
+        for tmp in out.parent.glob(f".{globlib.escape(name)}.*.tmp*"):
+            tmp.unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------------------------------------- reporting
+def entry_report(e: Entry) -> dict:
+    """The per-model JSON report: the patch report (see PatchReport.to_dict) plus `status` and `error`."""
+    base = dict(e.result) if e.result is not None else {
+        "version": 1, "model": e.input, "output": e.output, "written": False, "options": e.options}
+    base.update({"status": e.status, "error": e.error, "seconds": round(e.seconds, 3)})
+    return base
+
+
+def write_reports(entries: list[Entry]) -> None:
+    for e in entries:
+        if not e.ran or not e.report:
+            continue
+        try:
+            with atomic_path(e.report, suffix=".json") as tmp:
+                tmp.write_text(json.dumps(entry_report(e), indent=2) + "\n")
+            e.report_written = True
+        except OSError as exc:
+            note = f"report {e.report} not written ({exc.strerror or exc})"
+            e.error = f"{e.error}; {note}" if e.error else note
+            e.status = FAILED
+
+
+def summary_table(entries: list[Entry], jobs: int, seconds: float) -> str:
+    rows = [("#", "status", "time", "rewritten", "refused", "model -> output, or the error")]
+    for e in entries:
+        s = (e.result or {}).get("summary", {})
+        rewritten = s.get("rewritten", 0) + s.get("rewritten_unproven", 0) if s else None
+        verified = (e.result or {}).get("verification") or {}
+        if e.status == FAILED:
+            what = e.error or "failed"
+        else:
+            what = f"{e.input} -> {e.output if e.result and e.result.get('written') else '(not written)'}"
+            if verified.get("identical"):
+                what += " (verified)"
+        rows.append((str(e.number), e.status, f"{e.seconds:.1f}s" if e.seconds else "-",
+                     "-" if rewritten is None else str(rewritten), "-" if not s else str(s.get("refused", 0)), what))
+    w = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines = [f"batch: {len(entries)} model(s), {jobs} job(s), {seconds:.1f} s"]
+    lines += [f"  {r[0]:>{w[0]}}  {r[1]:<{w[1]}}  {r[2]:>{w[2]}}  {r[3]:>{w[3]}}  {r[4]:>{w[4]}}  {r[5]}" for r in rows]
+    counts = {k: sum(e.status == k for e in entries) for k in (OK, UNCHANGED, REFUSED, FAILED)}
+    lines.append(", ".join(f"{n} {k}" for k, n in counts.items()))
+    return "\n".join(lines)
+
+
+def exit_code(entries: list[Entry]) -> int:
+    if any(e.status == FAILED for e in entries):
+        return 1
+    if any(e.status == REFUSED for e in entries):
+        return 3
+    return 0
+
+
+class Progress:
+    """Progress on stderr: on a terminal, a bar per running model and one overall, redrawn in place; otherwise
+    one line per stage change (logs stay readable)."""
+
+    WIDTH = 24
+
+    def __init__(self, stream=None) -> None:
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.drawn = 0
+        self.entries: list[Entry] = []
+        self.t0 = time.perf_counter()
+        self.last: dict[int, str] = {}
+
+    def start(self, entries: list[Entry]) -> None:
+        self.entries = entries
+        self.t0 = time.perf_counter()
+        for e in entries:
+            if e.status == FAILED:
+                self._line(f"[{e.number}/{len(entries)}] {e.input}: failed: {e.error}")
+
+    def tick(self) -> None:
+        if self.tty:
+            self._redraw()
+            return
+        for e in self.entries:
+            if e.status == "running" and self.last.get(e.number) != e.stage:
+                self.last[e.number] = e.stage
+                self._line(f"[{e.number}/{len(self.entries)}] {e.input}: {e.stage}")
+
+    def finished(self, e: Entry) -> None:
+        self.last[e.number] = "done"
+        self._line(f"[{e.number}/{len(self.entries)}] {e.input}: {e.status} ({e.seconds:.1f} s)"
+                   + (f": {e.error}" if e.error else ""))
+
+    def close(self) -> None:
+        if self.tty:
+            self._clear()
+            self.stream.flush()
+
+    def _bar(self, fraction: float) -> str:
+        n = int(round(fraction * self.WIDTH))
+        return "[" + "#" * n + "-" * (self.WIDTH - n) + "]"
+
+    def _line(self, text: str) -> None:
+        if self.tty:
+            self._clear()
+        self.stream.write(text + "\n")
+        if self.tty:
+            self._redraw()
+        self.stream.flush()
+
+    def _clear(self) -> None:
+        if self.drawn:
+            self.stream.write(f"\x1b[{self.drawn}F\x1b[J")
+            self.drawn = 0
+
+    def _redraw(self) -> None:
+        self._clear()
+        total = len(self.entries) or 1
+        done = sum(e.stage == "done" or e.status == FAILED for e in self.entries)
+        share = sum(STAGE_FRACTION.get(e.stage, 0.0) for e in self.entries if e.status == "running")
+        lines = [f"  {self._bar(STAGE_FRACTION.get(e.stage, 0.0))} {e.stage:<7} {Path(e.input).name}"
+                 for e in self.entries if e.status == "running"]
+        elapsed = time.perf_counter() - self.t0
+        lines.append(f"{self._bar((done + share) / total)} {done}/{total} models  {elapsed:.0f} s")
+        self.stream.write("\n".join(lines) + "\n")
+        self.drawn = len(lines)
+        self.stream.flush()
+
+
+def main(manifest: str | None, globs: list[str], cli: dict, jobs: int | None, summary_json: str | None,
+         show_progress: bool = True) -> int:
+    """The `batch` command: plan, run, write reports and the summary; returns the exit code."""
+    jobs = jobs if jobs is not None else (os.cpu_count() or 1)
+    if jobs < 1:
+        raise SurgeonError(None, f"--jobs must be at least 1 (got {jobs})")
+    if summary_json is not None and not Path(summary_json).parent.is_dir():
+        raise SurgeonError(summary_json, f"folder {Path(summary_json).parent} does not exist")
+    for key in ("out_dir", "report_dir"):
+        if cli.get(key) is not None and not Path(cli[key]).is_dir():
+            raise SurgeonError(cli[key], f"--{key.replace('_', '-')} is not an existing folder")
+    entries = plan(manifest, globs, cli)
+    jobs = max(1, min(jobs, sum(e.error is None for e in entries) or 1))
+    seconds = run(entries, jobs, Progress() if show_progress else None)
+    write_reports(entries)
+    print(summary_table(entries, jobs, seconds))
+    if summary_json is not None:
+        data = {"jobs": jobs, "seconds": round(seconds, 3), "exit_code": exit_code(entries),
+                "models": [entry_report(e) | {"report": e.report if e.report_written else None} for e in entries]}
+        with atomic_path(summary_json, suffix=".json") as tmp:
+            tmp.write_text(json.dumps(data, indent=2) + "\n")
+    return exit_code(entries)
+

@@ -1,0 +1,410 @@
+"""GPU buffer budget: which tensors of a model are larger than a WebGPU device lets a buffer (or a binding) be.
+
+Why: a WebGPU buffer larger than the device's `maxBufferSize` is an error (ORT cannot create it), and one larger
+than `maxStorageBufferBindingSize` can only be bound in segments, which only newer ORT builds do. The spec's
+defaults, which a device is guaranteed to offer, are 256 MiB and 128 MiB; real adapters often allow more
+(`deform-surgeon placement --device-limits-out FILE.json` captures one's limits, `--device-limits FILE.json`
+reads them here).
+
+Sizes come from the shapes ONNX shape inference can tell from the graph (static shapes only); a tensor whose
+shape is not known is counted as unknown, never guessed. Each large tensor is named with the node that produces
+it and the deformable-conv block it belongs to (the Conv that consumes the block's sampling, as exported by
+deform-conv2d-onnx-exporter), because that is where the split pass (`patch --max-buffer`) can act.
+
+The peak is an estimate of the activations alive at once when the nodes run in ONNX Runtime's default execution
+order (a depth-first walk back from the graph outputs, inputs in file order: a split block then runs chunk after
+chunk) and every tensor lives from its producer to its last consumer: no buffer reuse or aliasing is assumed (ORT
+may alias a Reshape's output with its input), so it is an upper bound for that order, not a measurement.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from .errors import SurgeonError
+from .model_io import check_model, infer_value_types, load_model
+
+SPEC_MAX_BUFFER = 256 * 2**20  # WebGPU spec default maxBufferSize
+SPEC_MAX_BINDING = 128 * 2**20  # WebGPU spec default maxStorageBufferBindingSize
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_SIZE = re.compile(r"^\s*(?P<num>\d+(?:\.\d+)?)\s*(?P<unit>[a-zA-Z]*)\s*$")
+
+# Ops the sampled values of a deformable conv pass through between their gather and the Conv that consumes them.
+_BLOCK_FORWARD = {"Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Mul", "Add", "Sub", "Div", "Sum",
+                  "Cast", "Identity", "Concat", "Slice", "Gather", "Expand", "Max", "Min", "Neg"}
+_ANY_SLOT = {"Mul", "Add", "Sub", "Div", "Sum", "Max", "Min", "Concat"}
+_GATHERS = {"GatherND", "GatherElements", "Gather"}
+_BACKWARD_STOP = {"Conv", "Resize", "MatMul", "Gemm", "ConvTranspose"}
+_MAX_WALK = 400
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from `268435456`, `256MiB`, `256 MiB`, `0.25GiB`, `800MB` (kB/MB/GB decimal, KiB/MiB/GiB binary)."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        value = text
+    else:
+        m = _SIZE.match(str(text))
+        unit = (m.group("unit").lower() if m else None)
+        if m is None or unit not in _UNITS:
+            raise SurgeonError(None, f"bad size '{text}'", "write bytes or e.g. 256MiB, 1GiB, 800MB")
+        exact = float(m.group("num")) * _UNITS[unit]
+        value = int(round(exact))
+        if abs(exact - value) > 1e-6 * max(1.0, exact):
+            raise SurgeonError(None, f"bad size '{text}'", "not a whole number of bytes")
+    if value < 1:
+        raise SurgeonError(None, f"bad size '{text}'", "must be at least 1 byte")
+    return value
+
+
+def human(n: int | None) -> str:
+    if n is None:
+        return "?"
+    if n >= 10**9:
+        return f"{n / 1e9:.2f} GB ({n / 2**30:.2f} GiB)"
+    if n >= 10**6:
+        return f"{n / 1e6:.1f} MB ({n / 2**20:.1f} MiB)"
+    return f"{n:,} B"
+
+
+def read_device_limits(path: str | Path) -> dict[str, int]:
+    """`maxBufferSize` and `maxStorageBufferBindingSize` from a `placement --device-limits-out` file.
+
+    Accepts that file (`{"limits": {...}, "adapter": {...}}`), an adapter object (`{"limits": {...}}`) or a plain
+    limits object; returns `{"max_buffer": ..., "max_binding": ...}` with whichever it found.
+    """
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text())
+    except OSError as exc:
+        raise SurgeonError(p, f"cannot read device limits ({exc.strerror or exc})") from None
+    except ValueError as exc:
+        raise SurgeonError(p, f"device limits file is not JSON ({exc})") from None
+    candidates = []
+    if isinstance(doc, dict):
+        candidates += [doc.get("limits"), (doc.get("adapter") or {}).get("limits") if isinstance(
+            doc.get("adapter"), dict) else None, doc]
+    out: dict[str, int] = {}
+    for c in candidates:
+        if not isinstance(c, dict):
+            continue
+        for key, name in (("maxBufferSize", "max_buffer"), ("maxStorageBufferBindingSize", "max_binding")):
+            v = c.get(key)
+            if name not in out and isinstance(v, int | float) and not isinstance(v, bool) and v > 0:
+                out[name] = int(v)
+    if not out:
+        raise SurgeonError(p, "no maxBufferSize / maxStorageBufferBindingSize in the device limits file",
+                           "write it with `deform-surgeon placement MODEL --device-limits-out FILE.json`")
+    return out
+
+
+@dataclass
+class TensorSize:
+    name: str
+    nbytes: int
+    dtype: str
+    shape: list[int]
+    producer: str  # "<Op> '<name>'", "graph input" or "initializer"
+    block: str | None  # the deformable-conv block (its Conv) the tensor belongs to, if any
+    kind: str  # activation | input | initializer
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class BudgetReport:
+    model: str
+    max_buffer: int
+    max_binding: int
+    limits_source: str
+    over_buffer: list[TensorSize] = field(default_factory=list)
+    over_binding: list[TensorSize] = field(default_factory=list)  # over the binding size, within the buffer size
+    largest: list[TensorSize] = field(default_factory=list)
+    tensors_known: int = 0
+    tensors_unknown: int = 0
+    unknown_examples: list[str] = field(default_factory=list)
+    peak_bytes: int = 0
+    peak_node: str | None = None
+    peak_live: list[TensorSize] = field(default_factory=list)
+    blocks: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.over_buffer
+
+    def to_dict(self) -> dict:
+        return {
+            "model": self.model,
+            "limits": {"max_buffer": self.max_buffer, "max_binding": self.max_binding, "source": self.limits_source},
+            "ok": self.ok,
+            "over_buffer": [t.to_dict() for t in self.over_buffer],
+            "over_binding": [t.to_dict() for t in self.over_binding],
+            "largest": [t.to_dict() for t in self.largest],
+            "tensors_known": self.tensors_known,
+            "tensors_unknown": self.tensors_unknown,
+            "unknown_examples": self.unknown_examples,
+            "peak": {"bytes": self.peak_bytes, "node": self.peak_node,
+                     "live": [t.to_dict() for t in self.peak_live]},
+            "deform_blocks": self.blocks,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+    def format(self, limit_rows: int = 40) -> str:
+        lines = [f"model: {self.model}",
+                 f"limits: maxBufferSize {human(self.max_buffer)}, maxStorageBufferBindingSize "
+                 f"{human(self.max_binding)} ({self.limits_source})",
+                 f"tensors: {self.tensors_known} of known size, {self.tensors_unknown} unknown"
+                 + (f" (e.g. {', '.join(self.unknown_examples[:3])})" if self.tensors_unknown else "")
+                 + f"; {self.blocks} deformable-conv block(s)"]
+
+        def table(items: list[TensorSize]) -> list[str]:
+            rows = [("size", "dtype", "shape", "tensor", "produced by", "deform block")]
+            rows += [(human(t.nbytes), t.dtype, "[" + ",".join(str(d) for d in t.shape) + "]", t.name, t.producer,
+                      t.block or "-") for t in items[:limit_rows]]
+            w = [max(len(r[i]) for r in rows) for i in range(6)]
+            out = ["  " + "  ".join(f"{r[i]:<{w[i]}}" for i in range(6)).rstrip() for r in rows]
+            if len(items) > limit_rows:
+                out.append(f"  ... {len(items) - limit_rows} more (--json FILE lists all)")
+            return out
+
+        lines.append("")
+        if self.over_buffer:
+            lines.append(f"OVER maxBufferSize ({human(self.max_buffer)}): {len(self.over_buffer)} tensor(s), "
+                         "biggest first")
+            lines += table(self.over_buffer)
+        else:
+            lines.append(f"nothing over maxBufferSize ({human(self.max_buffer)})")
+        if self.over_binding:
+            lines.append(f"over maxStorageBufferBindingSize only ({human(self.max_binding)}; bound in segments by "
+                         f"newer ORT builds only): {len(self.over_binding)} tensor(s)")
+            lines += table(self.over_binding)
+        else:
+            lines.append(f"nothing else over maxStorageBufferBindingSize ({human(self.max_binding)})")
+        if self.largest and not self.over_buffer and not self.over_binding:
+            lines.append("largest tensors:")
+            lines += table(self.largest)
+        lines.append("")
+        live = ", ".join(f"{t.name} {human(t.nbytes)}" for t in self.peak_live)
+        lines.append(f"peak of live activations (ORT's default node order, no buffer reuse): "
+                     f"{human(self.peak_bytes)} at {self.peak_node or '-'}; largest live then: {live or '-'}")
+        if self.over_buffer:
+            lines.append(f"FAIL: {len(self.over_buffer)} tensor(s) exceed maxBufferSize {human(self.max_buffer)}")
+        else:
+            lines.append(f"OK: every tensor of known size fits maxBufferSize {human(self.max_buffer)}")
+        return "\n".join(lines)
+
+
+def deform_blocks(model: onnx.ModelProto) -> dict[str, str]:
+    """Node name -> label of the deformable-conv block it belongs to.
+
+    A block is found from each gather (GatherND / GatherElements as exported, Gather after lowering), forward
+    through the elementwise and shape ops of the exporter's pattern to the first Conv (the deformable conv's
+    weights), plus the nodes computing the gather's inputs and the weights, back to the offset/modulator Convs.
+    """
+    nodes = list(model.graph.node)
+    producer = {o: n for n in nodes for o in n.output if o}
+    consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+    for n in nodes:
+        for i in n.input:
+            if i:
+                consumers[i].append(n)
+    inits = {i.name for i in model.graph.initializer}
+    label: dict[str, str] = {}
+    for g in (n for n in nodes if n.op_type in _GATHERS):
+        if g.name in label:
+            continue
+        cone, convs, stack, seen = [], [], [g], set()
+        while stack and len(cone) < _MAX_WALK:
+            n = stack.pop()
+            if id(n) in seen:
+                continue
+            seen.add(id(n))
+            cone.append(n)
+            for out in n.output:
+                for c in consumers.get(out, []):
+                    if c.op_type == "Conv" and c.input[0] == out:
+                        convs.append(c)
+                    elif c.op_type in _BLOCK_FORWARD and (c.op_type in _ANY_SLOT or c.input[0] == out):
+                        stack.append(c)  # sampled values flow on; a shape or index input is not followed
+        if len({c.name for c in convs}) != 1:
+            continue
+        conv = convs[0]
+        weight = conv.input[1] if len(conv.input) > 1 else ""
+        name = conv.name or conv.output[0]
+        text = f"Conv '{name}'" + (f" ({weight})" if weight in inits and not re.match(r"^(onnx::|t_\d)", weight)
+                                   else "")
+        members = _reaching(cone, conv)
+        for n in list(members.values()):
+            members.update(_backward(n, producer, skip_data=n.op_type in _GATHERS, limit=_MAX_WALK))
+        for n in members.values():
+            label.setdefault(n.name or n.output[0], text)
+        label.setdefault(name, text)
+    return label
+
+
+def _reaching(cone: list[onnx.NodeProto], conv: onnx.NodeProto) -> dict[int, onnx.NodeProto]:
+    """Nodes of `cone` from which `conv` is reachable inside the cone."""
+    inside = {o: n for n in cone for o in n.output}
+    keep = {}
+    stack = [conv.input[0]]
+    while stack:
+        t = stack.pop()
+        n = inside.get(t)
+        if n is None or id(n) in keep:
+            continue
+        keep[id(n)] = n
+        stack.extend(i for i in n.input if i)
+    return keep
+
+
+def _backward(node: onnx.NodeProto, producer: dict, skip_data: bool, limit: int) -> dict[int, onnx.NodeProto]:
+    out, stack = {}, [i for k, i in enumerate(node.input) if i and not (skip_data and k == 0)]
+    while stack and len(out) < limit:
+        p = producer.get(stack.pop())
+        if p is None or id(p) in out or p.op_type in _BACKWARD_STOP:
+            continue
+        out[id(p)] = p
+        if p.op_type != "Pad":
+            stack.extend(i for i in p.input if i)
+    return out
+
+
+def analyze(model_or_path: onnx.ModelProto | str | Path, max_buffer: int = SPEC_MAX_BUFFER,
+            max_binding: int = SPEC_MAX_BINDING, limits_source: str = "WebGPU spec defaults",
+            top: int = 10) -> BudgetReport:
+    """The budget report of a model (a path or a loaded ModelProto)."""
+    if isinstance(model_or_path, onnx.ModelProto):
+        model, name = model_or_path, "(in memory)"
+    else:
+        model = load_model(model_or_path)
+        check_model(model, model_or_path)
+        name = str(model_or_path)
+    types = infer_value_types(model)
+    graph = model.graph
+    nodes = list(graph.node)
+    blocks = deform_blocks(model)
+    inits = {i.name for i in graph.initializer}
+    consts = {o for n in nodes if n.op_type == "Constant" for o in n.output}
+    order = execution_order(model)
+    step = {k: s for s, k in enumerate(order)}
+    producer = {o: (step[k], n) for k, n in enumerate(nodes) for o in n.output if o}
+    last_use: dict[str, int] = {}
+    for k, n in enumerate(nodes):
+        for i in n.input:
+            if i:
+                last_use[i] = max(last_use.get(i, -1), step[k])
+    for o in graph.output:
+        last_use[o.name] = len(nodes)
+
+    report = BudgetReport(name, max_buffer, max_binding, limits_source)
+    report.blocks = len(set(blocks.values()))
+    sizes: list[TensorSize] = []
+    intervals: list[tuple[int, int, TensorSize]] = []
+    names = [i.name for i in graph.input] + [o for n in nodes for o in n.output if o] + list(inits)
+    seen: set[str] = set()
+    for t in names:
+        if t in seen:
+            continue
+        seen.add(t)
+        info = types.get(t)
+        size = _size(info)
+        if size is None:
+            if t not in consts:
+                report.tensors_unknown += 1
+                if len(report.unknown_examples) < 5:
+                    report.unknown_examples.append(t)
+            continue
+        nbytes, dtype, shape = size
+        if t in inits:
+            where, kind, block = "initializer", "initializer", None
+        elif t in producer:
+            _, node = producer[t]
+            where = f"{node.op_type} '{node.name}'"
+            kind = "constant" if t in consts else "activation"
+            block = blocks.get(node.name or node.output[0])
+        else:
+            where, kind, block = "graph input", "input", None
+        ts = TensorSize(t, nbytes, dtype, shape, where, block, kind)
+        sizes.append(ts)
+        if kind in ("activation", "input"):
+            start = producer[t][0] if t in producer else -1
+            intervals.append((start, last_use.get(t, start), ts))
+    report.tensors_known = len(sizes)
+    sizes.sort(key=lambda s: (-s.nbytes, s.name))
+    report.over_buffer = [s for s in sizes if s.nbytes > max_buffer]
+    report.over_binding = [s for s in sizes if max_binding < s.nbytes <= max_buffer]
+    report.largest = sizes[:top]
+    report.peak_bytes, peak_at, live = _peak(intervals)
+    if peak_at is not None:
+        report.peak_node = ("(graph inputs)" if peak_at < 0 else
+                            f"{nodes[order[peak_at]].op_type} '{nodes[order[peak_at]].name}' (step {peak_at} of "
+                            f"{len(order)})")
+        report.peak_live = sorted(live, key=lambda s: -s.nbytes)[:5]
+    return report
+
+
+def execution_order(model: onnx.ModelProto) -> list[int]:
+    """Node indices in ONNX Runtime's default order: post-order DFS back from the leaf nodes, lower index first."""
+    nodes = list(model.graph.node)
+    producer = {o: k for k, n in enumerate(nodes) for o in n.output if o}
+    used = {i for n in nodes for i in n.input if i}
+    leaves = [k for k, n in enumerate(nodes) if not any(o in used for o in n.output)]
+    order: list[int] = []
+    done: set[int] = set()
+    for leaf in leaves:
+        stack: list[tuple[int, bool]] = [(leaf, False)]
+        while stack:
+            k, expanded = stack.pop()
+            if k in done:
+                continue
+            if expanded:
+                done.add(k)
+                order.append(k)
+                continue
+            stack.append((k, True))
+            preds = sorted({producer[i] for i in nodes[k].input if i in producer} - done, reverse=True)
+            stack.extend((p, False) for p in preds)
+    order.extend(k for k in range(len(nodes)) if k not in done)  # unreachable leftovers, if any
+    return order
+
+
+def _size(info) -> tuple[int, str, list[int]] | None:
+    if info is None or info[1] is None:
+        return None
+    elem, shape = info
+    if not all(isinstance(d, int) and d >= 0 for d in shape):
+        return None
+    try:
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem))
+    except Exception:
+        return None
+    return int(math.prod(shape)) * dtype.itemsize, str(dtype), [int(d) for d in shape]
+
+
+def _peak(intervals: list[tuple[int, int, TensorSize]]) -> tuple[int, int | None, list[TensorSize]]:
+    """Largest sum of sizes of tensors alive at one step (alive from producer step to last-use step)."""
+    if not intervals:
+        return 0, None, []
+    delta: dict[int, int] = defaultdict(int)
+    for start, end, t in intervals:
+        delta[start] += t.nbytes
+        delta[max(start, end) + 1] -= t.nbytes
+    best, best_at, cur = -1, None, 0
+    for step in sorted(delta):
+        cur += delta[step]
+        if cur > best:
+            best, best_at = cur, step
+    live = [t for s, e, t in intervals if s <= best_at <= max(s, e)]
+    return best, best_at, live

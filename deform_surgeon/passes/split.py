@@ -1,0 +1,523 @@
+"""Split a deformable-conv block into row chunks so that none of its tensors exceeds a GPU buffer limit.
+
+Why: at 1024x1024 the exporter's largest sampling tensor in BiRefNet is `[1, 1, 3211264, 64]` (49 sampling
+points x 256 x 256 output pixels x 64 channels, 822 MB in fp32), and every elementwise step after the gather
+(transpose, the four bilinear weights, the weighted sum, the mask, the im2col-style reshape) makes another tensor
+of that size. A WebGPU buffer larger than the device's `maxBufferSize` (256 MiB by the spec's default) is an
+error.
+
+What: every sampling point belongs to exactly one output pixel, so the sampling points split exactly into the
+points of output rows `[r0, r1)`. For each chunk of rows the block is rebuilt on its own points:
+
+    index [B, G, K*h*w] --(rows r0..r1 of h)--> [B, G, K*hc*w] --Gather--> [B, G, K*hc*w, C] --Transpose,
+    Reshape--> [B, G, C, K, hc, w] --Mul by the weights' rows r0..r1, Add chain, Mul by the mask's rows-->
+    --Reshape, Transpose, Reshape--> [B, C, hc*kh, w*kw]                          (one per chunk)
+    Concat(chunks, axis=2) = the Conv input [B, C, h*kh, w*kw]                   (the Conv is unchanged)
+
+Exact, by construction: every op carried per chunk is either pure data movement (Gather, Transpose, Reshape,
+Concat, Slice) or elementwise (Mul, Add, Sum, Cast, ...), so each element of each chunk is computed by the same
+operation from the same operands as in the original, and the Concat puts the elements back where they were.
+The gather data itself is never split (a chunk's points may read any row of it).
+
+What is NOT split: the Conv. With kernel == stride it could be cut into the same row chunks, but the order in
+which a Conv kernel sums its `C*kh*kw` products depends on the spatial size it is given (measured on ORT CPU:
+7 row chunks of a 7x7 Conv differ by 2e-6 at graph optimisation level `basic`), so that would not be exact. The
+Concat therefore rebuilds the Conv's input, which keeps the block's full size and remains over the limit when
+the block is larger than the limit; the pass says so in its report line. That tensor is the only full-size one
+left of the block (the chunks are reshaped into the Conv's layout before they are joined).
+
+Chunk count: the smallest `n` for which every chunk tensor, with `ceil(h / n)` rows, fits the limit; rows are
+spread evenly (chunk sizes differ by at most one row).
+
+The block is found from its gathers (`Gather` on flattened data, as the gathernd / gather_elements passes leave
+it, or an unlowered `GatherND`), followed forward through elementwise and data-movement ops to the Conv that
+consumes it; where the row axis lies in each tensor is derived backward from the Conv (kernel == stride, no
+padding along the rows). Anything else (a tensor also used outside the block, a reshape that cuts the rows
+apart, a partial broadcast) is refused with the reason.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from ..pipeline import REFUSED, REWRITTEN, Action, Context
+
+# Ops a chunk is carried through. Elementwise ops compute each output element from the elements at the same
+# (broadcast) position only; shape ops move elements without changing them.
+ELEMENTWISE_UNARY = {"Cast", "Identity", "Relu", "Neg", "Abs", "Floor", "Ceil", "Sigmoid", "Tanh", "Exp",
+                     "Sqrt", "Reciprocal", "Erf", "Sign", "Round"}
+ELEMENTWISE_NARY = {"Add", "Sub", "Mul", "Div", "Sum", "Max", "Min", "Pow"}
+SHAPE_OPS = {"Reshape", "Squeeze", "Unsqueeze", "Flatten"}
+SEEDS = {"Gather", "GatherND"}
+CARRIED = ELEMENTWISE_UNARY | ELEMENTWISE_NARY | SHAPE_OPS | {"Transpose"}
+MAX_BLOCK_NODES = 400
+
+
+class Refuse(Exception):
+    """A block that must be left as it is; the message is the reason shown in the report."""
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Where the output rows live in a tensor: dim `axis` is `outer * h * inner` in row-major order."""
+
+    axis: int
+    outer: int
+    inner: int
+
+    def chunk_shape(self, shape: tuple[int, ...], rows: int) -> tuple[int, ...]:
+        s = list(shape)
+        s[self.axis] = self.outer * rows * self.inner
+        return tuple(s)
+
+
+@dataclass
+class Block:
+    conv: gs.Node
+    seeds: list[gs.Node]
+    nodes: list[gs.Node]  # topological order, seeds included, Conv excluded
+    sink: gs.Tensor  # the Conv's input
+    rows: int = 0  # h: the Conv's output rows
+    layout: dict[str, Rows] | None = None  # region tensor name -> rows
+    side: dict[tuple[int, int], Rows | None] | None = None  # (node index, input slot) -> rows of a side input
+
+
+def nbytes(shape: tuple[int, ...] | None, dtype: np.dtype | None) -> int | None:
+    if shape is None or dtype is None:
+        return None
+    return int(math.prod(shape)) * np.dtype(dtype).itemsize
+
+
+def fmt_bytes(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n:,} B"
+
+
+def broadcast(shapes: list[tuple[int, ...]]) -> tuple[int, ...] | None:
+    rank = max(len(s) for s in shapes)
+    out = []
+    for k in range(rank):
+        dims = {s[k - rank + len(s)] for s in shapes if k - rank + len(s) >= 0} - {1}
+        if len(dims) > 1:
+            return None
+        out.append(dims.pop() if dims else 1)
+    return tuple(out)
+
+
+def reshape_rows(out_shape: tuple[int, ...], rows: Rows, h: int, in_shape: tuple[int, ...]) -> Rows | None:
+    """The rows of a reshape's input, given the rows of its output (row-major order is kept by a reshape)."""
+    above = math.prod(out_shape[: rows.axis]) * rows.outer
+    below = rows.inner * math.prod(out_shape[rows.axis + 1:])
+    for b in range(len(in_shape)):
+        prefix = math.prod(in_shape[:b])
+        if above % prefix:
+            continue
+        outer = above // prefix
+        if in_shape[b] % (outer * h):
+            continue
+        inner = in_shape[b] // (outer * h)
+        if inner * math.prod(in_shape[b + 1:]) == below:
+            return Rows(b, outer, inner)
+    return None
+
+
+class Shapes:
+    """Static shapes and dtypes of tensors, also of tensors the earlier passes created without shape info."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self._shape: dict[int, tuple[int, ...] | None] = {}
+        self._dtype: dict[int, np.dtype | None] = {}
+
+    def shape(self, t: gs.Tensor) -> tuple[int, ...] | None:
+        key = id(t)
+        if key not in self._shape:
+            self._shape[key] = None  # guards against cycles in a malformed graph
+            self._shape[key] = self._infer_shape(t)
+        return self._shape[key]
+
+    def dtype(self, t: gs.Tensor) -> np.dtype | None:
+        key = id(t)
+        if key not in self._dtype:
+            self._dtype[key] = None
+            self._dtype[key] = self._infer_dtype(t)
+        return self._dtype[key]
+
+    def nbytes(self, t: gs.Tensor) -> int | None:
+        return nbytes(self.shape(t), self.dtype(t))
+
+    def _infer_dtype(self, t: gs.Tensor) -> np.dtype | None:
+        d = self.ctx.prover.dtype(t)
+        if d is not None or len(t.inputs) != 1:
+            return d
+        node = t.inputs[0]
+        if node.op == "Cast":
+            try:
+                return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(node.attrs["to"])))
+            except Exception:
+                return None
+        if node.op in CARRIED or node.op in SEEDS or node.op in ("Concat", "Slice"):
+            return self.dtype(node.inputs[0]) if node.inputs else None
+        return None
+
+    def _infer_shape(self, t: gs.Tensor) -> tuple[int, ...] | None:
+        s = self.ctx.prover.static_shape(t)
+        if s is not None or len(t.inputs) != 1:
+            return s
+        node = t.inputs[0]
+        ins = [self.shape(i) if i.name else None for i in node.inputs]
+        try:
+            if node.op in ELEMENTWISE_UNARY:
+                return ins[0]
+            if node.op in ELEMENTWISE_NARY:
+                return None if any(s is None for s in ins) else broadcast(ins)
+            if node.op == "Transpose" and ins[0] is not None:
+                perm = node.attrs.get("perm") or list(reversed(range(len(ins[0]))))
+                return tuple(ins[0][p] for p in perm)
+            if node.op == "Reshape" and ins[0] is not None:
+                target = self.ctx.prover.constant(node.inputs[1])
+                return None if target is None else _resolve_reshape(ins[0], target, node.attrs.get("allowzero", 0))
+            if node.op == "Gather" and ins[0] is not None and ins[1] is not None:
+                ax = int(node.attrs.get("axis", 0)) % len(ins[0])
+                return ins[0][:ax] + ins[1] + ins[0][ax + 1:]
+            if node.op == "GatherND" and ins[0] is not None and ins[1] is not None:
+                b = int(node.attrs.get("batch_dims", 0))
+                return ins[1][:-1] + ins[0][b + ins[1][-1]:]
+            if node.op == "Concat" and all(s is not None for s in ins):
+                ax = int(node.attrs["axis"]) % len(ins[0])
+                out = list(ins[0])
+                out[ax] = sum(s[ax] for s in ins)
+                return tuple(out)
+        except (IndexError, KeyError, ValueError):
+            return None
+        return None
+
+
+def _resolve_reshape(in_shape: tuple[int, ...], target: np.ndarray, allowzero: int) -> tuple[int, ...] | None:
+    dims = [int(v) for v in target.reshape(-1)]
+    out = []
+    for k, d in enumerate(dims):
+        out.append(in_shape[k] if d == 0 and not allowzero else d)
+    total = math.prod(in_shape)
+    if out.count(-1) == 1:
+        known = math.prod(d for d in out if d != -1)
+        if known == 0 or total % known:
+            return None
+        out[out.index(-1)] = total // known
+    if -1 in out or math.prod(out) != total:
+        return None
+    return tuple(out)
+
+
+class SplitBlocks:
+    """Split each deformable-conv block whose tensors exceed `--max-buffer` into the fewest row chunks that fit."""
+
+    name = "split"
+
+    def run(self, ctx: Context) -> list[Action]:
+        limit = getattr(ctx.options, "max_buffer", None)
+        if limit is None:
+            return []
+        shapes = Shapes(ctx)
+        actions = []
+        for block, why in self.find_blocks(ctx, shapes):
+            biggest = self._largest(block, shapes)
+            if biggest is None or biggest[0] <= limit:
+                continue  # nothing of this block is over the limit (or its size is unknown): leave it alone
+            if why is None:
+                try:
+                    actions.append(self.rewrite(ctx, block, shapes, limit))
+                    continue
+                except Refuse as exc:
+                    why = str(exc)
+            name = block.conv.name if block.conv is not None else block.seeds[0].name
+            op = block.conv.op if block.conv is not None else block.seeds[0].op
+            actions.append(Action(self.name, name, op, REFUSED,
+                                  f"block not split ({fmt_bytes(biggest[0])} tensor '{biggest[1]}' stays over the "
+                                  f"{fmt_bytes(limit)} limit): {why}"))
+        return actions
+
+    # -- finding blocks ----------------------------------------------------------------------------------------
+    def find_blocks(self, ctx: Context, shapes: Shapes) -> list[tuple[Block, str | None]]:
+        """Every gather group with the Conv it feeds; the reason it cannot be split, or None."""
+        order = {id(n): k for k, n in enumerate(ctx.graph.nodes)}
+        outputs = {id(t) for t in ctx.graph.outputs}
+        by_conv: dict[int, Block] = {}
+        found: list[tuple[Block, str | None]] = []
+        for seed in [n for n in ctx.graph.nodes if n.op in SEEDS]:
+            nodes, conv, why = self._cone(seed, outputs)
+            if conv is None:
+                found.append((Block(None, [seed], nodes, None), why))
+                continue
+            block = by_conv.get(id(conv))
+            if block is None:
+                block = by_conv[id(conv)] = Block(conv, [], [], conv.inputs[0])
+            block.seeds.append(seed)
+            known = {id(n) for n in block.nodes}
+            block.nodes.extend(n for n in nodes if id(n) not in known)
+        for block in by_conv.values():
+            block.nodes.sort(key=lambda n: order[id(n)])
+            found.append((block, self._escape(block)))
+        return found
+
+    @staticmethod
+    def _cone(seed: gs.Node, graph_outputs: set[int]) -> tuple[list[gs.Node], gs.Node | None, str | None]:
+        """Nodes from `seed` forward through carried ops to the one Conv they feed, or the reason there is none."""
+        nodes: list[gs.Node] = []
+        seen: set[int] = set()
+        convs: dict[int, gs.Node] = {}
+        stack = [seed]
+        while stack:
+            n = stack.pop()
+            if id(n) in seen:
+                continue
+            seen.add(id(n))
+            nodes.append(n)
+            if len(nodes) > MAX_BLOCK_NODES:
+                return nodes, None, f"more than {MAX_BLOCK_NODES} nodes between the gather and a Conv"
+            for out in n.outputs:
+                if id(out) in graph_outputs:
+                    return nodes, None, f"'{out.name}' is a graph output"
+                for c in out.outputs:
+                    if c.op == "Conv" and c.inputs[0] is out:
+                        convs[id(c)] = c
+                    elif c.op in CARRIED:
+                        stack.append(c)
+                    else:
+                        return nodes, None, (f"'{out.name}' is read by {c.op} '{c.name}', which the split cannot "
+                                             "carry a chunk through")
+        if len(convs) != 1:
+            return nodes, None, ("the gathered values reach no Conv" if not convs
+                                 else "the gathered values reach more than one Conv")
+        return nodes, next(iter(convs.values())), None
+
+    @staticmethod
+    def _escape(block: Block) -> str | None:
+        """A region tensor used outside the region would still be needed whole: such a block is refused."""
+        inside = {id(n) for n in block.nodes} | {id(block.conv)}
+        for n in block.nodes:
+            for out in n.outputs:
+                for c in out.outputs:
+                    if id(c) not in inside:
+                        return f"'{out.name}' is also read by {c.op} '{c.name}' outside the block"
+        return None
+
+    def _largest(self, block: Block, shapes: Shapes) -> tuple[int, str] | None:
+        sizes = [(shapes.nbytes(o), o.name) for n in block.nodes for o in n.outputs]
+        known = [s for s in sizes if s[0] is not None]
+        return max(known) if known else None
+
+    # -- where the rows are ------------------------------------------------------------------------------------
+    def layout(self, ctx: Context, block: Block, shapes: Shapes) -> None:
+        conv, x = block.conv, block.sink
+        xs = shapes.shape(x)
+        if xs is None or len(xs) != 4:
+            raise Refuse("the Conv input's shape is not known statically as [N, C, H, W]")
+        kernel = list(conv.attrs.get("kernel_shape") or [])
+        if not kernel:
+            ws = shapes.shape(conv.inputs[1])
+            kernel = list(ws[2:]) if ws is not None else []
+        strides = list(conv.attrs.get("strides") or [1, 1])
+        pads = list(conv.attrs.get("pads") or [0, 0, 0, 0])
+        dil = list(conv.attrs.get("dilations") or [1, 1])
+        auto_pad = conv.attrs.get("auto_pad", "NOTSET")
+        auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+        if len(kernel) != 2 or kernel[0] != strides[0] or dil[0] != 1 or pads[0] or pads[2] or \
+                auto_pad not in ("NOTSET", "VALID"):
+            raise Refuse(f"Conv '{conv.name}' does not read disjoint row bands (kernel {kernel}, strides {strides}, "
+                         f"pads {pads}, dilations {dil}): its input rows do not split into its output rows")
+        kh = kernel[0]
+        if xs[2] % kh:
+            raise Refuse(f"Conv input height {xs[2]} is not a multiple of the kernel height {kh}")
+        h = xs[2] // kh
+        if h < 2:
+            raise Refuse("the Conv has a single output row: nothing to split along")
+        block.rows = h
+        layout: dict[str, Rows] = {x.name: Rows(2, 1, kh)}
+        side: dict[tuple[int, int], Rows | None] = {}
+        produced = {o.name for n in block.nodes for o in n.outputs}
+
+        def assign(t: gs.Tensor, rows: Rows | None, k: int, slot: int) -> None:
+            if t.name in produced:
+                if rows is None:
+                    raise Refuse(f"'{t.name}' is broadcast along the rows inside the block")
+                if layout.setdefault(t.name, rows) != rows:
+                    raise Refuse(f"'{t.name}' is read with its rows in two different places")
+            else:
+                side[(k, slot)] = rows
+
+        for k in range(len(block.nodes) - 1, -1, -1):
+            n = block.nodes[k]
+            if len(n.outputs) != 1 or n.outputs[0].name not in layout:
+                raise Refuse(f"{n.op} '{n.name}' has outputs that do not lead to the Conv")
+            out = n.outputs[0]
+            rows, os_ = layout[out.name], shapes.shape(out)
+            if os_ is None:
+                raise Refuse(f"shape of '{out.name}' is not known statically")
+            if n.op in ELEMENTWISE_UNARY:
+                assign(n.inputs[0], rows, k, 0)
+            elif n.op in ELEMENTWISE_NARY:
+                for slot, t in enumerate(n.inputs):
+                    s = shapes.shape(t)
+                    if s is None:
+                        raise Refuse(f"shape of '{t.name}' is not known statically")
+                    ax = rows.axis - (len(os_) - len(s))
+                    if ax < 0 or s[ax] == 1:
+                        assign(t, None, k, slot)
+                    elif s[ax] == os_[rows.axis]:
+                        assign(t, Rows(ax, rows.outer, rows.inner), k, slot)
+                    else:
+                        raise Refuse(f"'{t.name}' {list(s)} is partly broadcast against {list(os_)} in {n.op} "
+                                     f"'{n.name}'")
+            elif n.op in SHAPE_OPS:
+                s = shapes.shape(n.inputs[0])
+                got = None if s is None else reshape_rows(os_, rows, h, s)
+                if got is None:
+                    raise Refuse(f"{n.op} '{n.name}' cuts the output rows apart ({s} -> {list(os_)})")
+                assign(n.inputs[0], got, k, 0)
+            elif n.op == "Transpose":
+                perm = n.attrs.get("perm") or list(reversed(range(len(os_))))
+                assign(n.inputs[0], Rows(int(perm[rows.axis]), rows.outer, rows.inner), k, 0)
+            elif n.op in SEEDS:
+                data, index = n.inputs[0], n.inputs[1]
+                ds, is_ = shapes.shape(data), shapes.shape(index)
+                if ds is None or is_ is None:
+                    raise Refuse(f"shapes of the inputs of {n.op} '{n.name}' are not known statically")
+                if n.op == "Gather":
+                    first, count = int(n.attrs.get("axis", 0)) % len(ds), len(is_)
+                else:
+                    first, count = int(n.attrs.get("batch_dims", 0)), len(is_) - 1 - int(n.attrs.get("batch_dims", 0))
+                if not first <= rows.axis < first + count:
+                    raise Refuse(f"the rows of {n.op} '{n.name}' are not an axis of its index")
+                assign(index, Rows(rows.axis - first if n.op == "Gather" else rows.axis, rows.outer, rows.inner),
+                       k, 1)
+                side[(k, 0)] = None
+            else:  # pragma: no cover - find_blocks only collects the ops above
+                raise Refuse(f"{n.op} '{n.name}' is not carried")
+        block.layout, block.side = layout, side
+
+    # -- the rewrite -------------------------------------------------------------------------------------------
+    def rewrite(self, ctx: Context, block: Block, shapes: Shapes, limit: int) -> Action:
+        self.layout(ctx, block, shapes)
+        h = block.rows
+        half = sorted({str(shapes.dtype(t)) for n in block.nodes for t in [*n.inputs, *n.outputs]
+                       if shapes.dtype(t) is not None and np.dtype(shapes.dtype(t)).kind == "f"
+                       and np.dtype(shapes.dtype(t)).itemsize < 4})
+        if half:
+            raise Refuse(f"{'/'.join(half)} block: ORT CPU computes a float16 elementwise chain in float32 up to "
+                         "the next op that has a float16 kernel, and the row slices would add such ops inside the "
+                         "chain, changing where it rounds (measured: 4.9e-4 on decoder_gathernd_fp16), so the split "
+                         "would not be exact on ORT CPU")
+        region = [o for n in block.nodes for o in n.outputs]
+        per_row = []
+        for t in region:
+            size = shapes.nbytes(t)
+            if size is None:
+                raise Refuse(f"size of '{t.name}' is not known statically")
+            per_row.append((size, t))
+        fit = min(limit * h // size for size, _ in per_row)
+        if fit < 1:
+            size, t = max(per_row, key=lambda p: p[0])
+            raise Refuse(f"one output row of '{t.name}' alone needs {fmt_bytes(size // h)}, more than the limit")
+        n = math.ceil(h / fit)
+        base, extra = divmod(h, n)
+        counts = [base + (1 if c < extra else 0) for c in range(n)]
+        before_size, before_name = max((s, t.name) for s, t in per_row)
+        after_size = max(-(-s * max(counts) // h) for s, _ in per_row)
+
+        first = len(ctx.graph.nodes)
+        self._memo: dict[tuple, gs.Tensor] = {}
+        chunks = []
+        r0 = 0
+        for c, rows in enumerate(counts):
+            chunks.append(self._chunk(ctx, block, shapes, c, r0, r0 + rows))
+            r0 += rows
+        sink = block.sink
+        sink.inputs[0].outputs.clear()
+        ctx.node("Concat", f"{block.conv.name}/split/join", chunks, [sink], {"axis": 2})
+        new_nodes = tuple(x.name for x in ctx.graph.nodes[first:])
+
+        sink_size = shapes.nbytes(sink)
+        verdict = (f"Conv input '{sink.name}' ({fmt_bytes(sink_size)}) stays whole and REMAINS OVER the limit "
+                   "(splitting the Conv itself is not exact)" if sink_size > limit else
+                   f"Conv input '{sink.name}' ({fmt_bytes(sink_size)}) stays whole, within the limit")
+        reason = (f"split into {n} chunks of {'/'.join(str(x) for x in sorted(set(counts), reverse=True))} "
+                  f"output rows (of {h}) along the sampling points ({len(block.seeds)} gathers, {len(block.nodes)} "
+                  f"nodes per chunk): largest tensor {fmt_bytes(before_size)} ('{before_name}') -> "
+                  f"{fmt_bytes(after_size)} per chunk, limit {fmt_bytes(limit)}; {verdict}")
+        return Action(self.name, block.conv.name, block.conv.op, REWRITTEN, reason, new_nodes)
+
+    def _chunk(self, ctx: Context, block: Block, shapes: Shapes, c: int, r0: int, r1: int) -> gs.Tensor:
+        mapped: dict[str, gs.Tensor] = {}
+        rows_n = r1 - r0
+        for k, n in enumerate(block.nodes):
+            inputs: list[gs.Tensor] = []
+            for slot, t in enumerate(n.inputs):
+                if t.name in mapped:
+                    inputs.append(mapped[t.name])
+                elif (k, slot) in block.side:
+                    rows = block.side[(k, slot)]
+                    inputs.append(t if rows is None else self._slice(ctx, t, rows, block.rows, r0, r1, shapes))
+                elif n.op == "Reshape" and slot == 1:
+                    out_shape = block.layout[n.outputs[0].name].chunk_shape(shapes.shape(n.outputs[0]), rows_n)
+                    inputs.append(self._shape_const(ctx, f"{n.name}/chunk{c}_shape", out_shape))
+                else:
+                    inputs.append(t)  # parameters: Squeeze/Unsqueeze axes
+            out = n.outputs[0]
+            shape = block.layout[out.name].chunk_shape(shapes.shape(out), rows_n)
+            new = ctx.var(f"{out.name}/chunk{c}", shapes.dtype(out), shape)
+            ctx.node(n.op, f"{n.name}/chunk{c}", inputs, [new], dict(n.attrs))
+            mapped[out.name] = new
+        return mapped[block.sink.name]
+
+    def _shape_const(self, ctx: Context, base: str, shape: tuple[int, ...]) -> gs.Constant:
+        key = ("shape", shape)
+        if key not in self._memo:
+            self._memo[key] = ctx.const(base, np.array(shape, dtype=np.int64))
+        return self._memo[key]
+
+    def _slice(self, ctx: Context, t: gs.Tensor, rows: Rows, h: int, r0: int, r1: int, shapes: Shapes) -> gs.Tensor:
+        """Rows `r0..r1` of a tensor computed outside the block (weights, mask, index), as a new tensor."""
+        key = ("slice", t.name, rows, r0, r1)
+        if key in self._memo:
+            return self._memo[key]
+        shape = shapes.shape(t)
+        split = shape[: rows.axis] + (rows.outer, h, rows.inner) + shape[rows.axis + 1:]
+        chunk = rows.chunk_shape(shape, r1 - r0)
+        base = f"{t.name}/rows{r0}_{r1}"
+        values = ctx.prover.constant(t)
+        if values is not None:
+            part = np.take(values.reshape(split), np.arange(r0, r1), axis=rows.axis + 1).reshape(chunk)
+            out: gs.Tensor = ctx.const(base, np.ascontiguousarray(part))
+            self._memo[key] = out
+            return out
+        dtype = shapes.dtype(t)
+        src, axis = t, rows.axis
+        if rows.outer != 1 or rows.inner != 1:
+            src = self._memo.get(("split", t.name, rows))
+            if src is None:
+                src = ctx.var(f"{t.name}/by_rows", dtype, split)
+                ctx.node("Reshape", f"{t.name}/by_rows", [t, self._shape_const(ctx, f"{t.name}/by_rows_shape", split)],
+                         [src])
+                self._memo[("split", t.name, rows)] = src
+            axis = rows.axis + 1
+        part_shape = split[:axis] + (r1 - r0,) + split[axis + 1:] if src is not t else chunk
+        part = ctx.var(base, dtype, part_shape)
+        if dtype is not None and np.dtype(dtype).kind == "f":
+            # float Slice has a kernel on both WebGPU EPs; the native EP's Slice takes no integer data
+            ctx.node("Slice", base, [src, ctx.const(f"{base}/starts", np.array([r0], np.int64)),
+                                     ctx.const(f"{base}/ends", np.array([r1], np.int64)),
+                                     ctx.const(f"{base}/axes", np.array([axis], np.int64))], [part])
+        else:
+            ctx.node("Gather", base, [src, ctx.const(f"{base}/rows", np.arange(r0, r1, dtype=np.int64))], [part],
+                     {"axis": axis})
+        out = part
+        if src is not t:
+            out = ctx.var(f"{base}/joined", dtype, chunk)
+            ctx.node("Reshape", f"{base}/joined", [part, self._shape_const(ctx, f"{base}/joined_shape", chunk)], [out])
+        self._memo[key] = out
+        return out

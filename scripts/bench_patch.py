@@ -1,0 +1,418 @@
+#!/usr/bin/env python
+"""Benchmark `deform-surgeon patch` and `deform-surgeon batch` against floors measured in the same run.
+
+    .venv/bin/python scripts/bench_patch.py [--work DIR] [--only a,b,batch] [--external-gb 3] [--keep]
+
+Three measurements, each a real subprocess of the installed command, timed with the wall clock and with its peak
+resident set size read from the kernel (`os.wait4`'s rusage of that one child):
+
+(a) a BiRefNet-scale model built here, deterministically: three copies of the exporter's own decoder
+    (`tests/fixtures/decoder_gathernd_1024.onnx`, deform-conv2d-onnx-exporter 1.2.0: two full copies and the first
+    ASPP block of a third, 20 deformable convs in all) beside a transformer-style backbone in torch's export style
+    (decomposed LayerNorm and GELU, Constant nodes) that brings the graph to about 19,000 nodes and about 200 MB
+    of embedded weights; 1024x1024 input. `patch` against the floor of plain `onnx.load` + `onnx.save` of the same
+    model in a subprocess. Targets: time <= 1.5x the floor, peak RSS <= 1.5x the floor's.
+(b) a 3 GB external-data model (the small exporter decoder plus twelve 256 MB embedding tables in one data file,
+    so offsets pass 2^31): `patch`, then `verify` of the output. Target: patch peak RSS below 1 GB; verified.
+(batch) 8 variants of the BiRefNet-style fixtures patched with `--verify`: `batch --jobs 2` against running
+    `patch --verify` on them one by one. Target: wall time <= 0.65x.
+
+Everything is built under --work (default: a temporary folder in /tmp, removed afterwards unless --keep); nothing
+is committed. The script prints one line per measurement and a verdict table; it exits 0 whether or not targets
+are met (it measures; it does not gate).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures"
+BIN = Path(sys.executable).parent
+SURGEON = [str(BIN / "deform-surgeon")] if (BIN / "deform-surgeon").exists() else [sys.executable, "-m",
+                                                                                     "deform_surgeon"]
+OPSET = 17
+MB = 1 << 20
+
+
+# ---------------------------------------------------------------------------------------------- model builders
+def _prefixed(graph: onnx.GraphProto, prefix: str, keep: set[str]) -> tuple[list, list]:
+    """Nodes and initializers of `graph` with every node and tensor name prefixed (names in `keep` are not)."""
+    def ren(name: str) -> str:
+        return name if (not name or name in keep) else prefix + name
+
+    nodes = []
+    for n in graph.node:
+        m = onnx.NodeProto()
+        m.CopyFrom(n)
+        m.name = ren(n.name)
+        m.input[:] = [ren(i) for i in n.input]
+        m.output[:] = [ren(o) for o in n.output]
+        nodes.append(m)
+    inits = []
+    for t in graph.initializer:
+        u = onnx.TensorProto()
+        u.CopyFrom(t)
+        u.name = ren(t.name)
+        inits.append(u)
+    return nodes, inits
+
+
+def _prune(nodes: list, outputs: list[str]) -> list:
+    """Only the nodes the given outputs depend on (a backward walk), in their original order."""
+    producer = {o: n for n in nodes for o in n.output}
+    needed, stack, keep = set(), list(outputs), set()
+    while stack:
+        name = stack.pop()
+        if name in needed or name not in producer:
+            continue
+        needed.add(name)
+        node = producer[name]
+        keep.add(id(node))
+        stack.extend(node.input)
+    return [n for n in nodes if id(n) in keep]
+
+
+def exporter_decoder_copies(copies: int = 2, extra_aspp: bool = True) -> tuple[list, list, list]:
+    """Nodes, initializers and outputs of `copies` renamed copies of the 1024 exporter fixture, all reading `image`,
+    plus (with `extra_aspp`) a copy cut after its first ASPP block (4 more deformable convs)."""
+    src = onnx.load(FIXTURES / "decoder_gathernd_1024.onnx")
+    vi = {v.name: v for v in onnx.shape_inference.infer_shapes(src).graph.value_info}
+    nodes, inits, outputs = [], [], []
+    for k in range(copies + (1 if extra_aspp else 0)):
+        prefix = f"dec{k}/"
+        n, i = _prefixed(src.graph, prefix, {"image"})
+        if k < copies:
+            out = helper.make_tensor_value_info(prefix + "mask", TensorProto.FLOAT, [1, 1, 1024, 1024])
+        else:  # the output of the first Conv after the fourth deformable Sum: the end of the first ASPP block
+            sums = [j for j, node in enumerate(src.graph.node) if node.op_type == "Sum"]
+            cut = next(node for node in src.graph.node[sums[3]:] if node.op_type == "Conv"
+                       and vi[node.output[0]].type.tensor_type.shape.dim[1].dim_value == 8)
+            out = onnx.ValueInfoProto()
+            out.CopyFrom(vi[cut.output[0]])
+            out.name = prefix + cut.output[0]
+            n = _prune(n, [out.name])
+            used = {x for node in n for x in node.input}
+            i = [t for t in i if t.name in used]
+            assert sum(node.op_type == "Sum" for node in n) == 4
+        nodes += n
+        inits += i
+        outputs.append(out)
+    return nodes, inits, outputs
+
+
+def backbone(blocks: int, dim: int = 120, heads: int = 4, patch: int = 64, seed: int = 0,
+             ) -> tuple[list, list, onnx.ValueInfoProto]:
+    """A transformer-style backbone in torch's export style: patch embedding, then `blocks` pre-norm blocks with
+    decomposed LayerNorm, attention, decomposed (erf) GELU and an MLP; 12*dim^2 float32 weights per block."""
+    rng = np.random.default_rng(seed)
+    nodes: list[onnx.NodeProto] = []
+    inits: list[onnx.TensorProto] = []
+    tokens = (1024 // patch) ** 2
+    count = [0]
+
+    def node(op: str, inputs: list[str], n_out: int = 1, **attrs) -> list[str]:
+        count[0] += 1
+        outs = [f"bb/{op}_{count[0]}" + (f"_{j}" if n_out > 1 else "") for j in range(n_out)]
+        nodes.append(helper.make_node(op, inputs, outs, name=f"bb/{op}_{count[0]}", **attrs))
+        return outs
+
+    def const(value) -> str:  # torch exports small constants as Constant nodes
+        return node("Constant", [], value=numpy_helper.from_array(np.asarray(value)))[0]
+
+    def weight(name: str, shape: tuple[int, ...], scale: float = 0.02) -> str:
+        inits.append(numpy_helper.from_array((rng.standard_normal(shape, dtype=np.float32) * scale), f"bb/{name}"))
+        return f"bb/{name}"
+
+    def layer_norm(x: str, name: str) -> str:
+        mean = node("ReduceMean", [x], axes=[-1])[0]
+        d = node("Sub", [x, mean])[0]
+        var = node("ReduceMean", [node("Pow", [d, const(np.float32(2))])[0]], axes=[-1])[0]
+        std = node("Sqrt", [node("Add", [var, const(np.float32(1e-5))])[0]])[0]
+        y = node("Div", [d, std])[0]
+        return node("Add", [node("Mul", [y, weight(f"{name}.g", (dim,), 1.0)])[0], weight(f"{name}.b", (dim,))])[0]
+
+    def linear(x: str, name: str, n_in: int, n_out: int) -> str:
+        y = node("MatMul", [x, weight(f"{name}.w", (n_in, n_out))])[0]
+        return node("Add", [y, weight(f"{name}.b", (n_out,))])[0]
+
+    x = node("Conv", ["image", weight("patch.w", (dim, 3, patch, patch)), weight("patch.b", (dim,))],
+             kernel_shape=[patch, patch], strides=[patch, patch])[0]
+    x = node("Transpose", [node("Reshape", [x, const(np.array([1, dim, tokens], np.int64))])[0]], perm=[0, 2, 1])[0]
+    dh = dim // heads
+    for b in range(blocks):
+        h = layer_norm(x, f"blk{b}.ln1")
+        qkv = node("Reshape", [linear(h, f"blk{b}.qkv", dim, 3 * dim),
+                               const(np.array([1, tokens, 3, heads, dh], np.int64))])[0]
+        qkv = node("Transpose", [qkv], perm=[2, 0, 3, 1, 4])[0]
+        q, k, v = node("Split", [qkv, const(np.array([1, 1, 1], np.int64))], n_out=3, axis=0)
+        q, k, v = (node("Squeeze", [t, const(np.array([0], np.int64))])[0] for t in (q, k, v))
+        q = node("Mul", [q, const(np.float32(dh ** -0.5))])[0]
+        att = node("Softmax", [node("MatMul", [q, node("Transpose", [k], perm=[0, 1, 3, 2])[0]])[0]], axis=-1)[0]
+        o = node("Transpose", [node("MatMul", [att, v])[0]], perm=[0, 2, 1, 3])[0]
+        o = node("Reshape", [o, const(np.array([1, tokens, dim], np.int64))])[0]
+        x = node("Add", [x, linear(o, f"blk{b}.proj", dim, dim)])[0]
+        h = linear(layer_norm(x, f"blk{b}.ln2"), f"blk{b}.fc1", dim, 4 * dim)
+        g = node("Erf", [node("Div", [h, const(np.float32(np.sqrt(2.0)))])[0]])[0]
+        g = node("Mul", [node("Mul", [h, node("Add", [g, const(np.float32(1.0))])[0]])[0], const(np.float32(0.5))])[0]
+        x = node("Add", [x, linear(g, f"blk{b}.fc2", 4 * dim, dim)])[0]
+    out = helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, tokens, dim])
+    return nodes, inits, out
+
+
+def build_birefnet_scale(path: Path, target_nodes: int = 19_000) -> onnx.ModelProto:
+    """(a): the exporter's decoder (20 deformable convs) beside a backbone that brings it to ~`target_nodes` nodes."""
+    dec_nodes, dec_inits, dec_outs = exporter_decoder_copies()
+    probe, _, _ = backbone(1, seed=0)
+    per_block = len(probe) - 4  # patch embedding: Conv, Constant, Reshape, Transpose
+    blocks = max(1, round((target_nodes - len(dec_nodes) - 4) / per_block))
+    bb_nodes, bb_inits, bb_out = backbone(blocks)
+    graph = helper.make_graph(
+        dec_nodes + bb_nodes, "birefnet_scale",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, 1024, 1024])],
+        dec_outs + [bb_out], dec_inits + bb_inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="bench_patch.py")
+    model.ir_version = 8
+    onnx.save(model, path)
+    return model
+
+
+def build_external(path: Path, gigabytes: float = 3.0, tables: int = 12, width: int = 64) -> int:
+    """(b): the small exporter decoder plus `tables` float32 embedding tables [rows, width] gathered by an int64
+    input `ids` and summed; every initializer (the decoder's too) in ONE external data file `<name>.data`, written
+    in chunks (this script never holds a table in memory). Returns the data file's size."""
+    src = onnx.load(FIXTURES / "decoder_gathernd.onnx")
+    rows = int(gigabytes * (1 << 30) / tables / (4 * width))
+    data_name = path.name + ".data"
+    initializers = []
+    offset = 0
+    with open(path.parent / data_name, "wb") as fh:
+        def put(t: onnx.TensorProto, raw_chunks) -> None:
+            nonlocal offset
+            pad = (-offset) % 4096
+            fh.write(b"\0" * pad)
+            offset += pad
+            start = offset
+            for chunk in raw_chunks:
+                fh.write(chunk)
+                offset += len(chunk)
+            t.ClearField("raw_data")
+            t.data_location = TensorProto.EXTERNAL
+            for k, v in (("location", data_name), ("offset", str(start)), ("length", str(offset - start))):
+                e = t.external_data.add()
+                e.key, e.value = k, v
+            initializers.append(t)
+
+        for init in src.graph.initializer:
+            t = onnx.TensorProto()
+            t.CopyFrom(init)
+            put(t, [numpy_helper.to_array(init).tobytes()])
+        step = max(1, (64 * MB) // (4 * width))
+        for k in range(tables):
+            t = TensorProto(name=f"table{k}", data_type=TensorProto.FLOAT, dims=[rows, width])
+            rng = np.random.default_rng(1000 + k)
+            put(t, (rng.random((min(step, rows - r), width), dtype=np.float32).tobytes() for r in range(0, rows, step)))
+    gathers = [helper.make_node("Gather", [f"table{k}", "ids"], [f"row{k}"], name=f"Gather_table{k}", axis=0)
+               for k in range(tables)]
+    total = helper.make_node("Sum", [f"row{k}" for k in range(tables)], ["embedding"], name="Sum_tables")
+    graph = helper.make_graph(
+        list(src.graph.node) + gathers + [total], "external_3gb",
+        [*src.graph.input, helper.make_tensor_value_info("ids", TensorProto.INT64, [16])],
+        [*src.graph.output, helper.make_tensor_value_info("embedding", TensorProto.FLOAT, [16, width])],
+        initializers)
+    model = helper.make_model(graph, opset_imports=list(src.opset_import), producer_name="bench_patch.py")
+    model.ir_version = src.ir_version
+    with open(path, "wb") as fh:
+        fh.write(model.SerializeToString())
+    return offset
+
+
+# ------------------------------------------------------------------------------------------------- measuring
+@dataclass
+class Run:
+    seconds: float
+    rss_mb: float
+    code: int
+    output: str
+    cpu: float = 0.0  # user + system seconds of the child
+
+
+def measure(argv: list[str], cwd: Path) -> Run:
+    """Run `argv` as a child process; its wall time and its own peak RSS (os.wait4's rusage of that child)."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    seconds = time.perf_counter() - t0
+    return Run(seconds, usage.ru_maxrss / 1024, proc.returncode, out.decode(errors="replace"),
+               usage.ru_utime + usage.ru_stime)
+
+
+def best_of(n: int, argv: list[str], cwd: Path, cleanup: list[Path]) -> Run:
+    """The fastest of `n` runs (the machine may be shared: the minimum is the least disturbed one) with the
+    largest peak RSS seen; fails loudly if any run fails."""
+    runs = []
+    for _ in range(n):
+        for p in cleanup:
+            p.unlink(missing_ok=True)
+        r = measure(argv, cwd)
+        if r.code != 0:
+            raise SystemExit(f"FAILED ({r.code}): {' '.join(argv)}\n{r.output[-3000:]}")
+        runs.append(r)
+    fastest = min(runs, key=lambda r: r.seconds)
+    return Run(fastest.seconds, max(r.rss_mb for r in runs), 0, fastest.output, min(r.cpu for r in runs))
+
+
+def line(label: str, r: Run) -> None:
+    print(f"  {label:<44} {r.seconds:7.2f} s wall {r.cpu:7.2f} s cpu {r.rss_mb:6.0f} MB peak RSS", flush=True)
+
+
+FLOOR = [sys.executable, "-c", "import onnx, sys; onnx.save(onnx.load(sys.argv[1]), sys.argv[2])"]
+VERDICTS: list[tuple[str, str, str, bool]] = []
+
+
+def verdict(what: str, value: str, target: str, ok: bool) -> None:
+    VERDICTS.append((what, value, target, ok))
+
+
+def bench_a(work: Path, repeat: int) -> None:
+    print("(a) BiRefNet-scale model, embedded weights", flush=True)
+    model_path = work / "birefnet_scale.onnx"
+    built = _build_in_child(["--build-a", str(model_path)])  # this process stays small: children inherit RSS
+    print(f"  built {model_path.name}: {built}, {model_path.stat().st_size / MB:.0f} MB, input 1x3x1024x1024")
+    out, copy = work / "birefnet_scale.patched.onnx", work / "floor_copy.onnx"
+    floor = best_of(repeat, [*FLOOR, model_path.name, copy.name], work, [copy])
+    line("floor: onnx.load + onnx.save (subprocess)", floor)
+    patch = best_of(repeat, [*SURGEON, "patch", model_path.name, out.name], work, [out])
+    line("deform-surgeon patch", patch)
+    rewritten = [ln for ln in patch.output.splitlines() if "node(s) rewritten" in ln]
+    print("  " + "; ".join(rewritten))
+    tr, rr, cr = patch.seconds / floor.seconds, patch.rss_mb / floor.rss_mb, patch.cpu / floor.cpu
+    print(f"  ratio: wall time {tr:.2f}x the floor (cpu time {cr:.2f}x), peak RSS {rr:.2f}x the floor's")
+    verdict("(a) patch time / load+save floor", f"{tr:.2f}x", "<= 1.5x", tr <= 1.5)
+    verdict("(a) patch peak RSS / floor's", f"{rr:.2f}x", "<= 1.5x", rr <= 1.5)
+    for p in (copy,):
+        p.unlink(missing_ok=True)
+
+
+def bench_b(work: Path, gigabytes: float) -> None:
+    print(f"(b) {gigabytes:g} GB external-data model", flush=True)
+    model_path = work / "external.onnx"
+    built = _build_in_child(["--build-b", str(model_path), str(gigabytes)])
+    print(f"  built {model_path.name} + {model_path.name}.data: {built}", flush=True)
+    copy = work / "copy.data"
+    floor = measure([sys.executable, "-c", "import shutil, sys; shutil.copyfile(sys.argv[1], sys.argv[2])",
+                     f"{model_path.name}.data", copy.name], work)
+    copy.unlink(missing_ok=True)
+    line("for scale: copying the data file (shutil)", floor)
+    out = work / "external.patched.onnx"
+    patch = measure([*SURGEON, "patch", model_path.name, out.name, "--verify"], work)
+    if patch.code != 0:
+        raise SystemExit(f"FAILED: patch --verify\n{patch.output[-3000:]}")
+    line("deform-surgeon patch --verify", patch)
+    verified = next((ln for ln in patch.output.splitlines() if ln.startswith("verify:")), "verify: (no line)")
+    print(f"  {verified}")
+    data = Path(str(out) + ".data")
+    refs = onnx.load(str(out), load_external_data=False)
+    locations = {e.value for t in refs.graph.initializer for e in t.external_data if e.key == "location"}
+    gib = data.stat().st_size / (1 << 30)
+    print(f"  output: {out.name} ({out.stat().st_size / MB:.1f} MB) + {data.name} ({gib:.2f} GiB); "
+          f"external locations in the output: {sorted(locations)}")
+    ok = patch.rss_mb < 1024 and verified.startswith("verify: PASSED") and locations == {data.name}
+    verdict("(b) peak RSS patching + verifying", f"{patch.rss_mb:.0f} MB", "< 1024 MB, verified", ok)
+    for p in (out, data, model_path, Path(str(model_path) + ".data")):
+        p.unlink(missing_ok=True)
+
+
+def bench_batch(work: Path) -> None:
+    print("(batch) 8 variants of the BiRefNet-style fixtures, --verify", flush=True)
+    folder = work / "batch"
+    folder.mkdir(exist_ok=True)
+    names = sorted(p.name for p in FIXTURES.glob("decoder_*.onnx"))
+    variants = []
+    for k in range(8):
+        src = onnx.load(FIXTURES / names[k % len(names)])
+        helper.set_model_props(src, {"variant": str(k)})
+        path = folder / f"v{k}_{names[k % len(names)]}"
+        onnx.save(src, path)
+        variants.append(path)
+    manifest = folder / "batch.toml"
+    manifest.write_text("[defaults]\nverify = true\n\n" + "".join(
+        f'[[model]]\ninput = "{p.name}"\noutput = "{p.stem}.seq.onnx"\n\n' for p in variants))
+    t0 = time.perf_counter()
+    for p in variants:
+        r = measure([*SURGEON, "patch", p.name, f"{p.stem}.one.onnx", "--verify"], folder)
+        if r.code != 0:
+            raise SystemExit(f"FAILED: patch {p.name}\n{r.output[-3000:]}")
+    one_by_one = time.perf_counter() - t0
+    print(f"  one by one: 8 x deform-surgeon patch --verify          {one_by_one:8.2f} s")
+    r = measure([*SURGEON, "batch", manifest.name, "--jobs", "2", "--no-progress"], folder)
+    if r.code != 0:
+        raise SystemExit(f"FAILED: batch\n{r.output[-3000:]}")
+    print(f"  deform-surgeon batch --jobs 2                          {r.seconds:8.2f} s")
+    print("  " + r.output.strip().splitlines()[-1])
+    ratio = r.seconds / one_by_one
+    print(f"  ratio: {ratio:.2f}x running them one by one")
+    verdict("batch --jobs 2 wall / one by one", f"{ratio:.2f}x", "<= 0.65x", ratio <= 0.65)
+
+
+def _build_in_child(args: list[str]) -> str:
+    r = measure([sys.executable, __file__, *args], REPO)
+    if r.code != 0:
+        raise SystemExit(f"FAILED to build: {r.output[-3000:]}")
+    return f"{r.output.strip()} ({r.seconds:.1f} s)"
+
+
+def main() -> int:
+    if sys.argv[1:2] == ["--build-a"]:
+        model = build_birefnet_scale(Path(sys.argv[2]))
+        print(f"{len(model.graph.node)} nodes, {sum(n.op_type == 'GatherND' for n in model.graph.node) // 4} "
+              "deformable convs")
+        return 0
+    if sys.argv[1:2] == ["--build-b"]:
+        size = build_external(Path(sys.argv[2]), float(sys.argv[3]))
+        print(f"{size / (1 << 30):.2f} GiB of data, offsets past 2^31")
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--work", type=Path, default=None, help="build folder (default: a temporary one, removed)")
+    ap.add_argument("--only", default="a,b,batch", help="comma list of a, b, batch")
+    ap.add_argument("--external-gb", type=float, default=3.0, help="size of the external-data model (b)")
+    ap.add_argument("--repeat", type=int, default=3, help="runs of (a)'s floor and patch; the fastest counts")
+    ap.add_argument("--keep", action="store_true", help="keep --work's contents")
+    args = ap.parse_args()
+    work = args.work or Path(tempfile.mkdtemp(prefix="bench_patch_"))
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"bench_patch: {os.cpu_count()} cores; work folder {work}; command: {' '.join(SURGEON)}", flush=True)
+    t0 = time.perf_counter()
+    try:
+        only = set(args.only.split(","))
+        if "a" in only:
+            bench_a(work, args.repeat)
+        if "b" in only:
+            bench_b(work, args.external_gb)
+        if "batch" in only:
+            bench_batch(work)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    print(f"\nverdicts ({time.perf_counter() - t0:.0f} s in all):")
+    for what, value, target, ok in VERDICTS:
+        print(f"  {'MET   ' if ok else 'MISSED'} {what:<38} {value:>10}  target {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""`deform-surgeon batch`, end to end: real subprocesses on real files. A bad entry (missing model, corrupt file,
+unwritable output, duplicate output path, unknown option) fails alone, with its reason in the summary; every
+other entry completes; nothing partial is left; inputs are untouched; the exit code says what happened.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import graphs
+import onnx
+import pytest
+from test_cli import FIXTURES, one_error_line, snapshot
+
+CMD = [sys.executable, "-m", "deform_surgeon", "batch"]
+
+
+def batch(*args, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([*CMD, *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=600)
+
+
+def summary_rows(proc: subprocess.CompletedProcess) -> dict[str, str]:
+    """Entry number -> the summary table's row."""
+    return {m.group(1): line for line in proc.stdout.splitlines() if (m := re.match(r"\s+(\d+)\s{2}", line))}
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory):
+    """One batch with two good models and every kind of bad entry, run once for the module."""
+    d = tmp_path_factory.mktemp("mixed")
+    (d / "out").mkdir()
+    onnx.save(graphs.exporter_like(H=30, W=40, C=8), d / "good.onnx")
+    shutil.copyfile(FIXTURES / "sum_only.onnx", d / "sum.onnx")
+    data = (FIXTURES / "decoder_gathernd.onnx").read_bytes()
+    (d / "corrupt.onnx").write_bytes(data[: len(data) // 2])
+    (d / "a_file").write_text("not a folder\n")
+    (d / "m.toml").write_text("""
+[defaults]
+out_dir = "out"
+
+[[model]]
+input = "good.onnx"
+
+[[model]]
+input = "missing.onnx"
+
+[[model]]
+input = "corrupt.onnx"
+
+[[model]]
+input = "sum.onnx"
+output = "a_file/sum.onnx"
+
+[[model]]
+input = "sum.onnx"
+output = "out/good.patched.onnx"
+
+[[model]]
+input = "sum.onnx"
+verfy = true
+
+[[model]]
+input = "sum.onnx"
+output = "out/sum.patched.onnx"
+verify = true
+""")
+    before = snapshot(d)
+    proc = batch("m.toml", "--jobs", "2", "--summary", "summary.json", cwd=d)
+    return d, before, proc
+
+
+def test_bad_entries_fail_alone(mixed):
+    d, before, proc = mixed
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    rows = summary_rows(proc)
+    assert [rows[str(k)].split()[1] for k in range(1, 8)] == ["ok", "failed", "failed", "failed", "failed", "failed",
+                                                              "ok"], proc.stdout
+    assert re.search(r"missing\.onnx: no such file", rows["2"])
+    assert re.search(r"corrupt\.onnx: not (a readable|an) ONNX model", rows["3"])
+    assert re.search(r"a_file/sum\.onnx: output folder a_file does not exist or is not a folder", rows["4"])
+    assert re.search(r"out/good\.patched\.onnx is also the output of entry 1 \(.*good\.onnx\): duplicate", rows["5"])
+    assert re.search(r"unknown option\(s\) verfy", rows["6"])
+    assert "(verified)" in rows["7"]
+    assert proc.stdout.splitlines()[-1] == "2 ok, 0 unchanged, 0 refused, 5 failed"
+
+
+def test_only_the_good_outputs_and_reports_are_left(mixed):
+    d, before, _ = mixed
+    after = snapshot(d)
+    new = sorted(set(after) - set(before))
+    assert new == ["out/corrupt.patched.report.json", "out/good.patched.onnx", "out/good.patched.report.json",
+                   "out/missing.patched.report.json", "out/sum.patched.onnx", "out/sum.patched.report.json",
+                   "summary.json"]  # failed entries: a report if they ran, never an output or a temporary file
+    assert all(after[k] == v for k, v in before.items() if not k.startswith("out"))  # inputs: same bytes, mtime
+    for name in ("good", "sum"):
+        onnx.checker.check_model(onnx.load(d / "out" / f"{name}.patched.onnx"), full_check=True)
+
+
+def test_reports_and_summary_json(mixed):
+    d, _, proc = mixed
+    good = json.loads((d / "out" / "good.patched.report.json").read_text())
+    assert good["status"] == "ok" and good["written"] and good["error"] is None
+    assert good["summary"]["rewritten"] > 0 and good["ops_before"]["GatherND"] == 4
+    verified = json.loads((d / "out" / "sum.patched.report.json").read_text())
+    assert verified["verification"]["identical"] is True
+    missing = json.loads((d / "out" / "missing.patched.report.json").read_text())
+    assert missing["status"] == "failed" and "no such file" in missing["error"] and not missing["written"]
+    summary = json.loads((d / "summary.json").read_text())
+    assert summary["exit_code"] == 1 and len(summary["models"]) == 7
+    assert [m["status"] for m in summary["models"]] == ["ok"] + ["failed"] * 5 + ["ok"]
+
+
+def test_outputs_equal_single_patch(mixed, tmp_path):
+    d, _, _ = mixed
+    proc = subprocess.run([sys.executable, "-m", "deform_surgeon", "patch", d / "good.onnx", tmp_path / "one.onnx"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (tmp_path / "one.onnx").read_bytes() == (d / "out" / "good.patched.onnx").read_bytes()
+
+
+def test_progress_lines_on_stderr(mixed):
+    _, _, proc = mixed
+    lines = proc.stderr.splitlines()
+    assert any(re.fullmatch(r"\[1/7\] .*good\.onnx: prove", ln) for ln in lines), proc.stderr
+    assert any(re.fullmatch(r"\[1/7\] .*good\.onnx: ok \(\d+\.\d s\)", ln) for ln in lines), proc.stderr
+    assert any(re.fullmatch(r"\[7/7\] .*sum\.onnx: verify", ln) for ln in lines), proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_globs_refusals_and_strict(tmp_path):
+    (tmp_path / "models").mkdir()
+    (tmp_path / "out").mkdir()
+    shutil.copyfile(FIXTURES / "gathernd_refused.onnx", tmp_path / "models" / "refused.onnx")
+    shutil.copyfile(FIXTURES / "no_deform.onnx", tmp_path / "models" / "plain.onnx")
+    proc = batch("--glob", "models/*.onnx", "--out-dir", "out", "--jobs", "2", "--no-progress", cwd=tmp_path)
+    assert proc.returncode == 3, proc.stdout + proc.stderr  # refused nodes, nothing failed
+    assert proc.stderr == ""
+    rows = summary_rows(proc)
+    assert rows["1"].split()[1] == "unchanged" and rows["2"].split()[1] == "refused", proc.stdout
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["plain.patched.report.json",
+                                                                    "refused.patched.onnx",
+                                                                    "refused.patched.report.json"]
+    shutil.rmtree(tmp_path / "out")
+    (tmp_path / "out").mkdir()
+    proc = batch("--glob", "models/*.onnx", "--out-dir", "out", "--strict", "--no-progress", cwd=tmp_path)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert not (tmp_path / "out" / "refused.patched.onnx").exists()
+
+
+@pytest.mark.parametrize("setup, args, named, problem", [
+    (None, ["nothing.toml"], "nothing.toml", r"no such file"),
+    ("[[model]\ninput = 1", ["bad.toml"], "bad.toml", r"not a valid TOML manifest"),
+    ("[models]\ninput = 'a.onnx'", ["bad.toml"], "bad.toml", r"unknown manifest key\(s\): models"),
+    ("[defaults]\nverfy = true\n[[model]]\ninput = 'a.onnx'", ["bad.toml"], "bad.toml", r"unknown option\(s\)"),
+    ("", ["bad.toml"], "bad.toml", r"no models"),
+    (None, ["--glob", "*.onnx", "--out-dir", "nowhere"], "nowhere", r"not an existing folder"),
+], ids=["missing", "syntax", "unknown-key", "unknown-default", "empty", "out-dir"])
+def test_a_batch_that_cannot_start_is_one_line_exit_2(tmp_path, setup, args, named, problem):
+    if setup is not None:
+        (tmp_path / "bad.toml").write_text(setup)
+    before = snapshot(tmp_path)
+    proc = batch(*args, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    line = one_error_line(proc)
+    assert line.startswith(f"{named}: ") and re.search(problem, line), line
+    assert snapshot(tmp_path) == before
+
+
+def test_make_batch_target():
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(["make", "-n", "batch", "MANIFEST=models.toml", "ARGS=--jobs 2"], cwd=root,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"deform-surgeon batch models\.toml --jobs 2", proc.stdout), proc.stdout
+    proc = subprocess.run(["make", "-s", "-o", ".venv/.installed", "batch"], cwd=root, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode != 0 and "usage: make batch MANIFEST=" in proc.stdout

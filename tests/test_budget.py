@@ -1,0 +1,143 @@
+"""`deform-surgeon budget`: sizes from graph shapes, biggest first, producer and deform block, peak, exit codes."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from conftest import FIXTURES
+from onnx import TensorProto, helper, numpy_helper
+
+from deform_surgeon.budget import (
+    SPEC_MAX_BINDING,
+    SPEC_MAX_BUFFER,
+    analyze,
+    execution_order,
+    parse_size,
+    read_device_limits,
+)
+from deform_surgeon.cli import main
+from deform_surgeon.errors import SurgeonError
+
+
+@pytest.mark.parametrize("text, value", [("268435456", 268435456), ("256MiB", 256 * 2**20), ("256 mib", 256 * 2**20),
+                                         ("1GiB", 2**30), ("0.5GiB", 2**29), ("800MB", 800 * 10**6),
+                                         ("16kB", 16000), ("12KiB", 12288), ("7B", 7), (42, 42)])
+def test_parse_size(text, value):
+    assert parse_size(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "abc", "12Q", "-5", "0", "1.5B", "MiB", "0.1B"])
+def test_parse_size_rejects(text):
+    with pytest.raises(SurgeonError):
+        parse_size(text)
+
+
+def _chain(shapes: list[list[int]], dtype=TensorProto.FLOAT) -> onnx.ModelProto:
+    """x -> Relu -> Reshape -> ... : one tensor per shape, the first is the graph input."""
+    nodes, inits = [], []
+    prev = "x"
+    for k, s in enumerate(shapes[1:], start=1):
+        inits.append(numpy_helper.from_array(np.array(s, np.int64), f"s{k}"))
+        nodes.append(helper.make_node("Reshape", [prev, f"s{k}"], [f"t{k}"], name=f"reshape{k}"))
+        prev = f"t{k}"
+    nodes.append(helper.make_node("Relu", [prev], ["y"], name="relu"))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", dtype, shapes[0])],
+                              [helper.make_tensor_value_info("y", dtype, shapes[-1])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_sizes_limits_order_and_kinds():
+    model = _chain([[64, 1024, 1024], [1024, 64, 1024], [2**26]])  # 256 MiB each (fp32)
+    at_default = analyze(model)
+    assert at_default.ok and at_default.max_buffer == SPEC_MAX_BUFFER and at_default.max_binding == SPEC_MAX_BINDING
+    assert len(at_default.over_binding) == 4 and all(t.nbytes == 2**28 for t in at_default.over_binding)
+    lower = analyze(model, max_buffer=2**28 - 1, max_binding=2**20)
+    assert not lower.ok and [t.name for t in lower.over_buffer] == ["t1", "t2", "x", "y"]  # same size: by name
+    assert {t.kind for t in lower.over_buffer} == {"activation", "input"}
+    assert lower.over_buffer[-2].producer == "graph input" and lower.over_buffer[0].producer == "Reshape 'reshape1'"
+
+
+def test_unknown_shapes_are_counted_not_guessed():
+    model = _chain([["n", 8], [-1]])
+    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.array([-1], np.int64), "s1"))
+    report = analyze(model)
+    assert report.tensors_unknown >= 2 and "x" in report.unknown_examples
+
+
+def test_the_exporter_fixture_names_producers_and_blocks():
+    report = analyze(FIXTURES / "decoder_gathernd.onnx", max_buffer=150_000, max_binding=60_000)
+    assert report.blocks == 8 and report.tensors_unknown == 0
+    top = report.over_buffer[0]
+    assert top.nbytes == 200_704 and top.block.startswith("Conv 'Conv_1004' (decoder_blocks.0.dec_att.aspp_deforms.2")
+    gathers = [t for t in report.over_buffer if t.producer.startswith("GatherND")]
+    assert len(gathers) == 4 and all(t.shape == [1, 1, 12544, 4] for t in gathers)
+    sizes = [t.nbytes for t in report.over_buffer]
+    assert sizes == sorted(sizes, reverse=True)
+
+
+def test_peak_follows_ort_order_and_sees_what_is_alive():
+    model = _chain([[4, 4], [16], [2, 8]])
+    assert execution_order(model) == [0, 1, 2]
+    report = analyze(model)
+    assert report.peak_bytes == 2 * 64  # a tensor and the next one are alive together
+    assert len(report.peak_live) == 2
+
+
+def test_device_limits_file_round_trip(tmp_path):
+    doc = {"runtime": "node", "adapter": {"limits": {"maxBufferSize": 2**30}},
+           "limits": {"maxBufferSize": 2**30, "maxStorageBufferBindingSize": 2**29}}
+    path = tmp_path / "limits.json"
+    path.write_text(json.dumps(doc))
+    assert read_device_limits(path) == {"max_buffer": 2**30, "max_binding": 2**29}
+    path.write_text(json.dumps({"maxBufferSize": 12345}))
+    assert read_device_limits(path) == {"max_buffer": 12345}
+    path.write_text(json.dumps({"nothing": 1}))
+    with pytest.raises(SurgeonError, match="no maxBufferSize"):
+        read_device_limits(path)
+    path.write_text("{not json")
+    with pytest.raises(SurgeonError, match="not JSON"):
+        read_device_limits(path)
+
+
+def test_cli_exit_codes_table_and_json(tmp_path, capsys):
+    model = FIXTURES / "decoder_gathernd.onnx"
+    assert main(["budget", str(model)]) == 0
+    out = capsys.readouterr().out
+    assert "nothing over maxBufferSize" in out and "OK:" in out and "WebGPU spec defaults" in out
+    js = tmp_path / "b.json"
+    assert main(["budget", str(model), "--max-buffer", "150kB", "--max-binding", "60000", "--json", str(js)]) == 1
+    out = capsys.readouterr().out
+    assert "OVER maxBufferSize" in out and "FAIL: 4" not in out and "GatherND 'GatherND_987'" in out
+    doc = json.loads(js.read_text())
+    assert doc["limits"]["max_buffer"] == 150_000 and not doc["ok"] and doc["over_buffer"][0]["nbytes"] == 200_704
+    limits = tmp_path / "limits.json"
+    limits.write_text(json.dumps({"limits": {"maxBufferSize": 100_000, "maxStorageBufferBindingSize": 50_000}}))
+    assert main(["budget", str(model), "--device-limits", str(limits)]) == 1
+    assert f"device limits from {limits}" in capsys.readouterr().out
+    assert main(["budget", str(model), "--device-limits", str(limits), "--max-buffer", "1GiB"]) == 0
+    capsys.readouterr()
+
+
+def test_cli_bad_input(tmp_path, capsys):
+    assert main(["budget", str(tmp_path / "missing.onnx")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["budget", str(FIXTURES / "decoder_gathernd.onnx"), "--max-buffer", "lots"])
+    assert exc.value.code == 2
+    assert "bad size 'lots'" in capsys.readouterr().err
+
+
+def test_patch_cli_takes_max_buffer(tmp_path, capsys):
+    out = tmp_path / "p.onnx"
+    assert main(["patch", str(FIXTURES / "decoder_gathernd.onnx"), str(out), "--max-buffer", "60000",
+                 "--report", str(tmp_path / "r.json")]) == 0
+    text = capsys.readouterr().out
+    assert "split: 1 node(s) rewritten" in text and "split into 4 chunks" in text
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["options"]["max_buffer"] == 60000
+    assert any(n["pass_name"] == "split" and "split into 4 chunks" in n["reason"] for n in doc["nodes"])
+    assert main(["inspect", str(FIXTURES / "decoder_gathernd.onnx"), "--max-buffer", "60000"]) == 0
+    assert "split: 1 node(s) rewritten" in capsys.readouterr().out
