@@ -314,6 +314,8 @@ def _handle(msg, by_number: dict[int, Entry], running: dict, progress: Progress 
     e = by_number[number]
     if kind == "stage":
         e.stage = msg[2]
+        if progress:
+            progress.stage(e)
         return
     if number not in running:
         return
@@ -425,11 +427,12 @@ class Progress:
     def tick(self) -> None:
         if self.tty:
             self._redraw()
-            return
-        for e in self.entries:
-            if e.status == "running" and self.last.get(e.number) != e.stage:
-                self.last[e.number] = e.stage
-                self._line(f"[{e.number}/{len(self.entries)}] {e.input}: {e.stage}")
+
+    def stage(self, e: Entry) -> None:
+        """Off a terminal: one line per stage a worker reports, as it is reported (sampling would skip stages)."""
+        if not self.tty and self.last.get(e.number) != e.stage:
+            self.last[e.number] = e.stage
+            self._line(f"[{e.number}/{len(self.entries)}] {e.input}: {e.stage}")
 
     def finished(self, e: Entry) -> None:
         self.last[e.number] = "done"
