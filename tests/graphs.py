@@ -27,14 +27,8 @@ _NP_TO_ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): Te
                np.dtype(np.int32): TensorProto.INT32, np.dtype(np.float64): TensorProto.DOUBLE}
 
 
-def exporter_like(B: int = 1, G: int = 1, H: int = 6, W: int = 7, C: int = 3, P: int = 5,
-                  dtype: type = np.float32, source: str = CLAMPED, with_sum: bool = True,
-                  seed: int = 0, opset: int = 17, margin: int = 0) -> onnx.ModelProto:
-    """A model with inputs `data` [B,G,H,W,C] and `offset` float32 [B,G,P,2], four GatherNDs and (floats) a Sum.
-
-    The base grid lies in `[margin, size-1-margin]` (a margin keeps unclamped corners in range for small offsets).
-    """
-    rng = np.random.default_rng(seed)
+def _builder():
+    """Node and initializer lists plus `const(name, value)` and `node(op, inputs, output, **attrs)` that fill them."""
     nodes: list[onnx.NodeProto] = []
     inits: list[onnx.TensorProto] = []
 
@@ -45,6 +39,19 @@ def exporter_like(B: int = 1, G: int = 1, H: int = 6, W: int = 7, C: int = 3, P:
     def node(op: str, inputs: list[str], output: str, **attrs) -> str:
         nodes.append(helper.make_node(op, inputs, [output], name=f"{op}_{output}", **attrs))
         return output
+
+    return nodes, inits, const, node
+
+
+def exporter_like(B: int = 1, G: int = 1, H: int = 6, W: int = 7, C: int = 3, P: int = 5,
+                  dtype: type = np.float32, source: str = CLAMPED, with_sum: bool = True,
+                  seed: int = 0, opset: int = 17, margin: int = 0) -> onnx.ModelProto:
+    """A model with inputs `data` [B,G,H,W,C] and `offset` float32 [B,G,P,2], four GatherNDs and (floats) a Sum.
+
+    The base grid lies in `[margin, size-1-margin]` (a margin keeps unclamped corners in range for small offsets).
+    """
+    rng = np.random.default_rng(seed)
+    nodes, inits, const, node = _builder()
 
     grid = np.stack([rng.integers(margin, H - margin, size=P), rng.integers(margin, W - margin, size=P)],
                     axis=-1).astype(np.float32)
@@ -104,16 +111,7 @@ def gather_elements_like(B: int = 1, G: int = 1, H: int = 6, W: int = 7, C: int 
     Inputs `data` float32 [B,G,C,H,W] and `offset` float32 [B,G,P,2]; outputs the four corner gathers.
     """
     rng = np.random.default_rng(seed)
-    nodes: list[onnx.NodeProto] = []
-    inits: list[onnx.TensorProto] = []
-
-    def const(name: str, value) -> str:
-        inits.append(numpy_helper.from_array(np.asarray(value), name))
-        return name
-
-    def node(op: str, inputs: list[str], output: str, **attrs) -> str:
-        nodes.append(helper.make_node(op, inputs, [output], name=f"{op}_{output}", **attrs))
-        return output
+    nodes, inits, const, node = _builder()
 
     grid = np.stack([rng.integers(0, H, size=P), rng.integers(0, W, size=P)], axis=-1).astype(np.float32)
     p = node("Add", [const("grid", grid.reshape(1, 1, P, 2)), "offset"], "p")
