@@ -277,3 +277,25 @@ def test_split_1024_gives_the_same_gpu_bytes_as_the_unsplit_model(small_1024_run
     outputs = small_1024_runs["outputs"]
     a, b = outputs[("node", small_1024_runs["split"])], outputs[("node", small_1024_runs["unsplit"])]
     assert a.keys() == b.keys() and all(a[k].tobytes() == b[k].tobytes() for k in a)
+
+
+def test_the_split_also_carries_an_unlowered_gathernd_and_sum():
+    """What a refused gather leaves (GatherND on rank-5 data, 4-input Sum) is split exactly too."""
+    import onnx_graphsurgeon as gs
+
+    from deform_surgeon.model_io import export_graph, infer_value_types
+    from deform_surgeon.passes.split import SplitBlocks
+    from deform_surgeon.pipeline import Context, Options, run_passes
+
+    model = onnx.load(str(FIXTURES / "decoder_gathernd.onnx"))
+    graph = gs.import_onnx(model)
+    ctx = Context(graph, infer_value_types(model), Options(max_buffer=60_000))
+    (split,) = run_passes(ctx, [SplitBlocks()])
+    assert split.action == REWRITTEN and chunks_of(split) == 4
+    graph.cleanup().toposort()
+    patched = export_graph(graph, model)
+    onnx.checker.check_model(patched, full_check=True)
+    assert op_count(patched, "GatherND") == 32 - 4 + 16 and op_count(patched, "Sum") == 8 - 1 + 4
+    for seed in range(2):
+        feeds = image(model, seed)
+        assert_bytes_equal(run(model, feeds), run(patched, feeds))
