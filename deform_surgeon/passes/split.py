@@ -426,7 +426,8 @@ class SplitBlocks:
         n = math.ceil(h / fit)
         base, extra = divmod(h, n)
         counts = [base + (1 if c < extra else 0) for c in range(n)]
-        before_size, before_name = max((s, t.name) for s, t in per_row)
+        before_size, before_tensor = max(per_row, key=lambda p: p[0])  # the first in topological order
+        before_name = before_tensor.name
         after_size = max(-(-s * max(counts) // h) for s, _ in per_row)
 
         first = len(ctx.graph.nodes)
