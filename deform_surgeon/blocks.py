@@ -10,12 +10,22 @@ The block is labelled by its Conv's name, which a patch never changes, so origin
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 
 import onnx
 
 _SAMPLERS = {"GatherND", "GatherElements", "Gather"}
 _FEEDERS = {"Pad", "Reshape", "Transpose", "Flatten", "Cast", "Unsqueeze", "Squeeze", "Identity", "Constant"}
+
+
+_SPLIT_CHUNK = re.compile(r"/chunk\d+$")
+
+
+def block_conv_name(name: str) -> str:
+    """The name a block is labelled by: the split pass names its row-chunk Convs `<conv>/chunk<k>`, and the
+    block keeps its original Conv's name, so a split model lines up with the unsplit one."""
+    return _SPLIT_CHUNK.sub("", name)
 
 
 def deform_blocks(model: onnx.ModelProto) -> dict[str, str]:
@@ -50,7 +60,8 @@ def deform_blocks(model: onnx.ModelProto) -> dict[str, str]:
                 continue
             region[id(f)] = f
             feeders.extend(producer[i] for i in f.input if i in producer)
-        label = f"Conv '{min(convs, key=lambda c: order[id(c)]).name}'" if convs else f"Floor '{floor.name}'"
+        first = min(convs, key=lambda c: order[id(c)]) if convs else None
+        label = f"Conv '{block_conv_name(first.name)}'" if first is not None else f"Floor '{floor.name}'"
         for n in region.values():
             owner.setdefault(n.name, label)
     return owner

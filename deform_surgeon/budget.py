@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from .blocks import block_conv_name
 from .errors import SurgeonError
 from .model_io import check_model, infer_value_types, load_model
 
@@ -243,8 +244,8 @@ def deform_blocks(model: onnx.ModelProto) -> dict[str, str]:
         conv = convs[0]
         weight = conv.input[1] if len(conv.input) > 1 else ""
         name = conv.name or conv.output[0]
-        text = f"Conv '{name}'" + (f" ({weight})" if weight in inits and not re.match(r"^(onnx::|t_\d)", weight)
-                                   else "")
+        named = weight in inits and not re.match(r"^(onnx::|t_\d)", weight)
+        text = f"Conv '{block_conv_name(name)}'" + (f" ({weight})" if named else "")
         members = _reaching(cone, conv)
         for n in list(members.values()):
             members.update(_backward(n, producer, skip_data=n.op_type in _GATHERS, limit=_MAX_WALK))

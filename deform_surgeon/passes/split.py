@@ -437,20 +437,161 @@ class SplitBlocks:
         for c, rows in enumerate(counts):
             chunks.append(self._chunk(ctx, block, shapes, c, r0, r0 + rows))
             r0 += rows
-        sink = block.sink
-        sink.inputs[0].outputs.clear()
-        ctx.node("Concat", f"{block.conv.name}/split/join", chunks, [sink], {"axis": 2})
+        sink, conv = block.sink, block.conv
+        sink_size = shapes.nbytes(sink)
+        tail = self._tail(ctx, conv, shapes)
+        why_whole = self._conv_split_refusal(ctx, block, tail, shapes, counts) if sink_size > limit else ""
+        if why_whole is None:
+            end = (tail[-1] if tail else conv).outputs[0]
+            joined = [self._chunk_tail(ctx, conv, tail, shapes, c, chunk, rows)
+                      for c, (chunk, rows) in enumerate(zip(chunks, counts, strict=True))]
+            for node in [conv, *tail]:
+                node.outputs.clear()
+            ctx.node("Concat", f"{conv.name}/split/join", joined, [end], {"axis": 2})
+            carried = "".join(f" -> {node.op}" for node in tail)
+            verdict = (f"the Conv{carried} is split into the same chunks (its input '{sink.name}', "
+                       f"{fmt_bytes(sink_size)}, would be over the limit; checked byte-identical on ORT CPU for "
+                       "these shapes)")
+        else:
+            sink.inputs[0].outputs.clear()
+            ctx.node("Concat", f"{conv.name}/split/join", chunks, [sink], {"axis": 2})
+            verdict = (f"Conv input '{sink.name}' ({fmt_bytes(sink_size)}) stays whole, within the limit"
+                       if sink_size <= limit else
+                       f"Conv input '{sink.name}' ({fmt_bytes(sink_size)}) stays whole and REMAINS OVER the limit: "
+                       f"{why_whole}")
         new_nodes = tuple(x.name for x in ctx.graph.nodes[first:])
 
-        sink_size = shapes.nbytes(sink)
-        verdict = (f"Conv input '{sink.name}' ({fmt_bytes(sink_size)}) stays whole and REMAINS OVER the limit "
-                   "(splitting the Conv itself is not exact)" if sink_size > limit else
-                   f"Conv input '{sink.name}' ({fmt_bytes(sink_size)}) stays whole, within the limit")
         reason = (f"split into {n} chunks of {'/'.join(str(x) for x in sorted(set(counts), reverse=True))} "
                   f"output rows (of {h}) along the sampling points ({len(block.seeds)} gathers, {len(block.nodes)} "
                   f"nodes per chunk): largest tensor {fmt_bytes(before_size)} ('{before_name}') -> "
                   f"{fmt_bytes(after_size)} per chunk, limit {fmt_bytes(limit)}; {verdict}")
         return Action(self.name, block.conv.name, block.conv.op, REWRITTEN, reason, new_nodes)
+
+    @staticmethod
+    def _tail(ctx: Context, conv: gs.Node, shapes: Shapes) -> list[gs.Node]:
+        """The per-channel ops after the Conv (the exporter's bias Add, BatchNormalization, Relu) that a row
+        chunk is carried through when the Conv itself is split.
+
+        Why: ORT CPU folds a Conv's bias Add and BatchNormalization into the Conv (ConvAddFusion, ConvBNFusion at
+        level `basic`), which changes how it rounds. A Concat between the chunk Convs and the Add would stop that
+        fusion and change the bytes; carrying the chains per chunk lets each chunk fuse exactly as the whole did.
+        Only ops whose other inputs are constants broadcast along the rows are carried.
+        """
+        outputs = {id(t) for t in ctx.graph.outputs}
+        t, shape, tail = conv.outputs[0], shapes.shape(conv.outputs[0]), []
+        while shape is not None and id(t) not in outputs and len(t.outputs) == 1:
+            n = t.outputs[0]
+            if len(n.outputs) != 1 or not (n.op in ELEMENTWISE_UNARY or n.op in ELEMENTWISE_NARY
+                                           or n.op == "BatchNormalization" and n.inputs[0] is t):
+                break
+            side = [i for i in n.inputs if i is not t and i.name]
+            if any(ctx.prover.constant(i) is None for i in side):
+                break
+            if n.op != "BatchNormalization" and any(
+                    broadcast([shape, s.shape]) != shape or (len(s.shape) >= len(shape) - 2 and
+                                                             s.shape[len(s.shape) - len(shape) + 2] != 1)
+                    for s in (ctx.prover.constant(i) for i in side)):
+                break
+            tail.append(n)
+            t = n.outputs[0]
+        return tail
+
+    def _chunk_tail(self, ctx: Context, conv: gs.Node, tail: list[gs.Node], shapes: Shapes, c: int,
+                    chunk: gs.Tensor, rows: int) -> gs.Tensor:
+        """Chunk `c` through the Conv and its tail: `[N, M, rows, w]`."""
+        mapped: dict[int, gs.Tensor] = {}
+        current = chunk
+        for n in [conv, *tail]:
+            out = n.outputs[0]
+            full = shapes.shape(out) or shapes.shape(conv.outputs[0])
+            y = ctx.var(f"{out.name}/chunk{c}", shapes.dtype(out) or shapes.dtype(conv.outputs[0]),
+                        (*full[:2], rows, *full[3:]))
+            inputs = [current if n is conv and k == 0 else mapped.get(id(i), i) for k, i in enumerate(n.inputs)]
+            ctx.node(n.op, f"{n.name}/chunk{c}", inputs, [y], dict(n.attrs))
+            mapped[id(out)] = current = y
+        return current
+
+    @staticmethod
+    def _conv_split_refusal(ctx: Context, block: Block, tail: list[gs.Node], shapes: Shapes,
+                            counts: list[int]) -> str | None:
+        """Why the Conv must stay whole, or None when its row chunks give the whole Conv's bytes on ORT CPU.
+
+        Each output pixel of a Conv with kernel == stride reads only its own band of input rows, so the chunks
+        compute the same dot products. Whether a kernel sums them in the same order is the implementation's
+        choice: ORT CPU's MLAS picks its K blocking from the GEMM's N (the output pixels it is given), so chunks
+        with fewer output pixels than C*kh*kw products can round differently (measured: 1.9e-6 on
+        decoder_gathernd_b2g2 in 16 one-row chunks). That order depends on shapes, never on values, so a run of
+        the real shapes (Conv and its carried tail) on seeded random data, at the graph optimisation levels
+        `verify` uses most (none and all), decides it for every input.
+        """
+        import onnxruntime as ort
+
+        conv, x = block.conv, block.sink
+        xs, dtype = shapes.shape(x), shapes.dtype(x)
+        end = (tail[-1] if tail else conv).outputs[0]
+        out_shape = shapes.shape(end) or shapes.shape(conv.outputs[0])
+        if out_shape is None or len(out_shape) != 4 or out_shape[2] != block.rows or dtype != np.float32:
+            return "the Conv output's shape or type is not known statically"
+        helper, consts, inits = onnx.helper, {}, []
+
+        def const_name(t: gs.Tensor) -> str | None:
+            if id(t) not in consts:
+                value = ctx.prover.constant(t)
+                if value is None:
+                    return None
+                consts[id(t)] = f"c{len(consts)}"
+                inits.append(onnx.numpy_helper.from_array(np.asarray(value), consts[id(t)]))
+            return consts[id(t)]
+
+        def chain(x_name: str, suffix: str) -> tuple[list[onnx.NodeProto], str] | None:
+            nodes, names, current = [], {}, x_name
+            for k, n in enumerate([conv, *tail]):
+                ins = []
+                for slot, i in enumerate(n.inputs):
+                    if n is conv and slot == 0:
+                        ins.append(x_name)
+                    elif id(i) in names:
+                        ins.append(names[id(i)])
+                    elif not i.name:
+                        ins.append("")
+                    elif (name := const_name(i)) is not None:
+                        ins.append(name)
+                    else:
+                        return None
+                current = f"n{k}{suffix}"
+                names[id(n.outputs[0])] = current
+                nodes.append(helper.make_node(n.op, ins, [current], **n.attrs))
+            return nodes, current
+
+        whole = chain("x", "")
+        if whole is None:
+            return "the Conv's weights are not constants, so its chunks cannot be checked"
+        nodes, parts, r0, kh = list(whole[0]), [], 0, xs[2] // block.rows
+        inits.append(onnx.numpy_helper.from_array(np.array([2], np.int64), "axis"))
+        for c, rows in enumerate(counts):
+            inits += [onnx.numpy_helper.from_array(np.array([r0 * kh], np.int64), f"b{c}"),
+                      onnx.numpy_helper.from_array(np.array([(r0 + rows) * kh], np.int64), f"e{c}")]
+            nodes.append(helper.make_node("Slice", ["x", f"b{c}", f"e{c}", "axis"], [f"x{c}"]))
+            part_nodes, part = chain(f"x{c}", f"_{c}")
+            nodes += part_nodes
+            parts.append(part)
+            r0 += rows
+        nodes.append(helper.make_node("Concat", parts, ["split"], axis=2))
+        model = helper.make_model(helper.make_graph(
+            nodes, "conv_split_check", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, xs)],
+            [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, out_shape) for n in (whole[1], "split")],
+            inits), opset_imports=[helper.make_opsetid("", 17)])
+        feed = {"x": np.random.default_rng(0).standard_normal(xs, dtype=np.float32)}
+        for level in (ort.GraphOptimizationLevel.ORT_DISABLE_ALL, ort.GraphOptimizationLevel.ORT_ENABLE_ALL):
+            so = ort.SessionOptions()
+            so.graph_optimization_level = level
+            a, b = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(
+                None, feed)
+            if a.tobytes() != b.tobytes():
+                return (f"its {len(counts)} row chunks do not give the whole Conv's bytes on ORT CPU (max diff "
+                        f"{float(np.abs(a - b).max()):.2g}; the kernel's summation order depends on the number of "
+                        "output pixels it is given)")
+        return None
 
     def _chunk(self, ctx: Context, block: Block, shapes: Shapes, c: int, r0: int, r1: int) -> gs.Tensor:
         mapped: dict[str, gs.Tensor] = {}
