@@ -50,8 +50,8 @@ class Options:
 class NameScope:
     """Fresh, deterministic names derived from an original node's name, never colliding with existing ones."""
 
-    def __init__(self, graph: gs.Graph) -> None:
-        self.used: set[str] = {n.name for n in graph.nodes} | set(graph.tensors().keys())
+    def __init__(self, graph: gs.Graph, reserved: set[str] | None = None) -> None:
+        self.used: set[str] = {n.name for n in graph.nodes} | set(graph.tensors().keys()) | (reserved or set())
 
     def fresh(self, base: str) -> str:
         name, k = base, 1
@@ -69,11 +69,12 @@ class Context:
     graph: gs.Graph
     types: TypeInfo
     options: Options = field(default_factory=Options)
+    reserved: set[str] | None = None  # names taken outside `graph` (the rest of the model, when `graph` is a region)
     names: NameScope = field(init=False)
     _prover: RangeProver | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
-        self.names = NameScope(self.graph)
+        self.names = NameScope(self.graph, self.reserved)
 
     @property
     def prover(self) -> RangeProver:

@@ -6,6 +6,7 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 
+import onnx
 import onnx_graphsurgeon as gs
 
 from .pipeline import REFUSED, REWRITTEN, REWRITTEN_UNPROVEN, Action
@@ -15,7 +16,9 @@ REPORT_VERSION = 1
 _ALWAYS_SHOWN = ("GatherND", "GatherElements", "Sum", "Gather")
 
 
-def op_histogram(graph: gs.Graph) -> dict[str, int]:
+def op_histogram(graph: gs.Graph | onnx.ModelProto) -> dict[str, int]:
+    if isinstance(graph, onnx.ModelProto):
+        return dict(sorted(Counter(n.op_type for n in graph.graph.node).items()))
     return dict(sorted(Counter(n.op for n in graph.nodes).items()))
 
 

@@ -4,22 +4,26 @@ atomic save -> report. The CLI and the Python API both call `patch` and `inspect
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+
+import onnx
+import onnx_graphsurgeon as gs
 
 from .errors import SurgeonError, VerificationError
 from .model_io import (
+    Weights,
+    check_and_infer,
     check_external_output,
     check_model,
     check_output_path,
     copy_atomic,
     export_graph,
     import_graph,
-    infer_value_types,
     load_model,
     save_model_atomic,
     split_weights,
     stubbed_copy,
-    weightless,
 )
 from .passes.gather_elements import LowerGatherElements
 from .passes.gathernd import LowerGatherND
@@ -27,6 +31,7 @@ from .passes.residency import NarrowIndexChains
 from .passes.split import SplitBlocks
 from .passes.sum_chain import ChainSum
 from .pipeline import Context, Options, run_passes
+from .region import Region, find_region, region_model, splice
 from .report import PatchReport, op_histogram
 from .verify import verify as verify_models
 
@@ -39,33 +44,43 @@ def default_passes() -> list:
     return [LowerGatherND(), LowerGatherElements(), NarrowIndexChains(), ChainSum(), SplitBlocks()]
 
 
-def _run(model_path: str | Path, options: Options):
-    model, _, graph, before, actions = _run_stored(model_path, options)
-    return model, graph, before, actions
-
-
-def _run_stored(model_path: str | Path, options: Options):
+def _run(model_path: str | Path, options: Options) -> Lifted:
     """Load, check and prove/rewrite, never copying weights: checker and shape inference see a weight-less copy,
-    the graph holds stored weights as lazy constants (see model_io). Also returns the model's `Weights`."""
+    only the deform regions are lifted into a graph (see region.py), stored weights as lazy constants."""
     model = load_model(model_path)
     weights = split_weights(model, Path(model_path).parent)
-    skeleton = weightless(model, weights)
-    check_model(skeleton, model_path, weights)
-    graph = import_graph(model, weights)
-    ctx = Context(graph, infer_value_types(skeleton, weights), options)
-    before = op_histogram(graph)
+    types = check_and_infer(model, model_path, weights)
+    region = find_region(model)
+    sub = region_model(model, region, types, set(weights.tensors))
+    graph = import_graph(sub, weights)
+    ctx = Context(graph, types, options, reserved=region.names)
     actions = run_passes(ctx, default_passes())
-    return model, weights, graph, before, actions
+    return Lifted(model, weights, region, sub, graph, actions)
+
+
+@dataclass
+class Lifted:
+    model: onnx.ModelProto
+    weights: Weights
+    region: Region
+    sub: onnx.ModelProto
+    graph: gs.Graph
+    actions: list
+
+    def patched(self) -> onnx.ModelProto:
+        """The whole model with the rewritten region spliced in (stored weights as stubs, see model_io)."""
+        self.graph.cleanup().toposort()
+        sub = export_graph(self.graph, self.sub, self.weights)
+        return splice(self.model, self.region, sub, set(self.weights.tensors), self.weights.stubbed)
 
 
 def inspect(model_path: str | Path, *, allow_unproven: bool = False, sum_mode: str | None = None,
             max_buffer: int | None = None) -> PatchReport:
     """Dry run: what `patch` would rewrite or refuse, and why. Writes nothing."""
     options = _options(allow_unproven, sum_mode, max_buffer)
-    _, graph, before, actions = _run(model_path, options)
-    graph.cleanup().toposort()
-    return PatchReport(str(model_path), None, False, vars(options), before, op_histogram(graph), actions,
-                       note="inspect: dry run, nothing written")
+    lifted = _run(model_path, options)
+    return PatchReport(str(model_path), None, False, vars(options), op_histogram(lifted.model),
+                       op_histogram(lifted.patched()), lifted.actions, note="inspect: dry run, nothing written")
 
 
 def patch(model_path: str | Path, output_path: str | Path | None = None, *, allow_unproven: bool = False,
@@ -88,7 +103,8 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
         check_output_path(output_path, [model_path])
     stage = progress or (lambda _: None)
     stage("prove")
-    model, weights, graph, before, actions = _run_stored(model_path, options)
+    lifted = _run(model_path, options)
+    model, weights, actions, before = lifted.model, lifted.weights, lifted.actions, op_histogram(lifted.model)
     if output_path is not None:
         check_external_output(output_path, model_path, weights)
     report = PatchReport(str(model_path), None if output_path is None else str(output_path), False,
@@ -111,9 +127,8 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
         return report
 
     stage("export")
-    graph.cleanup().toposort()
-    report.ops_after = op_histogram(graph)
-    patched = export_graph(graph, model, weights)
+    patched = lifted.patched()
+    report.ops_after = op_histogram(patched)
     check_model(patched, output_path or f"{model_path} (patched)", weights)
     if output_path is None:
         return report

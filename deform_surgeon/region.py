@@ -1,0 +1,274 @@
+"""Lift only the deformable-conv regions of a model into onnx-graphsurgeon, and splice the result back.
+
+Why: a BiRefNet-scale model has about 19,000 nodes, of which the deform blocks are a few hundred. Importing all of
+them into onnx-graphsurgeon, cleaning up, sorting and exporting them again cost about three times the plain
+`onnx.load` + `onnx.save` of the model (issue 5), while every pass only ever looks at the blocks.
+
+What: the region is every node reachable forward from a pass's anchors (`Floor` of the sampling coordinates, the
+gathers) up to and including the Conv that consumes the sampled values and the per-channel ops right after it
+(bias Add, BatchNormalization, activation: the split pass carries its chunks through them), every `Sum`, plus the
+nodes that compute their inputs, walked backward a few steps through anything but heavy ops. The region becomes a
+model of its own: tensors it reads from outside are its graph inputs (typed from the whole model's shape
+inference), tensors read outside it or by the graph's outputs are its graph outputs.
+
+Why that is exact: the passes see the region's outside inputs as tensors they know nothing about but type and
+shape, so whatever they prove on the region holds for any values those tensors take, in particular the real ones;
+and every tensor the rest of the model reads keeps its name and its producer's meaning (the graph interface of
+the region is preserved by graph-surgeon's cleanup, which never removes graph outputs). A region that is too small
+can only make a proof fail (the rewrite is refused with its reason), never make a wrong one.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import onnx
+
+ANCHORS = {"Floor", "GatherND", "GatherElements"}  # walked forward to their Conv
+LOCAL = {"Sum"}  # rewritten where they stand
+FORWARD_LIMIT = 2000  # nodes forward of one anchor before it is taken for something other than a deform block
+BACKWARD_STEPS = 6
+HEAVY = {"Conv", "ConvTranspose", "MatMul", "Gemm", "Attention", "MultiHeadAttention", "LSTM", "GRU", "RNN",
+         "Resize", "If", "Loop", "Scan"}
+TAIL = {"Add", "Sub", "Mul", "Div", "BatchNormalization", "Relu", "Sigmoid", "Tanh", "Clip", "LeakyRelu",
+        "Identity"}
+TAIL_STEPS = 4
+_SUBGRAPH = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+
+
+@dataclass
+class Region:
+    """The nodes (indices into `model.graph.node`) the passes see, and the boundary they are cut along."""
+
+    nodes: list[int]
+    inputs: list[str] = field(default_factory=list)  # read from outside the region (not initializers)
+    outputs: list[str] = field(default_factory=list)  # read outside the region, or graph outputs
+    initializers: list[str] = field(default_factory=list)
+    names: set[str] = field(default_factory=set)  # every node and tensor name of the whole model
+
+
+def find_region(model: onnx.ModelProto) -> Region:
+    """The region of `model` the passes need (see the module docstring)."""
+    graph = model.graph
+    nodes = list(graph.node)
+    consumers: dict[str, list[int]] = defaultdict(list)
+    producer: dict[str, int] = {}
+    names: set[str] = set()
+    for k, n in enumerate(nodes):
+        names.add(n.name)
+        for i in n.input:
+            if i:
+                consumers[i].append(k)
+        for o in n.output:
+            if o:
+                producer[o] = k
+                names.add(o)
+    names.update(consumers)
+    names.update(t.name for t in graph.initializer)
+    names.update(t.name for t in graph.input)
+    has_subgraph = {k for k, n in enumerate(nodes) if any(a.type in _SUBGRAPH for a in n.attribute)}
+
+    region: set[int] = set()
+    for k, n in enumerate(nodes):
+        if k in region or n.op_type not in ANCHORS | LOCAL:
+            continue
+        reached = _forward(k, nodes, consumers, has_subgraph) if n.op_type in ANCHORS else {k}
+        region.update(reached if reached is not None else {k})
+    frontier = set(region)
+    for _ in range(BACKWARD_STEPS):
+        step = set()
+        for k in frontier:
+            for i in nodes[k].input:
+                p = producer.get(i)
+                if p is not None and p not in region and p not in has_subgraph and nodes[p].op_type not in HEAVY:
+                    step.add(p)
+        region |= step
+        frontier = step
+        if not frontier:
+            break
+
+    order = sorted(region)
+    produced = {o for k in order for o in nodes[k].output if o}
+    inits = {t.name for t in graph.initializer}
+    read_outside = {i for k, n in enumerate(nodes) if k not in region for i in n.input}
+    for k in has_subgraph:  # tensors of the outer scope read inside an If/Loop/Scan body
+        read_outside.update(_subgraph_reads(nodes[k]))
+    read_outside.update(o.name for o in graph.output)
+    inputs, initializers, seen = [], [], set()
+    for k in order:
+        for i in nodes[k].input:
+            if not i or i in produced or i in seen:
+                continue
+            seen.add(i)
+            (initializers if i in inits else inputs).append(i)
+    outputs = [o for k in order for o in nodes[k].output if o and o in read_outside]
+    return Region(order, inputs, outputs, initializers, names)
+
+
+def _subgraph_reads(node: onnx.NodeProto) -> set[str]:
+    reads: set[str] = set()
+    for a in node.attribute:
+        for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            for n in g.node:
+                reads.update(n.input)
+                reads.update(_subgraph_reads(n))
+            reads.update(o.name for o in g.output)
+    return reads
+
+
+def _forward(start: int, nodes: list[onnx.NodeProto], consumers: dict[str, list[int]],
+             has_subgraph: set[int]) -> set[int] | None:
+    """Nodes forward of `start` up to the Convs reading them (and those Convs' per-channel tails)."""
+    seen = {start}
+    stack = [start]
+    while stack:
+        k = stack.pop()
+        for o in nodes[k].output:
+            for c in consumers.get(o, ()):
+                if c in seen or c in has_subgraph:
+                    continue
+                seen.add(c)
+                if len(seen) > FORWARD_LIMIT:
+                    return None
+                if nodes[c].op_type == "Conv":
+                    seen.update(_tail(c, nodes, consumers))
+                elif nodes[c].op_type not in HEAVY:
+                    stack.append(c)
+    return seen
+
+
+def _tail(conv: int, nodes: list[onnx.NodeProto], consumers: dict[str, list[int]]) -> list[int]:
+    out, k = [], conv
+    for _ in range(TAIL_STEPS):
+        outs = [o for o in nodes[k].output if o]
+        if len(outs) != 1 or len(consumers.get(outs[0], ())) != 1:
+            break
+        k = consumers[outs[0]][0]
+        if nodes[k].op_type not in TAIL:
+            break
+        out.append(k)
+    return out
+
+
+def region_model(model: onnx.ModelProto, region: Region, types: dict, stored: set[str]) -> onnx.ModelProto:
+    """The region as a model of its own. Stored weights (`stored`) become data-less stubs: the importer gives
+    them lazy values read from the original tensors (see model_io.import_graph)."""
+    graph = model.graph
+    sub = onnx.ModelProto()
+    sub.ir_version = model.ir_version
+    sub.opset_import.extend(model.opset_import)
+    sub.functions.extend(model.functions)
+    g = sub.graph
+    g.name = graph.name or "region"
+    g.node.extend(graph.node[k] for k in region.nodes)
+    wanted = set(region.initializers)
+    for t in graph.initializer:
+        if t.name in wanted:
+            if t.name in stored:
+                g.initializer.add().CopyFrom(onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims))
+            else:
+                g.initializer.add().CopyFrom(t)
+    for name in region.inputs:
+        g.input.append(_value_info(name, types))
+    for name in region.outputs:
+        g.output.append(_value_info(name, types))
+    boundary = set(region.inputs) | set(region.outputs)
+    g.value_info.extend(vi for vi in graph.value_info if vi.name not in boundary and vi.name in _tensors(g))
+    return sub
+
+
+def _tensors(g: onnx.GraphProto) -> set[str]:
+    return {o for n in g.node for o in n.output}
+
+
+def _value_info(name: str, types: dict) -> onnx.ValueInfoProto:
+    if name not in types:
+        return onnx.ValueInfoProto(name=name)
+    elem, shape = types[name]
+    return onnx.helper.make_tensor_value_info(name, elem, None if shape is None else list(shape))
+
+
+def splice(model: onnx.ModelProto, region: Region, patched: onnx.ModelProto, stored: set[str],
+           stubbed: set[str]) -> onnx.ModelProto:
+    """`model` with the region's nodes replaced by `patched`'s, in a topological order that keeps every other
+    node where it was. Initializers no node reads any more are dropped; stored weights (`stored`) are carried as
+    data-less stubs (their names are added to `stubbed`) for `model_io.save_model_atomic` to write."""
+    graph = model.graph
+    inside = set(region.nodes)
+    keep = [n for k, n in enumerate(graph.node) if k not in inside]
+    first = region.nodes[0] if region.nodes else 0
+    keys = [float(k) for k, _ in enumerate(graph.node) if k not in inside]
+    new = list(patched.graph.node)
+    keys += [first + (j + 1) / (len(new) + 1) for j in range(len(new))]
+    nodes = _toposort(keep + new, keys)
+
+    out = onnx.ModelProto()
+    for fd, value in model.ListFields():
+        if fd.name != "graph":
+            _set(out, fd, value)
+    g = out.graph
+    for fd, value in graph.ListFields():
+        if fd.name not in ("node", "initializer", "value_info"):
+            _set(g, fd, value)
+    g.node.extend(nodes)
+    read = {i for n in nodes for i in n.input} | {o.name for o in graph.output}
+    replaced = {t.name: t for t in patched.graph.initializer}
+    for t in graph.initializer:
+        if t.name not in read:
+            continue
+        if t.name in replaced and t.name not in stubbed:
+            g.initializer.add().CopyFrom(replaced.pop(t.name))
+            continue
+        replaced.pop(t.name, None)
+        if t.name in stored:
+            g.initializer.add().CopyFrom(onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims))
+            stubbed.add(t.name)
+        else:
+            g.initializer.add().CopyFrom(t)
+    g.initializer.extend(t for t in patched.graph.initializer if t.name in replaced and t.name in read)
+    produced = {o for n in nodes for o in n.output}
+    boundary = {o.name for o in graph.output} | {i.name for i in graph.input}
+    infos = {vi.name: vi for vi in graph.value_info if vi.name in produced}
+    for vi in patched.graph.value_info:
+        if vi.name in produced and vi.name not in boundary:
+            infos.setdefault(vi.name, vi)
+    g.value_info.extend(infos.values())
+    return out
+
+
+def _set(dst, fd, value) -> None:
+    repeated = fd.is_repeated if hasattr(fd, "is_repeated") else fd.label == fd.LABEL_REPEATED
+    if repeated:
+        getattr(dst, fd.name).extend(value)
+    elif fd.message_type is not None:
+        getattr(dst, fd.name).CopyFrom(value)
+    else:
+        setattr(dst, fd.name, value)
+
+
+def _toposort(nodes: list[onnx.NodeProto], keys: list[float]) -> list[onnx.NodeProto]:
+    """Kahn's algorithm, always taking the ready node with the smallest key: untouched nodes keep their order."""
+    producer = {o: k for k, n in enumerate(nodes) for o in n.output if o}
+    waiting = [0] * len(nodes)
+    users: dict[int, list[int]] = defaultdict(list)
+    for k, n in enumerate(nodes):
+        deps = {producer[i] for i in n.input if i in producer}
+        deps.discard(k)
+        waiting[k] = len(deps)
+        for d in deps:
+            users[d].append(k)
+    ready = [(keys[k], k) for k in range(len(nodes)) if waiting[k] == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, k = heapq.heappop(ready)
+        order.append(nodes[k])
+        for u in users.get(k, ()):
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                heapq.heappush(ready, (keys[u], u))
+    if len(order) != len(nodes):
+        raise ValueError("the patched model has a cycle")
+    return order
