@@ -111,6 +111,21 @@ def check_and_infer(model: onnx.ModelProto, path: str | Path, weights: Weights) 
     return TypeTable(inferred.graph)
 
 
+def check_spliced(model: onnx.ModelProto, region: onnx.ModelProto, path: str | Path, weights: Weights) -> None:
+    """onnx.checker's full check of a model whose only changed part is `region` (see region.py).
+
+    A full check is the plain check plus strict shape inference. The plain check runs on the whole model (graph
+    structure, names, topological order, attributes); strict inference runs on the region alone, whose inputs
+    and outputs are declared with the types and shapes inferred on the input model: every node outside the
+    region reads exactly what it read before, and the input model passed its own strict inference.
+    """
+    try:
+        onnx.checker.check_model(weightless(model, weights))
+        onnx.shape_inference.infer_shapes(weightless(region, weights), check_type=True, strict_mode=True)
+    except Exception as exc:
+        raise SurgeonError(path, f"fails onnx.checker: {_first_line(exc)}") from None
+
+
 class TypeTable(Mapping):
     """tensor name -> (element type, shape or None), decoded from the inferred graph only when asked (a 19,000-node
     model has some 80,000 entries, of which the passes read a few hundred)."""

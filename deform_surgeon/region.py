@@ -254,7 +254,8 @@ def _toposort(nodes: list[onnx.NodeProto], keys: list[float]) -> list[onnx.NodeP
     waiting = [0] * len(nodes)
     users: dict[int, list[int]] = defaultdict(list)
     for k, n in enumerate(nodes):
-        deps = {producer[i] for i in n.input if i in producer}
+        reads = n.input if not any(a.type in _SUBGRAPH for a in n.attribute) else [*n.input, *_subgraph_reads(n)]
+        deps = {producer[i] for i in reads if i in producer}
         deps.discard(k)
         waiting[k] = len(deps)
         for d in deps:

@@ -15,8 +15,8 @@ from .model_io import (
     Weights,
     check_and_infer,
     check_external_output,
-    check_model,
     check_output_path,
+    check_spliced,
     copy_atomic,
     export_graph,
     import_graph,
@@ -66,12 +66,13 @@ class Lifted:
     sub: onnx.ModelProto
     graph: gs.Graph
     actions: list
+    patched_region: onnx.ModelProto | None = None
 
     def patched(self) -> onnx.ModelProto:
         """The whole model with the rewritten region spliced in (stored weights as stubs, see model_io)."""
         self.graph.cleanup().toposort()
-        sub = export_graph(self.graph, self.sub, self.weights)
-        return splice(self.model, self.region, sub, set(self.weights.tensors), self.weights.stubbed)
+        self.patched_region = export_graph(self.graph, self.sub, self.weights)
+        return splice(self.model, self.region, self.patched_region, set(self.weights.tensors), self.weights.stubbed)
 
 
 def inspect(model_path: str | Path, *, allow_unproven: bool = False, sum_mode: str | None = None,
@@ -129,7 +130,7 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
     stage("export")
     patched = lifted.patched()
     report.ops_after = op_histogram(patched)
-    check_model(patched, output_path or f"{model_path} (patched)", weights)
+    check_spliced(patched, lifted.patched_region, output_path or f"{model_path} (patched)", weights)
     if output_path is None:
         return report
 

@@ -134,3 +134,22 @@ def test_splice_refuses_a_cycle():
     sub.graph.node.extend([helper.make_node("Identity", ["y"], ["s"], name="loop")])  # y is computed from s
     with pytest.raises(ValueError, match="cycle"):
         splice(model, region, sub, set(), set())
+
+
+def test_the_check_of_a_spliced_model_sees_a_region_output_change_type():
+    """check_spliced = plain checker on the whole model + strict inference on the region with its declared
+    boundary: a region whose output changes type must fail it (the plain checker alone would not notice)."""
+    from deform_surgeon.errors import SurgeonError
+    from deform_surgeon.model_io import Weights, check_spliced, infer_value_types
+    from deform_surgeon.region import region_model
+
+    model = _boundary_model()
+    region = find_region(model)
+    sub = region_model(model, region, infer_value_types(model), set())
+    check_spliced(splice(model, region, sub, set(), set()), sub, "boundary.onnx", Weights(None))  # unchanged: ok
+    del sub.graph.node[-1]
+    sub.graph.node.append(helper.make_node("Cast", ["r"], ["s"], name="sum4_as_int", to=TensorProto.INT64))
+    spliced = splice(model, region, sub, set(), set())
+    onnx.checker.check_model(spliced)  # the plain check passes
+    with pytest.raises(SurgeonError, match=r"^boundary.onnx: fails onnx.checker: .*"):
+        check_spliced(spliced, sub, "boundary.onnx", Weights(None))
