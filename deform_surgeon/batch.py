@@ -229,6 +229,7 @@ def _work(number: int, entry: dict, messages) -> None:
             val_range = None
     verify_options = {k: options.pop(k, None) for k in ("iterations", "seed", "opt_level")}
     verify_options["val_range"] = val_range
+    verify_options["threads"] = entry.get("threads")
     messages.put(("stage", number, "start"))
     try:
         report = patch(entry["input"], entry["output"], progress=lambda s: messages.put(("stage", number, s)),
@@ -246,7 +247,9 @@ def _context():
     methods = multiprocessing.get_all_start_methods()
     if "forkserver" in methods:
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["deform_surgeon.surgeon"])
+        # every worker is forked from a server that has imported the patch and verify stacks once
+        ctx.set_forkserver_preload(["deform_surgeon.surgeon", "deform_surgeon.verify", "onnxruntime",
+                                    "polygraphy.backend.onnxrt", "polygraphy.comparator"])
         return ctx
     return multiprocessing.get_context("spawn")
 
@@ -268,8 +271,10 @@ def run(entries: list[Entry], jobs: int, progress: Progress | None = None) -> fl
         while todo or running:
             while todo and len(running) < jobs:
                 e = todo.pop(0)
+                threads = None if jobs == 1 else max(1, (os.cpu_count() or 1) // jobs)  # no oversubscription
                 proc = ctx.Process(target=_work, args=(e.number, {"input": e.input, "output": e.output,
-                                                                   "options": e.options}, messages), daemon=True)
+                                                                   "options": e.options, "threads": threads},
+                                                       messages), daemon=True)
                 proc.start()
                 e.stage, e.status, e.ran = "start", "running", True
                 running[e.number] = (e, proc, time.perf_counter())

@@ -97,9 +97,12 @@ def default_val_ranges(model_path: str | Path, given: dict[str, tuple[float, flo
 
 def verify(original: str | Path, patched: str | Path, *, iterations: int | None = None, seed: int | None = None,
            val_range: dict[str, tuple[float, float]] | None = None, opt_level: str | None = None,
-           quiet: bool = True) -> VerifyResult:
-    """Run both models on the same seeded inputs on ORT CPU and compare every output byte for byte."""
-    from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
+           quiet: bool = True, threads: int | None = None) -> VerifyResult:
+    """Run both models on the same seeded inputs on ORT CPU and compare every output byte for byte.
+
+    `threads`: ORT intra-op threads per session (None: ORT's default, one per core); `batch` gives each of its
+    parallel workers its share of the cores."""
+    from polygraphy.backend.onnxrt import OnnxrtRunner
     from polygraphy.comparator import Comparator, DataLoader
     from polygraphy.comparator.compare import SimpleCompareFunc
     from polygraphy.logger import G_LOGGER
@@ -126,12 +129,15 @@ def verify(original: str | Path, patched: str | Path, *, iterations: int | None 
         onnxruntime.set_default_logger_severity(4)
     try:
         level = _ort_level(opt_level)
-        runners = [
-            OnnxrtRunner(SessionFromOnnx(str(original), providers=["cpu"], graph_optimization_level=level),
-                         name="original"),
-            OnnxrtRunner(SessionFromOnnx(str(patched), providers=["cpu"], graph_optimization_level=level),
-                         name="patched"),
-        ]
+
+        def session(path: str | Path):
+            options = onnxruntime.SessionOptions()
+            options.graph_optimization_level = level
+            if threads is not None:
+                options.intra_op_num_threads = threads
+            return lambda: onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+        runners = [OnnxrtRunner(session(original), name="original"), OnnxrtRunner(session(patched), name="patched")]
         results = None
         for runner, path in zip(runners, (original, patched), strict=True):
             try:  # one runner at a time, so a model that cannot run is named

@@ -81,6 +81,25 @@ def test_exporter_fixture_and_its_patch_pass(tmp_path):
     assert verify(FIXTURES / "gathernd_b2g2.onnx", patched).identical
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_threads_sets_the_sessions_intra_op_threads(tmp_path, threads, monkeypatch):
+    """batch gives each worker its share of the cores; the sessions verify builds must get it."""
+    import onnxruntime
+
+    made = []
+    real = onnxruntime.InferenceSession
+
+    def spy(path, options=None, **kwargs):
+        made.append(options.intra_op_num_threads)
+        return real(path, options, **kwargs)
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", spy)
+    c = np.full((2, 3), ONE, np.float32)
+    a = constant_output(tmp_path, "a", c)
+    assert verify(a, a, threads=threads).identical
+    assert made == [threads, threads]
+
+
 def test_one_ulp_fails_and_is_located(tmp_path):
     c = np.full((2, 3), ONE, np.float32)
     c_ulp = c.copy()
