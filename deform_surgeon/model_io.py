@@ -333,8 +333,8 @@ def weightless(model: onnx.ModelProto, weights: Weights) -> onnx.ModelProto:
     if not any(t.name in weights.tensors for t in graph.initializer):
         return model
     out = onnx.ModelProto()
-    _copy_fields(model, out, skip={"graph"})
-    _copy_fields(graph, out.graph, skip={"initializer"})
+    copy_fields(model, out, skip={"graph"})
+    copy_fields(graph, out.graph, skip={"initializer"})
     declared = {i.name for i in graph.input}
     for t in graph.initializer:
         original = weights.tensors.get(t.name)
@@ -516,7 +516,7 @@ def _nested_external(graph: onnx.GraphProto, top: bool = True) -> bool:
     return False
 
 
-def _copy_fields(src, dst, skip: set[str]) -> None:
+def copy_fields(src, dst, skip: set[str]) -> None:
     """Copy every set field of one protobuf message into another of the same type, except those in `skip`."""
     for fd, value in src.ListFields():
         if fd.name in skip:
@@ -551,7 +551,7 @@ def _write_model(head: onnx.ModelProto, embedded: list[onnx.TensorProto], path: 
         total = len(pieces[0])
     else:
         top = onnx.ModelProto()
-        _copy_fields(head, top, skip={"graph"})
+        copy_fields(head, top, skip={"graph"})
         top_bytes, graph_bytes = top.SerializeToString(), head.graph.SerializeToString()
         init_key = _key(onnx.GraphProto, "initializer")
         sizes = [t.ByteSize() for t in embedded]
@@ -735,8 +735,8 @@ class FastGraph(gs.Graph):
 def stubbed_copy(model: onnx.ModelProto, weights: Weights) -> onnx.ModelProto:
     """A copy of `model` with its stored weights as stubs (for `save_model_atomic(..., weights=weights)`)."""
     out = onnx.ModelProto()
-    _copy_fields(model, out, skip={"graph"})
-    _copy_fields(model.graph, out.graph, skip={"initializer"})
+    copy_fields(model, out, skip={"graph"})
+    copy_fields(model.graph, out.graph, skip={"initializer"})
     for t in model.graph.initializer:
         if t.name in weights.tensors:
             out.graph.initializer.add().CopyFrom(onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims))

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 
 import onnx
 
+from .model_io import copy_fields
+
 ANCHORS = {"Floor", "GatherND", "GatherElements"}  # walked forward to their Conv
 LOCAL = {"Sum"}  # rewritten where they stand
 FORWARD_LIMIT = 2000  # nodes forward of one anchor before it is taken for something other than a deform block
@@ -205,13 +207,9 @@ def splice(model: onnx.ModelProto, region: Region, patched: onnx.ModelProto, sto
     nodes = _toposort(keep + new, keys)
 
     out = onnx.ModelProto()
-    for fd, value in model.ListFields():
-        if fd.name != "graph":
-            _set(out, fd, value)
+    copy_fields(model, out, skip={"graph"})
     g = out.graph
-    for fd, value in graph.ListFields():
-        if fd.name not in ("node", "initializer", "value_info"):
-            _set(g, fd, value)
+    copy_fields(graph, g, skip={"node", "initializer", "value_info"})
     g.node.extend(nodes)
     read = {i for n in nodes for i in n.input} | {o.name for o in graph.output}
     replaced = {t.name: t for t in patched.graph.initializer}
@@ -236,16 +234,6 @@ def splice(model: onnx.ModelProto, region: Region, patched: onnx.ModelProto, sto
             infos.setdefault(vi.name, vi)
     g.value_info.extend(infos.values())
     return out
-
-
-def _set(dst, fd, value) -> None:
-    repeated = fd.is_repeated if hasattr(fd, "is_repeated") else fd.label == fd.LABEL_REPEATED
-    if repeated:
-        getattr(dst, fd.name).extend(value)
-    elif fd.message_type is not None:
-        getattr(dst, fd.name).CopyFrom(value)
-    else:
-        setattr(dst, fd.name, value)
 
 
 def _toposort(nodes: list[onnx.NodeProto], keys: list[float]) -> list[onnx.NodeProto]:
