@@ -52,6 +52,9 @@ import torchvision.ops
 from onnxconverter_common import float16
 from torch import nn
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from exporter_replica import canonicalize as replica_canonicalize  # noqa: E402 (torch-free)
+
 # Must happen before the exporter is imported: it imports JitScalarType from the pre-2.14 location.
 sys.modules.setdefault("torch.onnx._type_utils", _moved_type_utils)
 torch.onnx._type_utils = _moved_type_utils  # type: ignore[attr-defined]
@@ -371,33 +374,7 @@ def canonicalize(model: onnx.ModelProto) -> onnx.ModelProto:
     produces byte-deterministically here, so determinism is preserved.  ``producer_version`` (``2.14.1``)
     stays: it is pinned by the ``fixtures`` extra and documents what made the file.
     """
-    g = model.graph
-    keep = {i.name for i in g.input} | {o.name for o in g.output}
-    keep |= {t.name for t in g.initializer if not t.name.startswith("onnx::")}
-    rename: dict[str, str] = {}
-
-    def short(old: str) -> str:
-        if old == "" or old in keep:
-            return old
-        if old not in rename:
-            rename[old] = f"t_{len(rename)}"
-        return rename[old]
-
-    for tensor in g.initializer:
-        tensor.name = short(tensor.name)
-        tensor.doc_string = ""
-    for i, node in enumerate(g.node):
-        node.name = f"{node.op_type}_{i}"
-        node.doc_string = ""
-        for j, name in enumerate(node.input):
-            node.input[j] = short(name)
-        for j, name in enumerate(node.output):
-            node.output[j] = short(name)
-    for vi in g.value_info:
-        vi.name = short(vi.name)
-    model.doc_string = ""
-    g.doc_string = ""
-    return model
+    return replica_canonicalize(model)  # one implementation: the torch-free replica rebuilds fixtures with it
 
 
 def to_fp16(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -390,7 +390,8 @@ def deform_conv_model(batch: int = 1, channels: int = 4, planes: int = 3, k: int
 
 
 def canonicalize(model: onnx.ModelProto) -> onnx.ModelProto:
-    """make_fixtures.canonicalize: nodes `<Op>_<i>`, unnamed values `t_<n>` in order of first appearance."""
+    """Nodes `<Op>_<i>`, unnamed values `t_<n>` in order of first appearance (scripts/make_fixtures.py's
+    `canonicalize` calls this one; its docstring says why)."""
     g = model.graph
     keep = {i.name for i in g.input} | {o.name for o in g.output}
     keep |= {t.name for t in g.initializer if not t.name.startswith("onnx::")}
