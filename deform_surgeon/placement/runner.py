@@ -427,34 +427,12 @@ def measure_placement(
             _write_inputs(io_dir, feeds)
         out_json = tmp / "result.json"
         log_path = tmp / "ort.log"
-        if runtime == "node":
-            cmd = [
-                "node",
-                str(PKG_DIR / "ort_node_harness.mjs"),
-                "--model",
-                str(model.resolve()),
-                "--out",
-                str(out_json),
-            ]
-        else:
-            cmd = [
-                "node",
-                str(PKG_DIR / "browser_harness.mjs"),
-                "--model",
-                str(model.resolve()),
-                "--out",
-                str(out_json),
-                "--bundle",
-                str(bundle),
-                "--chromium",
-                str(CHROMIUM),
-                "--user-data-dir",
-                str(tmp / "chromium-profile"),
-                "--external",
-                json.dumps(external_data_files(header)),
-                "--jsep-debug",
-                "1" if jsep_debug else "0",
-            ]
+        harness = "ort_node_harness.mjs" if runtime == "node" else "browser_harness.mjs"
+        cmd = ["node", str(PKG_DIR / harness), "--model", str(model.resolve()), "--out", str(out_json)]
+        if runtime != "node":
+            cmd += ["--bundle", str(bundle), "--chromium", str(CHROMIUM), "--user-data-dir",
+                    str(tmp / "chromium-profile"), "--external", json.dumps(external_data_files(header)),
+                    "--jsep-debug", "1" if jsep_debug else "0"]
         if run:
             cmd += ["--io", str(io_dir), "--run"]
         cmd.append("--watch-stdin")
