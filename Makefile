@@ -10,7 +10,7 @@ OUT   ?= $(if $(MODEL),$(basename $(MODEL)).patched.onnx,)
 ARGS  ?=
 PYTEST_ARGS ?=
 
-.PHONY: help install demo patch batch verify inspect test test-fast lint fixtures webgpu-setup placement clean
+.PHONY: help install demo patch batch verify inspect test test-fast lint fixtures webgpu-setup placement budget split-1024 bench clean
 
 help:
 	@echo "make demo                      install, patch + verify the default 1024x1024 model, print the report"
@@ -20,6 +20,9 @@ help:
 	@echo "make verify MODEL=a OUT=b      compare two models on ORT CPU, zero tolerance + exact bytes"
 	@echo "make inspect MODEL=m.onnx      dry run: what would be rewritten or refused, and why"
 	@echo "make placement MODEL=m.onnx    where ORT's WebGPU EP places the nodes (ARGS='--runtime browser')"
+	@echo "make budget MODEL=m.onnx       tensors over the WebGPU buffer limits (ARGS='--max-buffer 256MiB')"
+	@echo "make split-1024                BiRefNet's 64-channel blocks at 1024: split, verify, run on the 3 WebGPU runtimes (~1 h)"
+	@echo "make bench                     patch time / RSS against load+save, 3 GB external model, batch --jobs 2"
 	@echo "make fixtures | lint | webgpu-setup | clean"
 
 $(STAMP): setup.cfg pyproject.toml
@@ -56,6 +59,16 @@ webgpu-setup:
 placement: $(STAMP) webgpu-setup
 	@test -n "$(MODEL)" || { echo "usage: make placement MODEL=path/to/model.onnx [ARGS='--runtime browser --bundle jsep']"; exit 2; }
 	$(BIN)/deform-surgeon placement $(MODEL) $(ARGS)
+
+budget: $(STAMP)
+	@test -n "$(MODEL)" || { echo "usage: make budget MODEL=path/to/model.onnx [ARGS='--max-buffer 256MiB']"; exit 2; }
+	$(BIN)/deform-surgeon budget $(MODEL) $(ARGS)
+
+split-1024: $(STAMP) webgpu-setup
+	$(BIN)/python scripts/split_1024_webgpu.py --original $(ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python scripts/bench_patch.py $(ARGS)
 
 test: $(STAMP) webgpu-setup
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
