@@ -12,19 +12,23 @@ points of output rows `[r0, r1)`. For each chunk of rows the block is rebuilt on
     index [B, G, K*h*w] --(rows r0..r1 of h)--> [B, G, K*hc*w] --Gather--> [B, G, K*hc*w, C] --Transpose,
     Reshape--> [B, G, C, K, hc, w] --Mul by the weights' rows r0..r1, Add chain, Mul by the mask's rows-->
     --Reshape, Transpose, Reshape--> [B, C, hc*kh, w*kw]                          (one per chunk)
-    Concat(chunks, axis=2) = the Conv input [B, C, h*kh, w*kw]                   (the Conv is unchanged)
+    Concat(chunks, axis=2) = the Conv input [B, C, h*kh, w*kw]      (or, see below: per chunk Conv -> Add ->
+                                                                      BatchNorm -> Relu, then Concat)
 
 Exact, by construction: every op carried per chunk is either pure data movement (Gather, Transpose, Reshape,
 Concat, Slice) or elementwise (Mul, Add, Sum, Cast, ...), so each element of each chunk is computed by the same
 operation from the same operands as in the original, and the Concat puts the elements back where they were.
 The gather data itself is never split (a chunk's points may read any row of it).
 
-What is NOT split: the Conv. With kernel == stride it could be cut into the same row chunks, but the order in
-which a Conv kernel sums its `C*kh*kw` products depends on the spatial size it is given (measured on ORT CPU:
-7 row chunks of a 7x7 Conv differ by 2e-6 at graph optimisation level `basic`), so that would not be exact. The
-Concat therefore rebuilds the Conv's input, which keeps the block's full size and remains over the limit when
-the block is larger than the limit; the pass says so in its report line. That tensor is the only full-size one
-left of the block (the chunks are reshaped into the Conv's layout before they are joined).
+The Conv: it stays whole, fed by the Concat, while its input fits the limit (then it is exact by construction).
+When its input is itself over the limit, the Conv (kernel == stride, so each output row reads its own band of
+input rows) is split into the same chunks and the per-channel ops after it (the exporter's bias Add,
+BatchNormalization, Relu) are carried per chunk too, so ORT's Conv+Add / Conv+BatchNorm fusions see the same
+pattern in every chunk; one Concat joins the small outputs. Whether a Conv kernel sums a pixel's C*kh*kw
+products in the same order for fewer output pixels is the implementation's choice (ORT CPU's MLAS picks its K
+blocking from the number of output pixels), so that split is made only after a run of the real shapes on ORT
+CPU, at graph optimisation levels none and all, gives the whole Conv's bytes; otherwise the Conv input stays
+whole and the report says it REMAINS OVER the limit, with the measured difference.
 
 Chunk count: the smallest `n` for which every chunk tensor, with `ceil(h / n)` rows, fits the limit; rows are
 spread evenly (chunk sizes differ by at most one row).
