@@ -21,6 +21,7 @@ can only make a proof fail (the rewrite is refused with its reason), never make 
 from __future__ import annotations
 
 import heapq
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -38,6 +39,7 @@ TAIL = {"Add", "Sub", "Mul", "Div", "BatchNormalization", "Relu", "Sigmoid", "Ta
         "Identity"}
 TAIL_STEPS = 4
 _SUBGRAPH = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+_CONTROL_FLOW = {"If", "Loop", "Scan", "SequenceMap"}  # the standard ops with graph attributes
 
 
 @dataclass
@@ -49,42 +51,46 @@ class Region:
     outputs: list[str] = field(default_factory=list)  # read outside the region, or graph outputs
     initializers: list[str] = field(default_factory=list)
     names: set[str] = field(default_factory=set)  # every node and tensor name of the whole model
+    readers: dict[str, int] = field(default_factory=dict)  # output -> index of the first outside node reading it
+    read_outside: set[str] = field(default_factory=set)  # every tensor read outside the region, or a graph output
 
 
 def find_region(model: onnx.ModelProto) -> Region:
     """The region of `model` the passes need (see the module docstring)."""
     graph = model.graph
     nodes = list(graph.node)
+    ins = [list(n.input) for n in nodes]  # plain lists: protobuf field access is the cost on 19,000 nodes
+    outs = [list(n.output) for n in nodes]
+    ops = [n.op_type for n in nodes]
     consumers: dict[str, list[int]] = defaultdict(list)
     producer: dict[str, int] = {}
-    names: set[str] = set()
-    for k, n in enumerate(nodes):
-        names.add(n.name)
-        for i in n.input:
-            if i:
-                consumers[i].append(k)
-        for o in n.output:
-            if o:
-                producer[o] = k
-                names.add(o)
-    names.update(consumers)
+    for k, names_in in enumerate(ins):
+        for i in names_in:
+            consumers[i].append(k)
+    for k, names_out in enumerate(outs):
+        for o in names_out:
+            producer[o] = k
+    consumers.pop("", None)
+    producer.pop("", None)
+    names = {n.name for n in nodes} | consumers.keys() | producer.keys()
     names.update(t.name for t in graph.initializer)
     names.update(t.name for t in graph.input)
-    has_subgraph = {k for k, n in enumerate(nodes) if any(a.type in _SUBGRAPH for a in n.attribute)}
+    has_subgraph = {k for k, n in enumerate(nodes) if (ops[k] in _CONTROL_FLOW or n.domain not in ("", "ai.onnx"))
+                    and any(a.type in _SUBGRAPH for a in n.attribute)}
 
     region: set[int] = set()
-    for k, n in enumerate(nodes):
-        if k in region or n.op_type not in ANCHORS | LOCAL:
+    for k, op in enumerate(ops):
+        if k in region or op not in ANCHORS | LOCAL:
             continue
-        reached = _forward(k, nodes, consumers, has_subgraph) if n.op_type in ANCHORS else {k}
+        reached = _forward(k, ops, outs, consumers, has_subgraph) if op in ANCHORS else {k}
         region.update(reached if reached is not None else {k})
     frontier = set(region)
     for _ in range(BACKWARD_STEPS):
         step = set()
         for k in frontier:
-            for i in nodes[k].input:
+            for i in ins[k]:
                 p = producer.get(i)
-                if p is not None and p not in region and p not in has_subgraph and nodes[p].op_type not in HEAVY:
+                if p is not None and p not in region and p not in has_subgraph and ops[p] not in HEAVY:
                     step.add(p)
         region |= step
         frontier = step
@@ -92,21 +98,27 @@ def find_region(model: onnx.ModelProto) -> Region:
             break
 
     order = sorted(region)
-    produced = {o for k in order for o in nodes[k].output if o}
+    produced = {o for k in order for o in outs[k] if o}
     inits = {t.name for t in graph.initializer}
-    read_outside = {i for k, n in enumerate(nodes) if k not in region for i in n.input}
-    for k in has_subgraph:  # tensors of the outer scope read inside an If/Loop/Scan body
-        read_outside.update(_subgraph_reads(nodes[k]))
-    read_outside.update(o.name for o in graph.output)
+    first_reader: dict[str, int] = {}  # the first node outside the region that reads a tensor
+    for k, names_in in enumerate(ins):
+        if k not in region:
+            for i in names_in:
+                first_reader.setdefault(i, k)
+    for k in sorted(has_subgraph - region):  # tensors of the outer scope read inside an If/Loop/Scan body
+        for i in _subgraph_reads(nodes[k]):
+            first_reader[i] = min(first_reader.get(i, k), k)
+    read_outside = set(first_reader) | {o.name for o in graph.output}
     inputs, initializers, seen = [], [], set()
     for k in order:
-        for i in nodes[k].input:
+        for i in ins[k]:
             if not i or i in produced or i in seen:
                 continue
             seen.add(i)
             (initializers if i in inits else inputs).append(i)
-    outputs = [o for k in order for o in nodes[k].output if o and o in read_outside]
-    return Region(order, inputs, outputs, initializers, names)
+    outputs = [o for k in order for o in outs[k] if o and o in read_outside]
+    readers = {o: first_reader[o] for o in outputs if o in first_reader}
+    return Region(order, inputs, outputs, initializers, names, readers, read_outside)
 
 
 def _subgraph_reads(node: onnx.NodeProto) -> set[str]:
@@ -120,38 +132,38 @@ def _subgraph_reads(node: onnx.NodeProto) -> set[str]:
     return reads
 
 
-def _forward(start: int, nodes: list[onnx.NodeProto], consumers: dict[str, list[int]],
+def _forward(start: int, ops: list[str], outs: list[list[str]], consumers: dict[str, list[int]],
              has_subgraph: set[int]) -> set[int] | None:
     """Nodes forward of `start` up to the Convs reading them (and those Convs' per-channel tails)."""
     seen = {start}
     stack = [start]
     while stack:
         k = stack.pop()
-        for o in nodes[k].output:
+        for o in outs[k]:
             for c in consumers.get(o, ()):
                 if c in seen or c in has_subgraph:
                     continue
                 seen.add(c)
                 if len(seen) > FORWARD_LIMIT:
                     return None
-                if nodes[c].op_type == "Conv":
-                    seen.update(_tail(c, nodes, consumers))
-                elif nodes[c].op_type not in HEAVY:
+                if ops[c] == "Conv":
+                    seen.update(_tail(c, ops, outs, consumers))
+                elif ops[c] not in HEAVY:
                     stack.append(c)
     return seen
 
 
-def _tail(conv: int, nodes: list[onnx.NodeProto], consumers: dict[str, list[int]]) -> list[int]:
-    out, k = [], conv
+def _tail(conv: int, ops: list[str], outs: list[list[str]], consumers: dict[str, list[int]]) -> list[int]:
+    tail, k = [], conv
     for _ in range(TAIL_STEPS):
-        outs = [o for o in nodes[k].output if o]
-        if len(outs) != 1 or len(consumers.get(outs[0], ())) != 1:
+        names = [o for o in outs[k] if o]
+        if len(names) != 1 or len(consumers.get(names[0], ())) != 1:
             break
-        k = consumers[outs[0]][0]
-        if nodes[k].op_type not in TAIL:
+        k = consumers[names[0]][0]
+        if ops[k] not in TAIL:
             break
-        out.append(k)
-    return out
+        tail.append(k)
+    return tail
 
 
 def region_model(model: onnx.ModelProto, region: Region, types: dict, stored: set[str]) -> onnx.ModelProto:
@@ -198,20 +210,15 @@ def splice(model: onnx.ModelProto, region: Region, patched: onnx.ModelProto, sto
     node where it was. Initializers no node reads any more are dropped; stored weights (`stored`) are carried as
     data-less stubs (their names are added to `stubbed`) for `model_io.save_model_atomic` to write."""
     graph = model.graph
-    inside = set(region.nodes)
-    keep = [n for k, n in enumerate(graph.node) if k not in inside]
-    first = region.nodes[0] if region.nodes else 0
-    keys = [float(k) for k, _ in enumerate(graph.node) if k not in inside]
     new = list(patched.graph.node)
-    keys += [first + (j + 1) / (len(new) + 1) for j in range(len(new))]
-    nodes = _toposort(keep + new, keys)
+    nodes, produced = _order(graph, region, new)
 
     out = onnx.ModelProto()
     copy_fields(model, out, skip={"graph"})
     g = out.graph
     copy_fields(graph, g, skip={"node", "initializer", "value_info"})
     g.node.extend(nodes)
-    read = {i for n in nodes for i in n.input} | {o.name for o in graph.output}
+    read = region.read_outside | {i for n in new for i in n.input}
     replaced = {t.name: t for t in patched.graph.initializer}
     for t in graph.initializer:
         if t.name not in read:
@@ -226,7 +233,6 @@ def splice(model: onnx.ModelProto, region: Region, patched: onnx.ModelProto, sto
         else:
             g.initializer.add().CopyFrom(t)
     g.initializer.extend(t for t in patched.graph.initializer if t.name in replaced and t.name in read)
-    produced = {o for n in nodes for o in n.output}
     boundary = {o.name for o in graph.output} | {i.name for i in graph.input}
     infos = {vi.name: vi for vi in graph.value_info if vi.name in produced}
     for vi in patched.graph.value_info:
@@ -234,6 +240,33 @@ def splice(model: onnx.ModelProto, region: Region, patched: onnx.ModelProto, sto
             infos.setdefault(vi.name, vi)
     g.value_info.extend(infos.values())
     return out
+
+
+def _order(graph: onnx.GraphProto, region: Region, new: list[onnx.NodeProto],
+           ) -> tuple[list[onnx.NodeProto], dict[str, float]]:
+    """The untouched nodes in their order, each new node right after the latest of its producers (new nodes
+    come in `new`'s topological order). That order is valid when every tensor the rest of the model reads from
+    the region is produced before its first reader, which is checked; otherwise Kahn's algorithm decides."""
+    inside = set(region.nodes)
+    key_of: dict[str, float] = {}
+    keep, keys = [], []
+    for k, n in enumerate(graph.node):
+        if k not in inside:
+            keep.append(n)
+            keys.append(float(k))
+            for o in n.output:
+                key_of[o] = k
+    span = len(new) + 1
+    for j, n in enumerate(new):
+        base = max((math.floor(key_of[i]) for i in n.input if i in key_of), default=-1)
+        keys.append(base + (j + 1) / span)
+        for o in n.output:
+            key_of[o] = keys[-1]
+    nodes = keep + new
+    if all(key_of.get(o, -1) < first for o, first in region.readers.items()) and \
+            all(not any(a.type in _SUBGRAPH for a in n.attribute) for n in new):
+        return [nodes[k] for k in sorted(range(len(nodes)), key=keys.__getitem__)], key_of
+    return _toposort(nodes, keys), key_of
 
 
 def _toposort(nodes: list[onnx.NodeProto], keys: list[float]) -> list[onnx.NodeProto]:
