@@ -7,6 +7,8 @@
 // and the Python side labels its answer as a probe, not as the EP's own adapter.
 import { createRequire } from 'node:module';
 
+import { describeAdapter } from './harness_shared.mjs';
+
 const require = createRequire(import.meta.url);
 
 async function main() {
@@ -17,26 +19,7 @@ async function main() {
     process.stdout.write(JSON.stringify({ adapter: null, error: 'requestAdapter() returned null' }) + '\n');
     return;
   }
-  const info = adapter.info || {};
-  const pick = (k) => (info[k] !== undefined ? info[k] : null);
-  const lim = adapter.limits;
-  const out = {
-    source: `webgpu@${require('webgpu/package.json').version} (dawn.node) probe in a separate process`,
-    vendor: pick('vendor'),
-    architecture: pick('architecture'),
-    device: pick('device'),
-    description: pick('description'),
-    isFallbackAdapter: info.isFallbackAdapter ?? adapter.isFallbackAdapter ?? null,
-    features: [...adapter.features].sort(),
-    limits: {
-      maxBufferSize: Number(lim.maxBufferSize),
-      maxStorageBufferBindingSize: Number(lim.maxStorageBufferBindingSize),
-      maxComputeWorkgroupStorageSize: Number(lim.maxComputeWorkgroupStorageSize),
-      maxComputeInvocationsPerWorkgroup: Number(lim.maxComputeInvocationsPerWorkgroup),
-      maxComputeWorkgroupsPerDimension: Number(lim.maxComputeWorkgroupsPerDimension),
-      maxStorageBuffersPerShaderStage: Number(lim.maxStorageBuffersPerShaderStage),
-    },
-  };
+  const out = describeAdapter(adapter, `webgpu@${require('webgpu/package.json').version} (dawn.node) probe in a separate process`);
   process.stdout.write(JSON.stringify({ adapter: out, error: null }) + '\n');
 }
 

@@ -96,6 +96,7 @@ function startServer({ model, ortDist, io, external }) {
     }
     if (p === '/' || p === '/page.html') return serveFile(res, path.join(HERE, 'page.html'));
     if (p === '/browser_page.mjs') return serveFile(res, path.join(HERE, 'browser_page.mjs'));
+    if (p === '/harness_shared.mjs') return serveFile(res, path.join(HERE, 'harness_shared.mjs'));
     if (p === '/model.onnx') return serveFile(res, path.resolve(model));
     if (p === '/favicon.ico') return res.writeHead(204).end();
     if (p.startsWith('/ort/')) {

@@ -5,6 +5,8 @@
 // error (RUNTIME_FACTS section 6), and session.run() still resolves. Listening for `uncapturederror` on every
 // device that the page creates (ORT's included) is the only way to see it as data rather than as a console line.
 
+import { bytesOfData, describeAdapter, errorText, typedFromBytes } from '/harness_shared.mjs';
+
 const gpuErrors = [];
 window.__gpuErrors = gpuErrors;
 
@@ -32,48 +34,8 @@ async function adapterInfo() {
   if (!('gpu' in navigator)) return { adapter: null, error: 'navigator.gpu is missing (WebGPU disabled?)' };
   const adapter = await navigator.gpu.requestAdapter();
   if (!adapter) return { adapter: null, error: 'navigator.gpu.requestAdapter() returned null' };
-  const info = adapter.info || {};
-  const lim = adapter.limits;
-  return {
-    adapter: {
-      source: 'navigator.gpu.requestAdapter() in the page (same browser, same default adapter ORT requests)',
-      vendor: info.vendor ?? null,
-      architecture: info.architecture ?? null,
-      device: info.device ?? null,
-      description: info.description ?? null,
-      isFallbackAdapter: info.isFallbackAdapter ?? adapter.isFallbackAdapter ?? null,
-      features: [...adapter.features].sort(),
-      limits: {
-        maxBufferSize: Number(lim.maxBufferSize),
-        maxStorageBufferBindingSize: Number(lim.maxStorageBufferBindingSize),
-        maxComputeWorkgroupStorageSize: Number(lim.maxComputeWorkgroupStorageSize),
-        maxComputeInvocationsPerWorkgroup: Number(lim.maxComputeInvocationsPerWorkgroup),
-        maxComputeWorkgroupsPerDimension: Number(lim.maxComputeWorkgroupsPerDimension),
-        maxStorageBuffersPerShaderStage: Number(lim.maxStorageBuffersPerShaderStage),
-      },
-    },
-    error: null,
-  };
-}
-
-const TYPED = {
-  float32: Float32Array,
-  float64: Float64Array,
-  float16: Uint16Array,
-  int8: Int8Array,
-  uint8: Uint8Array,
-  int16: Int16Array,
-  uint16: Uint16Array,
-  int32: Int32Array,
-  uint32: Uint32Array,
-  int64: BigInt64Array,
-  uint64: BigUint64Array,
-  bool: Uint8Array,
-};
-
-function errorText(e) {
-  if (e === undefined || e === null) return String(e);
-  return e.message !== undefined ? String(e.message) : String(e);
+  const source = 'navigator.gpu.requestAdapter() in the page (same browser, same default adapter ORT requests)';
+  return { adapter: describeAdapter(adapter, source), error: null };
 }
 
 async function fetchBytes(url) {
@@ -129,9 +91,7 @@ window.runHarness = async function runHarness(cfg) {
       const feeds = {};
       for (const m of cfg.inputs) {
         const buf = await fetchBytes(`/io/${encodeURIComponent(m.file)}`);
-        const Ctor = TYPED[m.dtype];
-        if (!Ctor) throw new Error(`unsupported input dtype ${m.dtype}`);
-        feeds[m.name] = new ort.Tensor(m.dtype, new Ctor(buf), m.dims);
+        feeds[m.name] = new ort.Tensor(m.dtype, typedFromBytes(m.dtype, buf), m.dims);
       }
       progress('running inference');
       const t1 = performance.now();
@@ -140,10 +100,8 @@ window.runHarness = async function runHarness(cfg) {
       let i = 0;
       for (const name of session.outputNames) {
         const t = outs[name];
-        const data = t.data;
         const file = `out_${i++}.bin`;
-        const bytes = new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
-        const r = await fetch(`/upload/${file}`, { method: 'POST', body: bytes });
+        const r = await fetch(`/upload/${file}`, { method: 'POST', body: bytesOfData(t.data) });
         if (!r.ok) throw new Error(`upload of ${name} failed: HTTP ${r.status}`);
         result.run.outputs[name] = { dtype: t.type, dims: Array.from(t.dims), file };
       }

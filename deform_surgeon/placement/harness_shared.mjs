@@ -1,0 +1,67 @@
+// Helpers shared by every harness of deform_surgeon.placement, in Node and in the browser page alike:
+// nothing here may import a Node module (browser_harness.mjs serves this file to the page as /harness_shared.mjs).
+
+export function errorText(e) {
+  if (e === undefined || e === null) return String(e);
+  if (typeof e === 'string') return e;
+  const msg = e.message !== undefined ? String(e.message) : String(e);
+  return msg;
+}
+
+/** Typed array constructors per ONNX tensor type as onnxruntime-js names them. */
+const TYPED = {
+  float32: Float32Array,
+  float64: Float64Array,
+  float16: Uint16Array, // onnxruntime-js accepts Uint16Array bits for float16 (Float16Array is not in Node 20)
+  int8: Int8Array,
+  uint8: Uint8Array,
+  int16: Int16Array,
+  uint16: Uint16Array,
+  int32: Int32Array,
+  uint32: Uint32Array,
+  int64: BigInt64Array,
+  uint64: BigUint64Array,
+  bool: Uint8Array,
+};
+
+/** Builds a typed array of `dtype` over a copy of `bytes` (a Buffer / ArrayBuffer / Uint8Array). */
+export function typedFromBytes(dtype, bytes) {
+  const Ctor = TYPED[dtype];
+  if (!Ctor) throw new Error(`unsupported input dtype ${dtype}`);
+  const u8 = bytes instanceof ArrayBuffer ? new Uint8Array(bytes) : new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  const copy = new Uint8Array(u8.byteLength);
+  copy.set(u8);
+  return new Ctor(copy.buffer, 0, copy.byteLength / Ctor.BYTES_PER_ELEMENT);
+}
+
+/** Raw bytes of a tensor's data, whatever typed array (or Float16Array) backs it. */
+export function bytesOfData(data) {
+  if (Array.isArray(data)) {
+    // string tensors: not expected in the models this tool handles
+    return new TextEncoder().encode(JSON.stringify(data));
+  }
+  return new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
+}
+
+/** What a harness reports of a WebGPU adapter: its info, features and the buffer limits `budget` reads. */
+export function describeAdapter(adapter, source) {
+  const info = adapter.info || {};
+  const lim = adapter.limits;
+  return {
+    source,
+    vendor: info.vendor ?? null,
+    architecture: info.architecture ?? null,
+    device: info.device ?? null,
+    description: info.description ?? null,
+    isFallbackAdapter: info.isFallbackAdapter ?? adapter.isFallbackAdapter ?? null,
+    features: [...adapter.features].sort(),
+    limits: {
+      maxBufferSize: Number(lim.maxBufferSize),
+      maxStorageBufferBindingSize: Number(lim.maxStorageBufferBindingSize),
+      maxComputeWorkgroupStorageSize: Number(lim.maxComputeWorkgroupStorageSize),
+      maxComputeInvocationsPerWorkgroup: Number(lim.maxComputeInvocationsPerWorkgroup),
+      maxComputeWorkgroupsPerDimension: Number(lim.maxComputeWorkgroupsPerDimension),
+      maxStorageBuffersPerShaderStage: Number(lim.maxStorageBuffersPerShaderStage),
+    },
+  };
+}
