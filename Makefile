@@ -29,6 +29,7 @@ $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m compileall -q deform_surgeon   # an editable install is not byte-compiled; a wheel install is
 	touch $(STAMP)
 
 install: $(STAMP)

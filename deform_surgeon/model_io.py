@@ -34,7 +34,7 @@ from onnx_graphsurgeon.ir.tensor import LazyValues
 from .errors import SurgeonError
 
 _PROTOBUF_LIMIT = 2**31 - 1
-HEAVY_BYTES = 1 << 16  # embedded tensors above this are stored weights (never copied); every external tensor is
+HEAVY_BYTES = 1 << 12  # embedded tensors above this are stored weights (never copied); every external tensor is
 _ALIGN_THRESHOLD, _ALIGN = 1 << 20, 1 << 16  # onnx's own layout: tensors >= 1 MiB start at 64 KiB boundaries
 _CHUNK = 1 << 24
 

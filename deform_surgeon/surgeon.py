@@ -3,7 +3,9 @@ atomic save -> report. The CLI and the Python API both call `patch` and `inspect
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import gc
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +44,19 @@ PATCH_STAGES = ("prove", "export", "write", "verify")  # what `patch(progress=..
 def default_passes() -> list:
     """The passes `patch` runs, in order (to a fixed point)."""
     return [LowerGatherND(), LowerGatherElements(), NarrowIndexChains(), ChainSum(), SplitBlocks()]
+
+
+@contextmanager
+def _fewer_gc_passes() -> Iterator[None]:
+    """Lifting a region creates tens of thousands of small objects (graph-surgeon nodes and tensors) that all
+    live until the patch is written; with the default gen-0 threshold (700) the cyclic collector walks them over
+    and over (measured: ~0.05 s of a 1.7 s patch of a 19,000-node model)."""
+    old = gc.get_threshold()
+    gc.set_threshold(max(old[0], 50_000), *old[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
 
 
 def _run(model_path: str | Path, options: Options) -> Lifted:
@@ -104,6 +119,12 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
         check_output_path(output_path, [model_path])
     stage = progress or (lambda _: None)
     stage("prove")
+    with _fewer_gc_passes():
+        return _patch(model_path, output_path, options, copy_unchanged, strict, verify, verify_options, stage)
+
+
+def _patch(model_path: str | Path, output_path: str | Path | None, options: Options, copy_unchanged: bool,
+           strict: bool, verify: bool, verify_options: dict | None, stage: Callable[[str], None]) -> PatchReport:
     lifted = _run(model_path, options)
     model, weights, actions, before = lifted.model, lifted.weights, lifted.actions, op_histogram(lifted.model)
     if output_path is not None:
