@@ -153,3 +153,23 @@ def test_the_check_of_a_spliced_model_sees_a_region_output_change_type():
     onnx.checker.check_model(spliced)  # the plain check passes
     with pytest.raises(SurgeonError, match=r"^boundary.onnx: fails onnx.checker: .*"):
         check_spliced(spliced, sub, "boundary.onnx", Weights(None))
+
+
+def test_splice_reorders_when_a_new_node_reads_a_later_tensor():
+    """A rewritten region may read a tensor produced after the region's first outside reader: then the nodes
+    are reordered (Kahn), and the result is still a valid, checked model."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in ("b", "c")]
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="A"),
+             helper.make_node("Sum", ["a", "a"], ["s"], name="R"),
+             helper.make_node("Neg", ["s"], ["b"], name="B"),
+             helper.make_node("Abs", ["x"], ["c"], name="C")]
+    model = helper.make_model(helper.make_graph(nodes, "late", [x], outs), opset_imports=[helper.make_opsetid("", 17)])
+    region = find_region(model)
+    assert [model.graph.node[k].name for k in region.nodes] == ["A", "R"] and region.readers == {"s": 2}
+    sub = onnx.ModelProto()
+    sub.graph.node.extend([helper.make_node("Relu", ["x"], ["a"], name="A"),
+                           helper.make_node("Add", ["a", "c"], ["s"], name="R_late")])
+    out = splice(model, region, sub, set(), set())
+    assert [n.name for n in out.graph.node] == ["A", "C", "R_late", "B"]
+    onnx.checker.check_model(out, full_check=True)
