@@ -188,13 +188,9 @@ def region_model(model: onnx.ModelProto, region: Region, types: dict, stored: se
         g.input.append(_value_info(name, types))
     for name in region.outputs:
         g.output.append(_value_info(name, types))
-    boundary = set(region.inputs) | set(region.outputs)
-    g.value_info.extend(vi for vi in graph.value_info if vi.name not in boundary and vi.name in _tensors(g))
+    inner = {o for n in g.node for o in n.output} - set(region.inputs) - set(region.outputs)
+    g.value_info.extend(vi for vi in graph.value_info if vi.name in inner)
     return sub
-
-
-def _tensors(g: onnx.GraphProto) -> set[str]:
-    return {o for n in g.node for o in n.output}
 
 
 def _value_info(name: str, types: dict) -> onnx.ValueInfoProto:

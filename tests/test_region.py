@@ -173,3 +173,16 @@ def test_splice_reorders_when_a_new_node_reads_a_later_tensor():
     out = splice(model, region, sub, set(), set())
     assert [n.name for n in out.graph.node] == ["A", "C", "R_late", "B"]
     onnx.checker.check_model(out, full_check=True)
+
+
+def test_a_model_with_value_info_keeps_it_for_untouched_tensors(tmp_path):
+    """Exports often carry value_info for every tensor; the region takes its own, the rest stays as it was."""
+    model = onnx.shape_inference.infer_shapes(onnx.load(str(FIXTURES / "decoder_gathernd.onnx")))
+    assert len(model.graph.value_info) > 500
+    path = tmp_path / "with_value_info.onnx"
+    onnx.save(model, path)
+    out = same_as_whole_graph(path, tmp_path)
+    lifted = {o for k in find_region(model).nodes for o in model.graph.node[k].output}
+    untouched = {vi.name: vi for vi in model.graph.value_info if vi.name not in lifted}
+    kept = {vi.name: vi for vi in out.graph.value_info}
+    assert untouched and all(kept.get(name) == vi for name, vi in untouched.items())
