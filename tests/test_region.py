@@ -186,3 +186,17 @@ def test_a_model_with_value_info_keeps_it_for_untouched_tensors(tmp_path):
     untouched = {vi.name: vi for vi in model.graph.value_info if vi.name not in lifted}
     kept = {vi.name: vi for vi in out.graph.value_info}
     assert untouched and all(kept.get(name) == vi for name, vi in untouched.items())
+
+
+def test_region_tensors_that_are_also_graph_outputs(tmp_path):
+    """Inner tensors of a deform block (its Floor, a Clip, a Sum) exposed as graph outputs: the region keeps
+    them as outputs, the passes see them as such, and the result matches the whole-graph lift."""
+    model = onnx.load(str(FIXTURES / "decoder_gathernd.onnx"))
+    types = onnx.shape_inference.infer_shapes(model).graph.value_info
+    wanted = [next(n.output[0] for n in model.graph.node if n.op_type == op) for op in ("Floor", "Clip", "Sum")]
+    model.graph.output.extend(vi for vi in types if vi.name in wanted)
+    assert len(model.graph.output) == 4
+    path = tmp_path / "exposed.onnx"
+    onnx.save(model, path)
+    out = same_as_whole_graph(path, tmp_path)
+    assert [o.name for o in out.graph.output][1:] == [o.name for o in model.graph.output][1:]
