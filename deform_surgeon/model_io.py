@@ -70,8 +70,15 @@ def check_model(model: onnx.ModelProto, path: str | Path, weights: Weights | Non
     """
     if weights is None:
         weights = split_weights(model, Path(path).parent if Path(path).is_file() else None)
-    try:
+    with _checker_errors(path):
         onnx.checker.check_model(weightless(model, weights), full_check=True)
+
+
+@contextmanager
+def _checker_errors(path: str | Path) -> Iterator[None]:
+    """Any failure of onnx.checker or strict shape inference as the one-line `SurgeonError` of `path`."""
+    try:
+        yield
     except Exception as exc:
         raise SurgeonError(path, f"fails onnx.checker: {_first_line(exc)}") from None
 
@@ -99,10 +106,8 @@ def check_and_infer(model: onnx.ModelProto, path: str | Path, weights: Weights) 
     (a model can fail strict data propagation and still pass the checker), so the verdicts are the same.
     """
     skeleton = weightless(model, weights)
-    try:
+    with _checker_errors(path):
         onnx.checker.check_model(skeleton)
-    except Exception as exc:
-        raise SurgeonError(path, f"fails onnx.checker: {_first_line(exc)}") from None
     try:
         inferred = onnx.shape_inference.infer_shapes(skeleton, check_type=True, strict_mode=True, data_prop=True)
     except Exception:
@@ -119,11 +124,9 @@ def check_spliced(model: onnx.ModelProto, region: onnx.ModelProto, path: str | P
     and outputs are declared with the types and shapes inferred on the input model: every node outside the
     region reads exactly what it read before, and the input model passed its own strict inference.
     """
-    try:
+    with _checker_errors(path):
         onnx.checker.check_model(weightless(model, weights))
         onnx.shape_inference.infer_shapes(weightless(region, weights), check_type=True, strict_mode=True)
-    except Exception as exc:
-        raise SurgeonError(path, f"fails onnx.checker: {_first_line(exc)}") from None
 
 
 class TypeTable(Mapping):
@@ -412,7 +415,7 @@ def _stubbed(graph: gs.Graph, weights: Weights | None) -> Iterator[None]:
         lazy = weights.lazy.get(name)
         if lazy is not None and (t._values is lazy or t._values is lazy.array):
             original = weights.tensors[name]
-            t._values = LazyValues(onnx.TensorProto(name=name, data_type=original.data_type, dims=original.dims))
+            t._values = LazyValues(stub(original))
             weights.stubbed.add(name)
         t.data_location = None  # a constant whose values a pass replaced is written embedded
     try:
@@ -732,6 +735,11 @@ class FastGraph(gs.Graph):
         return self
 
 
+def stub(t: onnx.TensorProto) -> onnx.TensorProto:
+    """A data-less stand-in for a stored weight: name, type and shape only (the writer puts the data back)."""
+    return onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims)
+
+
 def stubbed_copy(model: onnx.ModelProto, weights: Weights) -> onnx.ModelProto:
     """A copy of `model` with its stored weights as stubs (for `save_model_atomic(..., weights=weights)`)."""
     out = onnx.ModelProto()
@@ -739,7 +747,7 @@ def stubbed_copy(model: onnx.ModelProto, weights: Weights) -> onnx.ModelProto:
     copy_fields(model.graph, out.graph, skip={"initializer"})
     for t in model.graph.initializer:
         if t.name in weights.tensors:
-            out.graph.initializer.add().CopyFrom(onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims))
+            out.graph.initializer.add().CopyFrom(stub(t))
             weights.stubbed.add(t.name)
         else:
             out.graph.initializer.add().CopyFrom(t)

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from .model_io import copy_fields
+from .model_io import copy_fields, stub
+from .passes.split import TAIL_OPS
 
 ANCHORS = {"Floor", "GatherND", "GatherElements"}  # walked forward to their Conv
 LOCAL = {"Sum"}  # rewritten where they stand
@@ -35,9 +36,7 @@ FORWARD_LIMIT = 2000  # nodes forward of one anchor before it is taken for somet
 BACKWARD_STEPS = 6
 HEAVY = {"Conv", "ConvTranspose", "MatMul", "Gemm", "Attention", "MultiHeadAttention", "LSTM", "GRU", "RNN",
          "Resize", "If", "Loop", "Scan"}
-TAIL = {"Add", "Sub", "Mul", "Div", "BatchNormalization", "Relu", "Sigmoid", "Tanh", "Clip", "LeakyRelu",
-        "Identity"}
-TAIL_STEPS = 4
+TAIL_STEPS = 4  # per-channel ops after a Conv that the split pass may carry its chunks through (TAIL_OPS)
 _SUBGRAPH = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 _CONTROL_FLOW = {"If", "Loop", "Scan", "SequenceMap"}  # the standard ops with graph attributes
 
@@ -160,7 +159,7 @@ def _tail(conv: int, ops: list[str], outs: list[list[str]], consumers: dict[str,
         if len(names) != 1 or len(consumers.get(names[0], ())) != 1:
             break
         k = consumers[names[0]][0]
-        if ops[k] not in TAIL:
+        if ops[k] not in TAIL_OPS:
             break
         tail.append(k)
     return tail
@@ -181,7 +180,7 @@ def region_model(model: onnx.ModelProto, region: Region, types: dict, stored: se
     for t in graph.initializer:
         if t.name in wanted:
             if t.name in stored:
-                g.initializer.add().CopyFrom(onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims))
+                g.initializer.add().CopyFrom(stub(t))
             else:
                 g.initializer.add().CopyFrom(t)
     for name in region.inputs:
@@ -224,7 +223,7 @@ def splice(model: onnx.ModelProto, region: Region, patched: onnx.ModelProto, sto
             continue
         replaced.pop(t.name, None)
         if t.name in stored:
-            g.initializer.add().CopyFrom(onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims))
+            g.initializer.add().CopyFrom(stub(t))
             stubbed.add(t.name)
         else:
             g.initializer.add().CopyFrom(t)

@@ -81,13 +81,13 @@ class Lifted:
     sub: onnx.ModelProto
     graph: gs.Graph
     actions: list
-    patched_region: onnx.ModelProto | None = None
 
-    def patched(self) -> onnx.ModelProto:
-        """The whole model with the rewritten region spliced in (stored weights as stubs, see model_io)."""
+    def patched(self) -> tuple[onnx.ModelProto, onnx.ModelProto]:
+        """The whole model with the rewritten region spliced in (stored weights as stubs, see model_io), and the
+        rewritten region on its own (what `check_spliced` infers)."""
         self.graph.cleanup().toposort()
-        self.patched_region = export_graph(self.graph, self.sub, self.weights)
-        return splice(self.model, self.region, self.patched_region, set(self.weights.tensors), self.weights.stubbed)
+        region = export_graph(self.graph, self.sub, self.weights)
+        return splice(self.model, self.region, region, set(self.weights.tensors), self.weights.stubbed), region
 
 
 def inspect(model_path: str | Path, *, allow_unproven: bool = False, sum_mode: str | None = None,
@@ -96,9 +96,10 @@ def inspect(model_path: str | Path, *, allow_unproven: bool = False, sum_mode: s
     options = _options(allow_unproven, sum_mode, max_buffer)
     lifted = _run(model_path, options)
     return PatchReport(str(model_path), None, False, vars(options), op_histogram(lifted.model),
-                       op_histogram(lifted.patched()), lifted.actions, note="inspect: dry run, nothing written")
+                       op_histogram(lifted.patched()[0]), lifted.actions, note="inspect: dry run, nothing written")
 
 
+@_fewer_gc_passes()
 def patch(model_path: str | Path, output_path: str | Path | None = None, *, allow_unproven: bool = False,
           sum_mode: str | None = None, verify: bool = False, copy_unchanged: bool = False,
           strict: bool = False, verify_options: dict | None = None, max_buffer: int | None = None,
@@ -119,12 +120,6 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
         check_output_path(output_path, [model_path])
     stage = progress or (lambda _: None)
     stage("prove")
-    with _fewer_gc_passes():
-        return _patch(model_path, output_path, options, copy_unchanged, strict, verify, verify_options, stage)
-
-
-def _patch(model_path: str | Path, output_path: str | Path | None, options: Options, copy_unchanged: bool,
-           strict: bool, verify: bool, verify_options: dict | None, stage: Callable[[str], None]) -> PatchReport:
     lifted = _run(model_path, options)
     model, weights, actions, before = lifted.model, lifted.weights, lifted.actions, op_histogram(lifted.model)
     if output_path is not None:
@@ -149,9 +144,9 @@ def _patch(model_path: str | Path, output_path: str | Path | None, options: Opti
         return report
 
     stage("export")
-    patched = lifted.patched()
+    patched, region = lifted.patched()
     report.ops_after = op_histogram(patched)
-    check_spliced(patched, lifted.patched_region, output_path or f"{model_path} (patched)", weights)
+    check_spliced(patched, region, output_path or f"{model_path} (patched)", weights)
     if output_path is None:
         return report
 

@@ -59,6 +59,7 @@ ELEMENTWISE_NARY = {"Add", "Sub", "Mul", "Div", "Sum", "Max", "Min", "Pow"}
 SHAPE_OPS = {"Reshape", "Squeeze", "Unsqueeze", "Flatten"}
 SEEDS = {"Gather", "GatherND"}
 CARRIED = ELEMENTWISE_UNARY | ELEMENTWISE_NARY | SHAPE_OPS | {"Transpose"}
+TAIL_OPS = ELEMENTWISE_UNARY | ELEMENTWISE_NARY | {"BatchNormalization"}  # what a split Conv's chunks go on through
 MAX_BLOCK_NODES = 400
 
 
@@ -485,8 +486,7 @@ class SplitBlocks:
         t, shape, tail = conv.outputs[0], shapes.shape(conv.outputs[0]), []
         while shape is not None and id(t) not in outputs and len(t.outputs) == 1:
             n = t.outputs[0]
-            if len(n.outputs) != 1 or not (n.op in ELEMENTWISE_UNARY or n.op in ELEMENTWISE_NARY
-                                           or n.op == "BatchNormalization" and n.inputs[0] is t):
+            if len(n.outputs) != 1 or n.op not in TAIL_OPS or (n.op == "BatchNormalization" and n.inputs[0] is not t):
                 break
             side = [i for i in n.inputs if i is not t and i.name]
             if any(ctx.prover.constant(i) is None for i in side):
