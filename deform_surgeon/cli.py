@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from . import __version__
+from .device import PROFILE_NAMES, resolve_profile
 from .errors import SurgeonError
 from .model_io import atomic_path, check_model, load_model
 from .surgeon import SUM_MODES, inspect, patch
@@ -65,6 +66,13 @@ def _rewrite_group(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-buffer", type=_size_arg, default=None, metavar="BYTES",
                    help="split deformable-conv blocks whose tensors exceed BYTES (e.g. 256MiB) into row chunks "
                         "(exact); `deform-surgeon budget` lists what remains over it")
+    _profile_arg(g, "fit every node to this device's maxStorageBuffersPerShaderStage")
+
+
+def _profile_arg(group, what: str) -> None:
+    group.add_argument("--device-profile", default=None, metavar="NAME|FILE.json",
+                       help=f"{what}: {' or '.join(PROFILE_NAMES)} (the limits of this machine's adapter), or "
+                            "limits captured by `placement --device-limits-out` (default spec-default)")
 
 
 def _cmd_patch(args: argparse.Namespace) -> int:
@@ -72,7 +80,7 @@ def _cmd_patch(args: argparse.Namespace) -> int:
     if args.report:
         _check_writable(args.report, [args.model, out])
     report = patch(args.model, out, allow_unproven=args.allow_unproven, sum_mode=args.sum_mode,
-                   max_buffer=args.max_buffer,
+                   max_buffer=args.max_buffer, device_profile=args.device_profile,
                    verify=args.verify, copy_unchanged=args.copy_unchanged, strict=args.strict,
                    verify_options=_verify_kwargs(args, args.model))
     print(report.format(verbose=args.verbose))
@@ -88,7 +96,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     if args.json:
         _check_writable(args.json, [args.model])
     report = inspect(args.model, allow_unproven=args.allow_unproven, sum_mode=args.sum_mode,
-                     max_buffer=args.max_buffer)
+                     max_buffer=args.max_buffer, device_profile=args.device_profile)
     print(report.format(verbose=args.verbose))
     if args.json:
         _write_text(args.json, report.to_json())
@@ -120,22 +128,21 @@ def _size_arg(text: str) -> int:
 
 
 def _cmd_budget(args: argparse.Namespace) -> int:
-    from .budget import SPEC_MAX_BINDING, SPEC_MAX_BUFFER, analyze, read_device_limits
+    from .budget import analyze
 
     if not Path(args.model).is_file():
         check_model(load_model(args.model), args.model)  # names a missing file / folder the usual way
     if args.json:
         _check_writable(args.json, [args.model])
-    limits, source = {"max_buffer": SPEC_MAX_BUFFER, "max_binding": SPEC_MAX_BINDING}, "WebGPU spec defaults"
-    if args.device_limits:
-        limits.update(read_device_limits(args.device_limits))
-        source = f"device limits from {args.device_limits}"
+    profile = resolve_profile(args.device_limits or args.device_profile)
+    max_buffer = profile.max_buffer if args.max_buffer is None else args.max_buffer
+    max_binding = profile.max_binding if args.max_binding is None else args.max_binding
+    source = f"device profile '{profile.name}': {profile.source}"
     given = [k for k in ("max_buffer", "max_binding") if getattr(args, k) is not None]
-    for k in given:
-        limits[k] = getattr(args, k)
     if given:
         source += "; " + ", ".join(f"--{k.replace('_', '-')}" for k in given) + " given"
-    report = analyze(args.model, limits["max_buffer"], limits["max_binding"], limits_source=source)
+    report = analyze(args.model, max_buffer, max_binding, limits_source=source,
+                     storage_buffers=profile.storage_buffers)
     print(report.format(limit_rows=args.rows))
     if args.json:
         _write_text(args.json, report.to_json())
@@ -147,7 +154,7 @@ def _cmd_batch(args: argparse.Namespace) -> int:
 
     cli = {k: getattr(args, k, None) for k in ("allow_unproven", "sum_mode", "verify", "strict", "copy_unchanged",
                                                "iterations", "seed", "opt_level", "out_dir", "report_dir",
-                                               "max_buffer")}
+                                               "max_buffer", "device_profile")}
     ranges = parse_val_ranges(args.val_range)
     if ranges:
         cli["val_range"] = {k: list(v) for k, v in ranges.items()}
@@ -223,15 +230,15 @@ def build_parser() -> argparse.ArgumentParser:
     _verify_group(p)
     p.set_defaults(func=_cmd_batch)
 
-    p = sub.add_parser("budget", help="tensors larger than a WebGPU device's buffer limits (exit 1 if any "
-                                      "exceeds maxBufferSize)")
+    p = sub.add_parser("budget", help="tensors and nodes beyond a WebGPU device's limits (exit 1 if a tensor "
+                                      "exceeds maxBufferSize or a node maxStorageBuffersPerShaderStage)")
     p.add_argument("model")
     p.add_argument("--max-buffer", type=_size_arg, default=None, metavar="BYTES",
-                   help="maxBufferSize (default: the WebGPU spec's 256MiB, or --device-limits)")
+                   help="maxBufferSize (default: the device profile's; spec-default: 256MiB)")
     p.add_argument("--max-binding", type=_size_arg, default=None, metavar="BYTES",
-                   help="maxStorageBufferBindingSize (default: the WebGPU spec's 128MiB, or --device-limits)")
-    p.add_argument("--device-limits", metavar="FILE.json",
-                   help="limits captured from a real adapter (`deform-surgeon placement --device-limits-out`)")
+                   help="maxStorageBufferBindingSize (default: the device profile's; spec-default: 128MiB)")
+    _profile_arg(p, "the device whose limits to check")
+    p.add_argument("--device-limits", metavar="FILE.json", help=argparse.SUPPRESS)  # the older name of a file profile
     p.add_argument("--json", metavar="FILE", help="write the report as JSON")
     p.add_argument("--rows", type=int, default=40, help="table rows shown per section (default 40)")
     p.set_defaults(func=_cmd_budget)

@@ -45,6 +45,8 @@ class Options:
     allow_unproven: bool = False
     sum_mode: str = "chain"  # chain | tree | none
     max_buffer: int | None = None  # bytes; split deform blocks whose tensors exceed it (None: no split)
+    device_profile: str = "spec-default"  # the name of the device profile the model is fitted to
+    storage_buffers: int | None = 8  # that profile's maxStorageBuffersPerShaderStage (None: no fitting)
 
 
 class NameScope:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import onnx
 
+from .device import storage_buffers
 from .model_io import copy_fields, stub
 from .passes.split import TAIL_OPS
 
@@ -54,8 +55,9 @@ class Region:
     read_outside: set[str] = field(default_factory=set)  # every tensor read outside the region, or a graph output
 
 
-def find_region(model: onnx.ModelProto) -> Region:
-    """The region of `model` the passes need (see the module docstring)."""
+def find_region(model: onnx.ModelProto, max_storage_buffers: int | None = None) -> Region:
+    """The region of `model` the passes need (see the module docstring); with `max_storage_buffers`, also every
+    node whose kernel would bind more storage buffers than that (the fit pass rewrites them where they stand)."""
     graph = model.graph
     nodes = list(graph.node)
     ins = [list(n.input) for n in nodes]  # plain lists: protobuf field access is the cost on 19,000 nodes
@@ -79,7 +81,12 @@ def find_region(model: onnx.ModelProto) -> Region:
 
     region: set[int] = set()
     for k, op in enumerate(ops):
-        if k in region or op not in ANCHORS | LOCAL:
+        if k in region:
+            continue
+        if max_storage_buffers is not None and storage_buffers(op, ins[k], outs[k]) > max_storage_buffers:
+            region.add(k)
+            continue
+        if op not in ANCHORS | LOCAL:
             continue
         reached = _forward(k, ops, outs, consumers, has_subgraph) if op in ANCHORS else {k}
         region.update(reached if reached is not None else {k})

@@ -12,6 +12,7 @@ from pathlib import Path
 import onnx
 import onnx_graphsurgeon as gs
 
+from .device import DeviceProfile, resolve_profile
 from .errors import SurgeonError, VerificationError
 from .model_io import (
     Weights,
@@ -27,6 +28,7 @@ from .model_io import (
     split_weights,
     stubbed_copy,
 )
+from .passes.fit import FitStorageBuffers
 from .passes.gather_elements import LowerGatherElements
 from .passes.gathernd import LowerGatherND
 from .passes.residency import NarrowIndexChains
@@ -43,7 +45,8 @@ PATCH_STAGES = ("prove", "export", "write", "verify")  # what `patch(progress=..
 
 def default_passes() -> list:
     """The passes `patch` runs, in order (to a fixed point)."""
-    return [LowerGatherND(), LowerGatherElements(), NarrowIndexChains(), ChainSum(), SplitBlocks()]
+    return [LowerGatherND(), LowerGatherElements(), NarrowIndexChains(), ChainSum(), FitStorageBuffers(),
+            SplitBlocks()]
 
 
 @contextmanager
@@ -65,7 +68,7 @@ def _run(model_path: str | Path, options: Options) -> Lifted:
     model = load_model(model_path)
     weights = split_weights(model, Path(model_path).parent)
     types = check_and_infer(model, model_path, weights)
-    region = find_region(model)
+    region = find_region(model, options.storage_buffers)
     sub = region_model(model, region, types, set(weights.tensors))
     graph = import_graph(sub, weights)
     ctx = Context(graph, types, options, reserved=region.names)
@@ -91,9 +94,10 @@ class Lifted:
 
 
 def inspect(model_path: str | Path, *, allow_unproven: bool = False, sum_mode: str | None = None,
-            max_buffer: int | None = None) -> PatchReport:
+            max_buffer: int | None = None, device_profile: str | Path | DeviceProfile | None = None,
+            ) -> PatchReport:
     """Dry run: what `patch` would rewrite or refuse, and why. Writes nothing."""
-    options = _options(allow_unproven, sum_mode, max_buffer)
+    options = _options(allow_unproven, sum_mode, max_buffer, device_profile)
     lifted = _run(model_path, options)
     return PatchReport(str(model_path), None, False, vars(options), op_histogram(lifted.model),
                        op_histogram(lifted.patched()[0]), lifted.actions, note="inspect: dry run, nothing written")
@@ -103,9 +107,12 @@ def inspect(model_path: str | Path, *, allow_unproven: bool = False, sum_mode: s
 def patch(model_path: str | Path, output_path: str | Path | None = None, *, allow_unproven: bool = False,
           sum_mode: str | None = None, verify: bool = False, copy_unchanged: bool = False,
           strict: bool = False, verify_options: dict | None = None, max_buffer: int | None = None,
+          device_profile: str | Path | DeviceProfile | None = None,
           progress: Callable[[str], None] | None = None) -> PatchReport:
     """Patch `model_path`; write `output_path` (atomically, and only after verification if `verify`).
 
+    Every node is fitted to `device_profile` (default `spec-default`, see device.py): a Split / Concat / Max / Min
+    binding more storage buffers than it allows becomes a tree of narrower ones.
     Weights are never loaded into memory as a whole (see model_io): a model with external data keeps it external,
     in the output's own `<OUT>.data`. `progress(stage)` is called as the work reaches each of `PATCH_STAGES`.
 
@@ -114,7 +121,7 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
     Raises `SurgeonError` (one line: file and problem) on bad input and `VerificationError` when the patched
     model's outputs differ; in both cases no output file exists afterwards.
     """
-    options = _options(allow_unproven, sum_mode, max_buffer)
+    options = _options(allow_unproven, sum_mode, max_buffer, device_profile)
     load_model(model_path) if not Path(model_path).is_file() else None  # a missing input is named first
     if output_path is not None:
         check_output_path(output_path, [model_path])
@@ -164,10 +171,13 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
     return report
 
 
-def _options(allow_unproven: bool, sum_mode: str | None, max_buffer: int | None = None) -> Options:
+def _options(allow_unproven: bool, sum_mode: str | None, max_buffer: int | None = None,
+             device_profile: str | Path | DeviceProfile | None = None) -> Options:
     sum_mode = "chain" if sum_mode is None else sum_mode
     if sum_mode not in SUM_MODES:
         raise SurgeonError(None, f"unknown sum mode '{sum_mode}'", f"choose one of {', '.join(SUM_MODES)}")
     if max_buffer is not None and (isinstance(max_buffer, bool) or not isinstance(max_buffer, int) or max_buffer < 1):
         raise SurgeonError(None, f"bad max buffer size {max_buffer!r}", "give a positive number of bytes")
-    return Options(allow_unproven=allow_unproven, sum_mode=sum_mode, max_buffer=max_buffer)
+    profile = resolve_profile(device_profile)
+    return Options(allow_unproven=allow_unproven, sum_mode=sum_mode, max_buffer=max_buffer,
+                   device_profile=profile.name, storage_buffers=profile.storage_buffers)
