@@ -217,7 +217,8 @@ def legacy_patches(image: int = 1024, levels: tuple[int, ...] = (32, 64, 128, 25
         resized = node("Resize", [batch, "", "", const(f"l{level}_size", np.array([1, 3 * n * n, s, s]))],
                        f"l{level}_resized", mode="linear", coordinate_transformation_mode="align_corners")
         w = const(f"l{level}_w", (rng.standard_normal((channels, 3 * n * n, 1, 1)) / n).astype(np.float32))
-        outputs.append(node("Conv", [resized, w], f"out{level}"))
+        outputs.append(node("Conv", [resized, w], f"out{level}", dilations=[1, 1], group=1, kernel_shape=[1, 1],
+                            pads=[0, 0, 0, 0], strides=[1, 1]))  # every attribute spelled out, as torch does
     graph = helper.make_graph(
         nodes, "legacy_patches", [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, image, image])],
         [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs], inits)
