@@ -1,6 +1,6 @@
 """Loading, exporting, checking and atomically saving models.
 
-Why a module of its own: the brief's rule "the input is never modified and no partial output file is ever
+Why a module of its own: the rule "the input is never modified and no partial output file is ever
 left behind" lives here and only here. Every write goes to a temporary file in the target folder, is
 re-read and checked, and only then renamed over the target (a rename within one folder is atomic).
 

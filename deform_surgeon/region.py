@@ -2,7 +2,7 @@
 
 Why: a BiRefNet-scale model has about 19,000 nodes, of which the deform blocks are a few hundred. Importing all of
 them into onnx-graphsurgeon, cleaning up, sorting and exporting them again cost about three times the plain
-`onnx.load` + `onnx.save` of the model (issue 5), while every pass only ever looks at the blocks.
+`onnx.load` + `onnx.save` of the model, while every pass only ever looks at the blocks.
 
 What: the region is every node reachable forward from a pass's anchors (`Floor` of the sampling coordinates, the
 gathers) up to and including the Conv that consumes the sampled values and the per-channel ops right after it

@@ -182,7 +182,7 @@ def wide_split(n: int = 32, size: int = 4, opset: int = 17) -> onnx.ModelProto:
     return model
 
 
-def legacy_patches(image: int = 1024, levels: tuple[int, ...] = (32, 64, 128, 256, 256), channels: int = 4,
+def legacy_patches(image: int = 1024, levels: tuple[int, ...] = (32, 64, 128, 256, 1024), channels: int = 4,
                    seed: int = 0) -> onnx.ModelProto:
     """BiRefNet's `get_patches_batch` as its code before November 2024 exported it (the 2024 ONNX files):
 
@@ -190,11 +190,14 @@ def legacy_patches(image: int = 1024, levels: tuple[int, ...] = (32, 64, 128, 25
         patches = [p.unsqueeze(0) for c in columns for p in torch.split(c, size_h, dim=-2)]
         torch.cat([torch.cat(patches, dim=1)], dim=0)
 
-    once per decoder level with BiRefNet's patch sizes for a 1024x1024 input (32, 64, 128, 256, 256): Splits into
-    32, 16, 8 and 4 outputs, Concats of 1024, 256, 64 and 16 inputs of [1, 3, s, s], each followed, as in the
+    once per decoder level with BiRefNet's patch sizes for a 1024x1024 input (32, 64, 128, 256, 1024): Splits into
+    32, 16, 8, 4 and 1 outputs, Concats of 1024, 256, 64, 16 and 1 inputs of [1, 3, s, s], each followed, as in the
     decoder, by a bilinear Resize (align_corners) to the level's size and a Conv (here a 1x1 one to `channels`,
     instead of BiRefNet's decoder block). The real export's nodes are Gather, Split (split sizes as an input),
-    Unsqueeze, Concat, Resize: compared with a real legacy export of BiRefNet-lite 1024 in development.
+    Unsqueeze, Concat, Resize. Checked against a real legacy export of BiRefNet-lite 1024: the same Split widths
+    and counts (33 x 32, 17 x 16, 9 x 8, 5 x 4, 2 x 1), the same wide Concats (1024, 256, 64, 16 inputs, once
+    each), the same chain Gather(axis 0) -> Split(axis -1) -> Split(axis -2) -> Unsqueeze -> Concat(axis 1) ->
+    Concat(axis 0, one input).
     """
     rng = np.random.default_rng(seed)
     nodes, inits, const, node = _builder()

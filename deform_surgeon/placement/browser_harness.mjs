@@ -29,7 +29,7 @@ const BUNDLES = {
   all: { file: 'ort.all.min.mjs', debug: true }, // JSEP as well, plus webgl/wasm
 };
 
-// RUNTIME_FACTS section 6: without --enable-unsafe-webgpu there is no adapter in headless Chromium on Linux.
+// docs/runtime-facts.md section 6: without --enable-unsafe-webgpu there is no adapter in headless Chromium on Linux.
 const CHROMIUM_FLAGS = [
   '--headless',
   '--no-sandbox',

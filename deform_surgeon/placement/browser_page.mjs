@@ -2,7 +2,7 @@
 // creates a session on WebGPU with the verbose log on, optionally runs it, and returns a JSON-able result.
 //
 // Why hooks on GPUAdapter.requestDevice: on JSEP a WGSL compile failure surfaces only as an *uncaptured* WebGPU
-// error (RUNTIME_FACTS section 6), and session.run() still resolves. Listening for `uncapturederror` on every
+// error (docs/runtime-facts.md section 3), and session.run() still resolves. Listening for `uncapturederror` on every
 // device that the page creates (ORT's included) is the only way to see it as data rather than as a console line.
 
 import { bytesOfData, describeAdapter, errorText, typedFromBytes } from '/harness_shared.mjs';

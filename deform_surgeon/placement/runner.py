@@ -203,7 +203,7 @@ def compare_outputs(
 ) -> dict[str, dict[str, Any]]:
     """Byte-for-byte comparison of every reference output, plus the largest absolute difference.
 
-    Bytes, not values: ``-0.0`` vs ``+0.0`` and NaN payloads are differences here (RUNTIME_FACTS section 5:
+    Bytes, not values: ``-0.0`` vs ``+0.0`` and NaN payloads are differences here (docs/runtime-facts.md section 5:
     zero tolerance is not bit identity). ``max_abs_diff`` is over positions where both values are finite;
     positions where exactly one side is non-finite (or both, but different) are counted in
     ``nonfinite_mismatch``.
