@@ -2,7 +2,8 @@
 ORT CPU, and give the *same bytes* as the original model on the same runtime.
 
 Runtimes: onnxruntime-node 1.30.0 (native WebGPU EP), onnxruntime-web 1.30.0 in headless Chromium with
-``ort.webgpu.min.mjs`` (native EP) and ``ort.min.mjs`` (JSEP), all on SwiftShader (see docs/runtime-facts.md).
+``ort.webgpu.min.mjs`` (native EP) and ``ort.min.mjs`` (JSEP), all on SwiftShader
+(`docs/runtime-facts.md`, cited here as "runtime facts N").
 
 (a) placement, read from ORT's verbose log: every original falls back to the CPU EP with Memcpy nodes; every
     patched model has no CPU node and no Memcpy, and ORT's whole optimised graph is on the GPU EP (on node this
@@ -11,7 +12,7 @@ Runtimes: onnxruntime-node 1.30.0 (native WebGPU EP), onnxruntime-web 1.30.0 in 
     matches ORT CPU within 1e-5 (Conv on a GPU is not byte-identical to Conv on the CPU, ~9e-7); and on every
     runtime where the original runs, patched and original outputs are byte-identical. The original GatherND
     form does not run on JSEP (rank-5 GatherND shader): that must be reported as a failure.
-(c) docs/runtime-facts.md section 3, JSEP's mid-run-upload hazard: a minimal graph that JSEP computes wrongly without any error,
+(c) runtime facts 3, JSEP's mid-run-upload hazard: a minimal graph that JSEP computes wrongly without any error,
     while the native EP is exact; the patched fixtures have no MemcpyFromHost at all, so they cannot hit it.
 
 fp16 fixtures are measured for placement only: SwiftShader has no ``shader-f16``, so session creation fails on
@@ -176,7 +177,7 @@ class Lab:
 
 
 def repro_model(path: Path) -> Path:
-    """docs/runtime-facts.md section 3: table float32[660,8]; two int64[560] index vectors, each Cast(to=int32) -- on the CPU
+    """runtime facts 3: table float32[660,8]; two int64[560] index vectors, each Cast(to=int32) -- on the CPU
     EP under JSEP, which has no int64 Cast -- feeding its own Gather(axis=0) on the GPU."""
     nodes = [
         helper.make_node("Cast", ["idx0"], ["i0"], name="cast0", to=TensorProto.INT32),
@@ -367,7 +368,7 @@ def test_patched_is_byte_identical_to_original_on_the_same_runtime(lab: Lab, nam
 
 
 def test_original_gathernd_form_fails_on_jsep_and_says_so(lab: Lab) -> None:
-    """docs/runtime-facts.md sections 2 and 3: JSEP's GatherND shader does not compile for rank-5 data; with ort.env.debug the run is
+    """runtime facts 2 and 3: JSEP's GatherND shader does not compile for rank-5 data; with ort.env.debug the run is
     rejected, and the failure must reach Placement.run instead of a wrong mask."""
     m = lab.measured("decoder_gathernd", "original", "browser/jsep")
     p = m.placement
@@ -384,7 +385,7 @@ def test_original_gathernd_form_fails_on_jsep_and_says_so(lab: Lab) -> None:
 
 
 def test_jsep_mid_run_upload_hazard_is_still_there(lab: Lab) -> None:
-    """docs/runtime-facts.md section 3, measured: JSEP runs the repro without any error and returns table[idx0] as the second
+    """runtime facts 3, measured: JSEP runs the repro without any error and returns table[idx0] as the second
     output. If this fails because JSEP got it right, onnxruntime-web fixed the hazard: update docs/runtime-facts.md."""
     f = lab.repro_feeds
     want0, want1 = f["table"][f["idx0"]], f["table"][f["idx1"]]
