@@ -118,3 +118,13 @@ def test_limit_violations_are_read_from_the_graph(tmp_path):
     (v,) = runner_mod.limit_violations(Path(src), ds.resolve_profile("spec-default"), "node", None)
     assert v == {"kind": "storage_buffers", "node": "wide_split", "op": "Split", "count": 33,
                  "limit": "maxStorageBuffersPerShaderStage 8"}
+
+
+def test_adapter_profile_is_this_machines_adapter():
+    """`--device-profile adapter` reads the limits of the adapter the node runtime gets (SwiftShader here)."""
+    adapter, error = runner_mod.probe_adapter()
+    assert error is None and adapter is not None
+    profile = ds.resolve_profile("adapter")
+    assert profile.name == "adapter" and profile.adapter == adapter
+    assert profile.storage_buffers == adapter["limits"]["maxStorageBuffersPerShaderStage"] >= 8
+    assert profile.max_buffer == adapter["limits"]["maxBufferSize"]
