@@ -194,7 +194,7 @@ def legacy_patches(image: int = 1024, levels: tuple[int, ...] = (32, 64, 128, 25
     32, 16, 8, 4 and 1 outputs, Concats of 1024, 256, 64, 16 and 1 inputs of [1, 3, s, s], each followed, as in the
     decoder, by a bilinear Resize (align_corners) to the level's size and a Conv (here a 1x1 one to `channels`,
     instead of BiRefNet's decoder block). The real export's nodes are Gather, Split (split sizes as an input),
-    Unsqueeze, Concat, Resize. Checked against a real legacy export of BiRefNet-lite 1024: the same Split widths
+    Unsqueeze, Concat, Resize, the split sizes a Constant node (not an initializer). Checked against a real legacy export of BiRefNet-lite 1024: the same Split widths
     and counts (33 x 32, 17 x 16, 9 x 8, 5 x 4, 2 x 1), the same wide Concats (1024, 256, 64, 16 inputs, once
     each), the same chain Gather(axis 0) -> Split(axis -1) -> Split(axis -2) -> Unsqueeze -> Concat(axis 1) ->
     Concat(axis 0, one input).
@@ -206,7 +206,8 @@ def legacy_patches(image: int = 1024, levels: tuple[int, ...] = (32, 64, 128, 25
     for level, s in enumerate(levels):
         n = image // s
         cols = [f"l{level}_col{c}" for c in range(n)]
-        sizes = const(f"l{level}_sizes", np.full(n, s, dtype=np.int64))
+        sizes = node("Constant", [], f"l{level}_sizes",  # a Constant node, as torch exports it
+                     value=numpy_helper.from_array(np.full(n, s, dtype=np.int64)))
         nodes.append(helper.make_node("Split", ["x0", sizes], cols, name=f"l{level}_split_w", axis=-1))
         patches = []
         for c, col in enumerate(cols):

@@ -108,24 +108,30 @@ class FitStorageBuffers:
 
     # -- Split -------------------------------------------------------------------------------------------------
     def _split_sizes(self, ctx: Context, node: gs.Node) -> list[int] | None:
-        n = len(node.outputs)
+        """Each output's size along the axis: from the `split` input or attribute, else from the axis size and the
+        output count (the spec's rule), else from the outputs' inferred shapes."""
+        n, axis = len(node.outputs), node.attrs.get("axis", 0)
         if len(node.inputs) > 1 and node.inputs[1].name:
-            sizes = node.inputs[1]
-            if not isinstance(sizes, gs.Constant):
-                return None
-            return [int(v) for v in np.asarray(sizes.values).reshape(-1)]
-        if "split" in node.attrs:  # opset < 13
+            values = ctx.prover.constant(node.inputs[1])
+            if values is not None:
+                return [int(v) for v in values.reshape(-1)]
+        elif "split" in node.attrs:  # opset < 13
             return [int(v) for v in node.attrs["split"]]
-        shape = _shape(ctx, node.inputs[0])
-        axis = node.attrs.get("axis", 0)
-        if shape is None or not -len(shape) <= axis < len(shape) or not isinstance(shape[axis], int):
-            return None
-        dim = shape[axis]
-        if "num_outputs" in node.attrs:  # opset 18: ceil(dim / n) each, the last one what remains
-            step = math.ceil(dim / n)
-            sizes = [min(step, max(dim - step * k, 0)) for k in range(n)]
-            return sizes if sum(sizes) == dim and all(sizes) else None
-        return [dim // n] * n if dim % n == 0 else None
+        else:
+            shape = _shape(ctx, node.inputs[0])
+            if shape is not None and -len(shape) <= axis < len(shape) and isinstance(shape[axis], int):
+                dim = shape[axis]
+                if "num_outputs" in node.attrs:  # opset 18: ceil(dim / n) each, the last one what remains
+                    step = math.ceil(dim / n)
+                    sizes = [min(step, max(dim - step * k, 0)) for k in range(n)]
+                    if sum(sizes) == dim and all(sizes):
+                        return sizes
+                elif dim % n == 0:
+                    return [dim // n] * n
+        shapes = [_shape(ctx, o) for o in node.outputs]
+        if all(s is not None and -len(s) <= axis < len(s) and isinstance(s[axis], int) for s in shapes):
+            return [int(s[axis]) for s in shapes]
+        return None
 
     def _split_tree(self, ctx: Context, src: gs.Tensor, sizes: list[int], outs: list[gs.Tensor], axis: int,
                     width: int, base: str) -> None:
