@@ -17,8 +17,11 @@ Exactness, node by node, of the float32 chain against the int64 original (each c
   `u + c` is below 2^24 and exact; otherwise `u + c` is beyond +-2^22 on the side of u's sign, float32
   rounding is monotone and 2^22 is representable, so both versions clip to the same bound. An unbounded
   value may therefore only reach a Clip like that (at most one small constant added on the way).
-The one place the two can differ: where `F` is NaN, infinite or beyond int64, the original `Cast` to int64
-is undefined behaviour (ONNX Runtime CPU gives INT64_MIN on x86) while float32 clips +inf to `hi`. No
+- NaN: a float Clip of NaN is NaN, and `Cast(NaN -> int32)` is out of range (INT32_MIN on ORT CPU), so a Clip of
+  a value not proven within +-2^24 is written `Where(x >= lo, Clip(x), lo)`: the same for every non-NaN x, `lo`
+  for NaN (as ORT CPU's original: INT64_MIN clipped to lo). Every index stays in range for every input.
+The one place the two can differ: where `F` is infinite or beyond int64, the original `Cast` to int64 is
+undefined behaviour (ONNX Runtime CPU gives INT64_MIN on x86) while float32 clips +inf to `hi`. No
 meaningful offset gets there (it means a sampling point more than 9.2e18 pixels away).
 """
 
