@@ -9,12 +9,16 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import signal
 import sys
+import threading
 from pathlib import Path
+from typing import NoReturn
 
 from . import __version__
 from .device import PROFILE_NAMES, resolve_profile
-from .errors import SurgeonError
+from .errors import SurgeonError, Terminated
+from .io_check import check_io
 from .model_io import atomic_path, check_model, load_model
 from .surgeon import SUM_MODES, inspect, patch
 from .verify import DEFAULT_ITERATIONS, DEFAULT_SEED, OPT_LEVELS, verify
@@ -29,9 +33,12 @@ def parse_val_ranges(items: list[str] | None) -> dict[str, tuple[float, float]] 
     out: dict[str, tuple[float, float]] = {}
     for item in items:
         m = _RANGE.match(item.replace(" ", ""))
-        if not m:
-            raise SurgeonError(None, f"bad --val-range '{item}'", "write NAME:[lo,hi], e.g. image:[0,1]")
-        out[m.group("name") or ""] = (float(m.group("lo")), float(m.group("hi")))
+        try:
+            if not m:
+                raise ValueError
+            out[m.group("name") or ""] = (float(m.group("lo")), float(m.group("hi")))
+        except ValueError:
+            raise SurgeonError(None, f"bad --val-range '{item}'", "write NAME:[lo,hi], e.g. image:[0,1]") from None
     return out
 
 
@@ -77,8 +84,7 @@ def _profile_arg(group, what: str) -> None:
 
 def _cmd_patch(args: argparse.Namespace) -> int:
     out = args.output or str(Path(args.model).with_suffix("")) + ".patched.onnx"
-    if args.report:
-        _check_writable(args.report, [args.model, out])
+    check_io([args.model], out, [("--report", args.report)])
     report = patch(args.model, out, allow_unproven=args.allow_unproven, sum_mode=args.sum_mode,
                    max_buffer=args.max_buffer, device_profile=args.device_profile,
                    verify=args.verify, copy_unchanged=args.copy_unchanged, strict=args.strict,
@@ -93,8 +99,7 @@ def _cmd_patch(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    if args.json:
-        _check_writable(args.json, [args.model])
+    check_io([args.model], others=[("--json", args.json)])
     report = inspect(args.model, allow_unproven=args.allow_unproven, sum_mode=args.sum_mode,
                      max_buffer=args.max_buffer, device_profile=args.device_profile)
     print(report.format(verbose=args.verbose))
@@ -104,13 +109,12 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
+    check_io([args.original, args.patched], others=[("--json", args.json)])
     for path in (args.original, args.patched):
         if not Path(path).is_file():
             raise SurgeonError(path, "no such file")
     for path in (args.original, args.patched):
         check_model(load_model(path), path)
-    if args.json:
-        _check_writable(args.json, [args.original, args.patched])
     result = verify(args.original, args.patched, **_verify_kwargs(args, args.original))
     print(result.summary())
     if args.json:
@@ -132,8 +136,9 @@ def _cmd_budget(args: argparse.Namespace) -> int:
 
     if not Path(args.model).is_file():
         check_model(load_model(args.model), args.model)  # names a missing file / folder the usual way
-    if args.json:
-        _check_writable(args.json, [args.model])
+    check_io([args.model], others=[("--json", args.json)],
+             other_reads=[(f"the --device-profile file {p}", p) for p in [args.device_limits or args.device_profile]
+                          if p and p not in PROFILE_NAMES])
     profile = resolve_profile(args.device_limits or args.device_profile)
     max_buffer = profile.max_buffer if args.max_buffer is None else args.max_buffer
     max_binding = profile.max_binding if args.max_binding is None else args.max_binding
@@ -161,24 +166,32 @@ def _cmd_batch(args: argparse.Namespace) -> int:
     return batch_main(args.manifest, args.glob, cli, args.jobs, args.summary, show_progress=not args.no_progress)
 
 
-def _check_writable(path: str, models: list[str]) -> None:
-    """A report path must be writable and must not name one of the command's models (it would clobber it)."""
-    target = Path(path)
-    for model in models:
-        if target.resolve() == Path(model).resolve():
-            raise SurgeonError(path, "report path is one of this command's models",
-                               "choose another name, e.g. report.json")
-    if not target.parent.is_dir():
-        raise SurgeonError(path, f"folder {target.parent} does not exist")
-
-
 def _write_text(path: str, text: str) -> None:
-    with atomic_path(path, suffix=".json") as tmp:
-        tmp.write_text(text)
+    try:
+        with atomic_path(path, suffix=".json") as tmp:
+            tmp.write_text(text)
+    except OSError as exc:
+        raise SurgeonError(path, f"could not be written ({exc.strerror or exc})") from None
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line naming the option and what it expects (`--help` prints the usage)."""
+
+    def error(self, message: str) -> NoReturn:
+        text = " ".join(message.split())
+        self.exit(2, f"deform-surgeon: error: {text} (see `{self.prog} --help`)\n")
+
+
+_TERMINATED: list[int] = []  # set once SIGTERM arrived: whatever a library made of the exception, it was that
+
+
+def _terminate(signum, frame) -> None:
+    _TERMINATED.append(signum)
+    raise Terminated()
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="deform-surgeon",
         description="Rewrite ONNX deformable-convolution graphs (BiRefNet) to run fully on WebGPU, bit-identically.")
     parser.add_argument("--version", action="version", version=f"deform-surgeon {__version__}")
@@ -253,13 +266,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    for stream in (sys.stdout, sys.stderr):  # a file name that is not UTF-8 is printed, not a traceback
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     parser = build_parser()
     args = parser.parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminate)  # like Ctrl-C: temporary files and workers are cleaned up
     try:
         return int(args.func(args))
-    except SurgeonError as exc:
-        print(f"deform-surgeon: error: {exc.one_line()}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        print("deform-surgeon: interrupted", file=sys.stderr)
-        return 130
+    except BaseException as exc:
+        if _TERMINATED or isinstance(exc, Terminated):  # e.g. raised inside an import, which re-raises ImportError
+            print("deform-surgeon: terminated", file=sys.stderr)
+            return Terminated.exit_code
+        if isinstance(exc, SurgeonError):
+            print(f"deform-surgeon: error: {exc.one_line()}", file=sys.stderr)
+            return exc.exit_code
+        if isinstance(exc, KeyboardInterrupt):
+            print("deform-surgeon: interrupted", file=sys.stderr)
+            return 130
+        raise

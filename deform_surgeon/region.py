@@ -55,6 +55,19 @@ class Region:
     read_outside: set[str] = field(default_factory=set)  # every tensor read outside the region, or a graph output
 
 
+def _subgraph_names(node: onnx.NodeProto, names: set[str]) -> None:
+    """Add every node and tensor name of `node`'s subgraphs (recursively) to `names`."""
+    for a in node.attribute:
+        for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+            names.update(t.name for t in (*g.input, *g.output, *g.value_info, *g.initializer))
+            for n in g.node:
+                names.add(n.name)
+                names.update(n.input)
+                names.update(n.output)
+                _subgraph_names(n, names)
+    names.discard("")
+
+
 def find_region(model: onnx.ModelProto, max_storage_buffers: int | None = None) -> Region:
     """The region of `model` the passes need (see the module docstring); with `max_storage_buffers`, also every
     node whose kernel would bind more storage buffers than that (the fit pass rewrites them where they stand)."""
@@ -78,6 +91,8 @@ def find_region(model: onnx.ModelProto, max_storage_buffers: int | None = None) 
     names.update(t.name for t in graph.input)
     has_subgraph = {k for k, n in enumerate(nodes) if (ops[k] in _CONTROL_FLOW or n.domain not in ("", "ai.onnx"))
                     and any(a.type in _SUBGRAPH for a in n.attribute)}
+    for k in has_subgraph:  # a generated name must not shadow a name of an If/Loop body either (SSA)
+        _subgraph_names(nodes[k], names)
 
     region: set[int] = set()
     for k, op in enumerate(ops):

@@ -14,11 +14,11 @@ import onnx_graphsurgeon as gs
 
 from .device import DeviceProfile, resolve_profile
 from .errors import SurgeonError, VerificationError
+from .io_check import check_io
 from .model_io import (
     Weights,
     check_and_infer,
     check_external_output,
-    check_output_path,
     check_spliced,
     copy_atomic,
     export_graph,
@@ -37,6 +37,7 @@ from .passes.sum_chain import ChainSum
 from .pipeline import Context, Options, run_passes
 from .region import Region, find_region, region_model, splice
 from .report import PatchReport, op_histogram
+from .verify import check_verify_options
 from .verify import verify as verify_models
 
 SUM_MODES = ("chain", "tree", "none")
@@ -122,9 +123,11 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
     model's outputs differ; in both cases no output file exists afterwards.
     """
     options = _options(allow_unproven, sum_mode, max_buffer, device_profile)
+    if verify:
+        check_verify_options(verify_options)
     load_model(model_path) if not Path(model_path).is_file() else None  # a missing input is named first
     if output_path is not None:
-        check_output_path(output_path, [model_path])
+        check_io([model_path], output_path)
     stage = progress or (lambda _: None)
     stage("prove")
     lifted = _run(model_path, options)
@@ -159,7 +162,15 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
 
     def _verify(tmp: Path) -> None:
         stage("verify")
-        result = verify_models(model_path, tmp, **(verify_options or {}))
+        try:
+            result = verify_models(model_path, tmp, **(verify_options or {}))
+        except VerificationError:
+            raise
+        except SurgeonError as exc:
+            if exc.path != str(tmp):  # the original (or an option) is at fault: bad input
+                raise
+            raise VerificationError(output_path, f"the patched model {exc.problem}, where the original runs; "
+                                    "not written") from None
         report.verification = result
         if not result.identical:
             raise VerificationError(output_path, f"patched model differs from the original, not written: "

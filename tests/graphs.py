@@ -193,11 +193,11 @@ def legacy_patches(image: int = 1024, levels: tuple[int, ...] = (32, 64, 128, 25
     once per decoder level with BiRefNet's patch sizes for a 1024x1024 input (32, 64, 128, 256, 1024): Splits into
     32, 16, 8, 4 and 1 outputs, Concats of 1024, 256, 64, 16 and 1 inputs of [1, 3, s, s], each followed, as in the
     decoder, by a bilinear Resize (align_corners) to the level's size and a Conv (here a 1x1 one to `channels`,
-    instead of BiRefNet's decoder block). The real export's nodes are Gather, Split (split sizes as an input),
-    Unsqueeze, Concat, Resize, the split sizes a Constant node (not an initializer). Checked against a real legacy export of BiRefNet-lite 1024: the same Split widths
-    and counts (33 x 32, 17 x 16, 9 x 8, 5 x 4, 2 x 1), the same wide Concats (1024, 256, 64, 16 inputs, once
-    each), the same chain Gather(axis 0) -> Split(axis -1) -> Split(axis -2) -> Unsqueeze -> Concat(axis 1) ->
-    Concat(axis 0, one input).
+    instead of BiRefNet's decoder block). The real export's nodes are Gather, Split (its sizes an input made by
+    a Constant node, not an initializer), Unsqueeze, Concat, Resize. Checked against a real legacy export of
+    BiRefNet-lite 1024: the same Split widths and counts (33 x 32, 17 x 16, 9 x 8, 5 x 4, 2 x 1), the same wide
+    Concats (1024, 256, 64, 16 inputs, once each), the same chain Gather(axis 0) -> Split(axis -1) ->
+    Split(axis -2) -> Unsqueeze -> Concat(axis 1) -> Concat(axis 0, one input).
     """
     rng = np.random.default_rng(seed)
     nodes, inits, const, node = _builder()

@@ -438,3 +438,40 @@ def test_cpu_fallback_is_inside_every_deform_block_and_gone_after_the_patch(lab:
     assert all(before[k][0] > 0 and before[k][1] > 0 for k in blocks), before
     assert before[OUTSIDE] == (0, 0), before[OUTSIDE]
     assert set(after.values()) == {(0, 0)}, after
+
+
+# ------------------------------------------------------------------------ NaN / inf offsets on the GPU (issue 12)
+def poisoned_model(path: Path) -> Path:
+    """exporter_like's gathers (no Sum: the outputs are the gathered values themselves) with offsets that are NaN,
+    +inf, -inf or 1e30 at a quarter of the sampling points each, at run time (an Add of a constant to the input)."""
+    import graphs
+
+    model = graphs.exporter_like(H=6, W=7, C=4, P=64, with_sum=False)
+    poison = np.zeros((1, 1, 64, 2), np.float32)
+    poison[0, 0, 0::4, 0] = np.nan
+    poison[0, 0, 1::4, 1] = np.inf
+    poison[0, 0, 2::4, :] = -np.inf
+    poison[0, 0, 3::4, 0] = 1e30
+    for node in model.graph.node:
+        node.input[:] = ["offset_poisoned" if i == "offset" else i for i in node.input]
+    model.graph.initializer.append(onnx.numpy_helper.from_array(poison, "poison"))
+    model.graph.node.insert(0, helper.make_node("Add", ["offset", "poison"], ["offset_poisoned"], name="poison"))
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, path)
+    return path
+
+
+@pytest.mark.parametrize("runtime_id", list(RUNTIMES))
+def test_nan_and_inf_offsets_gather_the_same_elements_on_the_gpu_as_on_ort_cpu(tmp_path: Path, runtime_id: str):
+    """The float chain's NaN guard (`Where(x >= lo, Clip(x), lo)`) on the real WebGPU EPs: the patched model stays
+    entirely on the GPU, and its gathered values are the bytes ORT CPU gathers (where an index out of range is an
+    error), so every index the GPU used is the in-range one ORT CPU used."""
+    original = poisoned_model(tmp_path / "poisoned.onnx")
+    patched = tmp_path / "poisoned.patched.onnx"
+    report = ds.patch(original, patched)
+    assert report.written and not report.refused
+    runtime, bundle, _ = RUNTIMES[runtime_id]
+    p = measure_placement(patched, runtime=runtime, bundle=bundle or "webgpu", timeout=TIMEOUT, run=True)
+    assert p.session_ok and p.cpu_nodes == 0 and p.memcpy == 0, _numbers(p)
+    assert p.run is not None and p.run["ok"], p.run
+    assert p.run["outputs"] and all(o["identical"] for o in p.run["outputs"].values()), p.run["outputs"]

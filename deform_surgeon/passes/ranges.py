@@ -395,10 +395,9 @@ class RangeProver:
             return Bound(dtype, span, parts, -1 if parts else None)
         with np.errstate(invalid="ignore"):
             nan = bool(np.isnan(values).any())
-            finite = values[~np.isnan(values)] if nan else values
-            if finite.size == 0:
-                return Bound(dtype, Span(math.inf, -math.inf, nan=True, source=source))
-            return Bound(dtype, Span(float(finite.min()), float(finite.max()), nan=nan, source=source))
+            if nan:  # NaN bounds nothing: a Clip or Min/Max with a NaN operand, or a Cast of NaN, is undefined
+                return Bound(dtype, Span(-math.inf, math.inf, nan=True, source=f"{source} (holds NaN)"))
+            return Bound(dtype, Span(float(values.min()), float(values.max()), source=source))
 
     def _in(self, node: gs.Node, i: int) -> Bound | None:
         if i >= len(node.inputs) or (node.inputs[i].name == "" and not isinstance(node.inputs[i], gs.Constant)):

@@ -317,8 +317,9 @@ def _sweep(marker: str) -> None:
 def _run_harness(
     cmd: list[str], env: dict[str, str], log_path: Path, timeout: float, progress: Progress, marker: str
 ) -> tuple[int | None, str | None, str]:
-    """Runs one harness; returns (exit code or None, error text for timeout/interrupt, last progress text)."""
+    """Runs one harness; returns (exit code or None, error text for timeout/interrupt, the progress steps)."""
     last = {"text": "starting"}
+    steps: list[str] = []
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             cmd,
@@ -337,6 +338,7 @@ def _run_harness(
                 if text.startswith("@@progress "):
                     text = text[len("@@progress ") :]
                     last["text"] = text
+                    steps.append(text)
                 if progress is not None:
                     progress(text)
 
@@ -345,11 +347,11 @@ def _run_harness(
         try:
             rc = proc.wait(timeout=timeout)
             reader.join(timeout=5)
-            return rc, None, last["text"]
+            return rc, None, steps
         except subprocess.TimeoutExpired:
             step = last["text"]
             _stop_group(proc)
-            return None, f"timed out after {timeout:g} s (last step: {step})", step
+            return None, f"timed out after {timeout:g} s (last step: {step})", steps
         finally:
             _stop_group(proc)
             _sweep(marker)
@@ -446,7 +448,9 @@ def measure_placement(
         if run:
             cmd += ["--io", str(io_dir), "--run"]
         cmd.append("--watch-stdin")
-        rc, fail, _last = _run_harness(cmd, _harness_env(tmp), log_path, timeout, progress, marker=str(tmp))
+        rc, fail, steps = _run_harness(cmd, _harness_env(tmp), log_path, timeout, progress, marker=str(tmp))
+        # a run that timed out after the session was created: the session is reported as what it was
+        created = next((s for s in steps if s.startswith("session created in")), None) if fail else None
 
         raw: dict[str, Any] = {}
         if out_json.exists():
@@ -460,10 +464,12 @@ def measure_placement(
         error = raw.get("error")
         if fail:
             error = f"{fail}; {error}" if error else fail
+            if created:
+                error = f"{created}, then the run {fail}"
         elif not raw:
             tail = "\n".join(log_text.strip().splitlines()[-5:])
             error = f"harness exited with code {rc} and wrote no result: {tail}"
-        session_ok = bool(raw.get("session_ok")) and not fail
+        session_ok = (bool(raw.get("session_ok")) and not fail) or created is not None
 
         summary = parse_ort_log(log_text.splitlines())
         if raw.get("adapter_note"):
@@ -486,6 +492,11 @@ def measure_placement(
 
         timings = {k: float(v) for k, v in (raw.get("timings") or {}).items()}
         timings["total_s"] = time.monotonic() - t_start
+        if created and "session_create_s" not in timings:
+            try:
+                timings["session_create_s"] = float(created.split()[3])  # "session created in 2.34 s"
+            except (IndexError, ValueError):
+                pass
         return Placement(
             runtime=runtime,
             bundle=bundle,
