@@ -213,7 +213,7 @@ def _profile_lines(p: Placement) -> list[str]:
         lines.append("over device limits: none")
         return lines
     lines.append(f"OVER DEVICE LIMITS: {len(v)} (the model cannot run on a device with this profile; "
-                 "`deform-surgeon patch` fits the storage buffers)")
+                 "`deform-surgeon patch` fits the storage buffers, `--max-buffer` splits deform blocks over a size)")
     for x in v[:10]:
         if x["kind"] == "storage_buffers":
             lines.append(f"  {x['op']} '{x['node']}' binds {x['count']} storage buffers > {x['limit']}")
