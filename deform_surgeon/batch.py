@@ -49,7 +49,7 @@ from .model_io import atomic_path, external_data_path
 OPTIONS = {  # entry option -> accepted Python types
     "allow_unproven": (bool,), "sum_mode": (str,), "verify": (bool,), "strict": (bool,),
     "copy_unchanged": (bool,), "iterations": (int,), "seed": (int,), "val_range": (dict,), "opt_level": (str,),
-    "max_buffer": (int,),
+    "max_buffer": (int,), "max_memory": (int,),
 }
 SWITCHES = ("allow_unproven", "verify", "strict", "copy_unchanged")
 ENTRY_KEYS = {"input", "glob", "output", "report", *OPTIONS}

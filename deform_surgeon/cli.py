@@ -65,6 +65,9 @@ def _rewrite_group(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-buffer", type=_size_arg, default=None, metavar="BYTES",
                    help="split deformable-conv blocks whose tensors exceed BYTES (e.g. 256MiB) into row chunks "
                         "(exact); `deform-surgeon budget` lists what remains over it")
+    g.add_argument("--max-memory", type=_size_arg, default=None, metavar="BYTES",
+                   help="also chunk deformable-conv blocks (exactly, as --max-buffer) until the peak of live "
+                        "activations by `deform-surgeon budget`'s measure fits BYTES (e.g. 1.5GiB)")
 
 
 def _cmd_patch(args: argparse.Namespace) -> int:
@@ -72,7 +75,7 @@ def _cmd_patch(args: argparse.Namespace) -> int:
     if args.report:
         _check_writable(args.report, [args.model, out])
     report = patch(args.model, out, allow_unproven=args.allow_unproven, sum_mode=args.sum_mode,
-                   max_buffer=args.max_buffer,
+                   max_buffer=args.max_buffer, max_memory=args.max_memory,
                    verify=args.verify, copy_unchanged=args.copy_unchanged, strict=args.strict,
                    verify_options=_verify_kwargs(args, args.model))
     print(report.format(verbose=args.verbose))
@@ -88,7 +91,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     if args.json:
         _check_writable(args.json, [args.model])
     report = inspect(args.model, allow_unproven=args.allow_unproven, sum_mode=args.sum_mode,
-                     max_buffer=args.max_buffer)
+                     max_buffer=args.max_buffer, max_memory=args.max_memory)
     print(report.format(verbose=args.verbose))
     if args.json:
         _write_text(args.json, report.to_json())
@@ -147,7 +150,7 @@ def _cmd_batch(args: argparse.Namespace) -> int:
 
     cli = {k: getattr(args, k, None) for k in ("allow_unproven", "sum_mode", "verify", "strict", "copy_unchanged",
                                                "iterations", "seed", "opt_level", "out_dir", "report_dir",
-                                               "max_buffer")}
+                                               "max_buffer", "max_memory")}
     ranges = parse_val_ranges(args.val_range)
     if ranges:
         cli["val_range"] = {k: list(v) for k, v in ranges.items()}
