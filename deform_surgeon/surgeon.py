@@ -118,8 +118,11 @@ def _lift(model_path: str | Path, options: Options, plan: SplitPlan, rounds: int
     if limit is None:
         return lifted, ""
     before = analyze(lifted.model).peak_bytes
+    best = None
     for k in range(rounds + 1):
         peak = analyze(lifted.patched()[0])
+        if best is None or peak.peak_bytes < best[0].peak_bytes:
+            best = (peak, lifted, dict(plan.min_chunks))
         if peak.peak_bytes <= limit or k == rounds:
             break
         more = _more_chunks(peak, plan, limit)
@@ -127,6 +130,7 @@ def _lift(model_path: str | Path, options: Options, plan: SplitPlan, rounds: int
             break
         plan.min_chunks.update(more)
         lifted = _run(model_path, options, plan)
+    peak, lifted, plan.min_chunks = best  # more chunks can raise the peak (a Conv kept whole): keep the lowest
     fits = peak.peak_bytes <= limit
     line = (f"--max-memory {human(limit)}: peak of live activations (budget's measure) {human(before)} -> "
             f"{human(peak.peak_bytes)}, " + ("within the limit" if fits else
