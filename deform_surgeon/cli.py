@@ -140,9 +140,16 @@ def _cmd_budget(args: argparse.Namespace) -> int:
         source += "; " + ", ".join(f"--{k.replace('_', '-')}" for k in given) + " given"
     report = analyze(args.model, limits["max_buffer"], limits["max_binding"], limits_source=source)
     print(report.format(limit_rows=args.rows))
+    fits = True
+    if args.max_memory is not None:
+        from .budget import human
+
+        fits = report.peak_bytes <= args.max_memory
+        print(f"{'OK' if fits else 'FAIL'}: peak of live activations {human(report.peak_bytes)} "
+              f"{'within' if fits else 'OVER'} --max-memory {human(args.max_memory)}")
     if args.json:
         _write_text(args.json, report.to_json())
-    return 0 if report.ok else 1
+    return 0 if report.ok and fits else 1
 
 
 def _cmd_batch(args: argparse.Namespace) -> int:
@@ -235,6 +242,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="maxStorageBufferBindingSize (default: the WebGPU spec's 128MiB, or --device-limits)")
     p.add_argument("--device-limits", metavar="FILE.json",
                    help="limits captured from a real adapter (`deform-surgeon placement --device-limits-out`)")
+    p.add_argument("--max-memory", type=_size_arg, default=None, metavar="BYTES",
+                   help="also exit 1 when the peak of live activations exceeds BYTES (what `patch --max-memory` "
+                        "aims at)")
     p.add_argument("--json", metavar="FILE", help="write the report as JSON")
     p.add_argument("--rows", type=int, default=40, help="table rows shown per section (default 40)")
     p.set_defaults(func=_cmd_budget)

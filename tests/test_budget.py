@@ -150,6 +150,10 @@ def test_patch_cli_takes_max_memory(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "--max-memory 800,000 B: peak of live activations" in text and "within the limit" in text
     assert json.loads((tmp_path / "r.json").read_text())["options"]["max_memory"] == 800_000
+    assert main(["budget", str(out), "--max-memory", "800kB"]) == 0
+    assert "OK: peak of live activations" in capsys.readouterr().out
+    assert main(["budget", str(FIXTURES / "decoder_gathernd.onnx"), "--max-memory", "800kB"]) == 1
+    assert "FAIL: peak of live activations 1.3 MB (1.2 MiB) OVER --max-memory 800,000 B" in capsys.readouterr().out
     with pytest.raises(SystemExit) as exc:
         main(["patch", str(FIXTURES / "decoder_gathernd.onnx"), str(out), "--max-memory", "lots"])
     assert exc.value.code == 2 and "bad size 'lots'" in capsys.readouterr().err
