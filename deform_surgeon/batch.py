@@ -52,7 +52,7 @@ OPTIONS = {  # entry option -> accepted Python types
     "allow_unproven": (bool,), "sum_mode": (str,), "verify": (bool,), "strict": (bool,),
     "copy_unchanged": (bool,), "iterations": (int,), "seed": (int,), "val_range": (dict,), "opt_level": (str,),
     "max_buffer": (int, str),  # bytes, or a size such as "256MiB" (as on the command line)
-    "device_profile": (str,),
+    "max_memory": (int, str), "device_profile": (str,),
 }
 SWITCHES = ("allow_unproven", "verify", "strict", "copy_unchanged")
 ENTRY_KEYS = {"input", "glob", "output", "report", *OPTIONS}

@@ -122,6 +122,7 @@ class BudgetReport:
     peak_bytes: int = 0
     peak_node: str | None = None
     peak_live: list[TensorSize] = field(default_factory=list)
+    peak_blocks: dict[str, int] = field(default_factory=dict)  # deform block -> bytes of its tensors live at the peak
     blocks: int = 0
     storage_buffers: int | None = None  # maxStorageBuffersPerShaderStage checked (None: not checked)
     over_storage: list[NodeBuffers] = field(default_factory=list)
@@ -143,7 +144,7 @@ class BudgetReport:
             "tensors_unknown": self.tensors_unknown,
             "unknown_examples": self.unknown_examples,
             "peak": {"bytes": self.peak_bytes, "node": self.peak_node,
-                     "live": [t.to_dict() for t in self.peak_live]},
+                     "live": [t.to_dict() for t in self.peak_live], "blocks": self.peak_blocks},
             "deform_blocks": self.blocks,
             "over_storage_buffers": [n.to_dict() for n in self.over_storage],
         }
@@ -373,6 +374,9 @@ def analyze(model_or_path: onnx.ModelProto | str | Path, max_buffer: int = SPEC_
                             f"{nodes[order[peak_at]].op_type} '{nodes[order[peak_at]].name}' (step {peak_at} of "
                             f"{len(order)})")
         report.peak_live = sorted(live, key=lambda s: -s.nbytes)[:5]
+        for t in live:
+            if t.block is not None:
+                report.peak_blocks[t.block] = report.peak_blocks.get(t.block, 0) + t.nbytes
     return report
 
 

@@ -73,6 +73,9 @@ def _rewrite_group(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-buffer", type=_size_arg, default=None, metavar="BYTES",
                    help="split deformable-conv blocks whose tensors exceed BYTES (e.g. 256MiB) into row chunks "
                         "(exact); `deform-surgeon budget` lists what remains over it")
+    g.add_argument("--max-memory", type=_size_arg, default=None, metavar="BYTES",
+                   help="also chunk deformable-conv blocks (exactly, as --max-buffer) until the peak of live "
+                        "activations by `deform-surgeon budget`'s measure fits BYTES (e.g. 1.5GiB)")
     _profile_arg(g, "fit every node to this device's maxStorageBuffersPerShaderStage")
 
 
@@ -86,7 +89,7 @@ def _cmd_patch(args: argparse.Namespace) -> int:
     out = args.output or str(Path(args.model).with_suffix("")) + ".patched.onnx"
     check_io([args.model], out, [("--report", args.report)])
     report = patch(args.model, out, allow_unproven=args.allow_unproven, sum_mode=args.sum_mode,
-                   max_buffer=args.max_buffer, device_profile=args.device_profile,
+                   max_buffer=args.max_buffer, max_memory=args.max_memory, device_profile=args.device_profile,
                    verify=args.verify, copy_unchanged=args.copy_unchanged, strict=args.strict,
                    verify_options=_verify_kwargs(args, args.model))
     print(report.format(verbose=args.verbose))
@@ -101,7 +104,7 @@ def _cmd_patch(args: argparse.Namespace) -> int:
 def _cmd_inspect(args: argparse.Namespace) -> int:
     check_io([args.model], others=[("--json", args.json)])
     report = inspect(args.model, allow_unproven=args.allow_unproven, sum_mode=args.sum_mode,
-                     max_buffer=args.max_buffer, device_profile=args.device_profile)
+                     max_buffer=args.max_buffer, max_memory=args.max_memory, device_profile=args.device_profile)
     print(report.format(verbose=args.verbose))
     if args.json:
         _write_text(args.json, report.to_json())
@@ -149,9 +152,16 @@ def _cmd_budget(args: argparse.Namespace) -> int:
     report = analyze(args.model, max_buffer, max_binding, limits_source=source,
                      storage_buffers=profile.storage_buffers)
     print(report.format(limit_rows=args.rows))
+    fits = True
+    if args.max_memory is not None:
+        from .budget import human
+
+        fits = report.peak_bytes <= args.max_memory
+        print(f"{'OK' if fits else 'FAIL'}: peak of live activations {human(report.peak_bytes)} "
+              f"{'within' if fits else 'OVER'} --max-memory {human(args.max_memory)}")
     if args.json:
         _write_text(args.json, report.to_json())
-    return 0 if report.ok else 1
+    return 0 if report.ok and fits else 1
 
 
 def _cmd_batch(args: argparse.Namespace) -> int:
@@ -159,7 +169,7 @@ def _cmd_batch(args: argparse.Namespace) -> int:
 
     cli = {k: getattr(args, k, None) for k in ("allow_unproven", "sum_mode", "verify", "strict", "copy_unchanged",
                                                "iterations", "seed", "opt_level", "out_dir", "report_dir",
-                                               "max_buffer", "device_profile")}
+                                               "max_buffer", "max_memory", "device_profile")}
     ranges = parse_val_ranges(args.val_range)
     if ranges:
         cli["val_range"] = {k: list(v) for k, v in ranges.items()}
@@ -252,6 +262,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="maxStorageBufferBindingSize (default: the device profile's; spec-default: 128MiB)")
     _profile_arg(p, "the device whose limits to check")
     p.add_argument("--device-limits", metavar="FILE.json", help=argparse.SUPPRESS)  # the older name of a file profile
+    p.add_argument("--max-memory", type=_size_arg, default=None, metavar="BYTES",
+                   help="also exit 1 when the peak of live activations exceeds BYTES (what `patch --max-memory` "
+                        "aims at)")
     p.add_argument("--json", metavar="FILE", help="write the report as JSON")
     p.add_argument("--rows", type=int, default=40, help="table rows shown per section (default 40)")
     p.set_defaults(func=_cmd_budget)

@@ -144,3 +144,27 @@ def test_patch_cli_takes_max_buffer(tmp_path, capsys):
     assert any(n["pass_name"] == "split" and "split into 4 chunks" in n["reason"] for n in doc["nodes"])
     assert main(["inspect", str(FIXTURES / "decoder_gathernd.onnx"), "--max-buffer", "60000"]) == 0
     assert "split: 1 node(s) rewritten" in capsys.readouterr().out
+
+
+def test_patch_cli_takes_max_memory(tmp_path, capsys):
+    out = tmp_path / "p.onnx"
+    assert main(["patch", str(FIXTURES / "decoder_gathernd.onnx"), str(out), "--max-memory", "800kB",
+                 "--report", str(tmp_path / "r.json")]) == 0
+    text = capsys.readouterr().out
+    assert "--max-memory 800,000 B: peak of live activations" in text and "within the limit" in text
+    assert json.loads((tmp_path / "r.json").read_text())["options"]["max_memory"] == 800_000
+    assert main(["budget", str(out), "--max-memory", "800kB"]) == 0
+    assert "OK: peak of live activations" in capsys.readouterr().out
+    assert main(["budget", str(FIXTURES / "decoder_gathernd.onnx"), "--max-memory", "800kB"]) == 1
+    assert "FAIL: peak of live activations 1.3 MB (1.2 MiB) OVER --max-memory 800,000 B" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        main(["patch", str(FIXTURES / "decoder_gathernd.onnx"), str(out), "--max-memory", "lots"])
+    assert exc.value.code == 2 and "bad size 'lots'" in capsys.readouterr().err
+
+
+def test_the_peak_is_attributed_to_the_deform_blocks_live_at_it():
+    report = analyze(FIXTURES / "decoder_gathernd.onnx")
+    label, held = max(report.peak_blocks.items(), key=lambda kv: kv[1])
+    assert label.startswith("Conv 'Conv_1004'")  # the 7x7 block, as the largest live tensors say
+    assert sum(report.peak_blocks.values()) <= report.peak_bytes and held > report.peak_bytes // 2
+    assert all(t.block == label for t in report.peak_live)

@@ -316,7 +316,13 @@ class RangeProver:
         return tuple(int(d) for d in shape)
 
     def constant(self, tensor: gs.Tensor) -> np.ndarray | None:
-        """Values of a tensor that is an initializer or the output of a Constant node, else None."""
+        """Values of a tensor that is an initializer or the output of a Constant node (also through Identity
+        nodes: torch's exporter shares equal initializers and gives each user an Identity of the one it kept,
+        e.g. BiRefNet's BatchNorm parameters), else None."""
+        for _ in range(8):
+            if len(tensor.inputs) != 1 or tensor.inputs[0].op != "Identity" or not tensor.inputs[0].inputs:
+                break
+            tensor = tensor.inputs[0].inputs[0]
         if isinstance(tensor, gs.Constant):
             return np.asarray(tensor.values)
         if len(tensor.inputs) == 1 and tensor.inputs[0].op == "Constant":
