@@ -86,8 +86,16 @@ class FitStorageBuffers:
             node.outputs.clear()
             self._fold(ctx, node.op, inputs, out, width, base)
             what = f"{len(inputs)}-input {node.op} -> left-to-right chain of {node.op}s of at most {width} inputs"
-        new = tuple(n.name for n in ctx.graph.nodes[before:])
-        return Action(self.name, node.name, node.op, REWRITTEN,
+        # The root of the tree keeps the node's name (labels and reports stay joinable); the old node, now without
+        # outputs, is renamed and dropped by the next cleanup.
+        made = ctx.graph.nodes[before:]
+        if node.op == "Split":
+            root = next(n for n in made if n.inputs[0] is node.inputs[0])
+        else:
+            root = next(n for n in made if n.outputs[0] is out)
+        node.name, root.name = ctx.names.fresh(f"{base}/replaced"), node.name
+        new = tuple(n.name for n in made)
+        return Action(self.name, root.name, node.op, REWRITTEN,
                       f"{what} (bound {count} storage buffers, the device profile allows {limit}; "
                       "same elements in the same places)", new)
 
