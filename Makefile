@@ -54,7 +54,7 @@ inspect: $(STAMP)
 	@test -n "$(MODEL)" || { echo "usage: make inspect MODEL=path/to/model.onnx"; exit 2; }
 	$(BIN)/deform-surgeon inspect $(MODEL) $(ARGS)
 
-webgpu-setup:
+webgpu-setup: $(STAMP)
 	bash scripts/webgpu_setup.sh
 
 placement: $(STAMP) webgpu-setup

@@ -249,6 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
         register_cli = None
     if register_cli is not None:
         register_cli(sub)
+    from .runtimes import register_cli as register_setup
+
+    register_setup(sub)
     return parser
 
 
