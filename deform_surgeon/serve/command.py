@@ -40,12 +40,12 @@ def register_cli(subparsers: Any) -> argparse.ArgumentParser:
                         "`placement --device-limits-out` file")
     p.add_argument("--runs", type=int, default=None, help="warm inferences per model (default 5)")
     p.add_argument("--open", action="store_true", help="open the page in the default browser")
+    p.add_argument("--bundle", choices=("jsep", "webgpu"), default=None,
+                   help="bundle the page starts with (the page has a picker): jsep = `import 'onnxruntime-web'` "
+                        "(default), webgpu = `import 'onnxruntime-web/webgpu'`")
     g = p.add_argument_group("headless (CI): run the page in headless Chromium on this machine and exit")
     g.add_argument("--headless", metavar="RESULT.json", help="write the page's result JSON here")
     g.add_argument("--screenshot", metavar="PAGE.png", help="with --headless: also save a screenshot of the page")
-    g.add_argument("--bundle", choices=("jsep", "webgpu"), default="jsep",
-                   help="with --headless: jsep = `import 'onnxruntime-web'` (default), webgpu = "
-                        "`import 'onnxruntime-web/webgpu'`")
     g.add_argument("--timeout", type=float, default=HEADLESS_TIMEOUT, metavar="SEC",
                    help=f"with --headless: give up after SEC seconds (default {HEADLESS_TIMEOUT:g})")
     p.set_defaults(func=run_serve)
@@ -90,7 +90,7 @@ def run_serve(args: argparse.Namespace) -> int:
         server = make_server(app, args.port)
     except OSError as e:
         return _err(f"cannot listen on 127.0.0.1:{args.port} ({e.strerror or e})")
-    url = f"http://127.0.0.1:{server.server_address[1]}/"
+    url = f"http://127.0.0.1:{server.server_address[1]}/" + (f"?bundle={args.bundle}" if args.bundle else "")
     try:
         if args.headless:
             threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -118,8 +118,8 @@ def _headless(url: str, args: argparse.Namespace) -> int:
     out = Path(args.headless)
     tmp = Path(tempfile.mkdtemp(prefix="ds-serve-"))
     try:
-        query = f"?autorun=1&bundle={args.bundle}"
-        cmd = ["node", str(Path(__file__).resolve().parent / "headless.mjs"), "--url", url + query,
+        query = f"?autorun=1&bundle={args.bundle or 'jsep'}"
+        cmd = ["node", str(Path(__file__).resolve().parent / "headless.mjs"), "--url", url.split("?")[0] + query,
                "--out", str(tmp / "result.json"), "--user-data-dir", str(tmp / "chromium-profile"),
                "--chromium", str(runtimes.CHROMIUM), "--timeout", str(args.timeout), "--watch-stdin"]
         if args.screenshot:
