@@ -85,6 +85,15 @@ def test_serves_its_page_models_and_runtime_files(server, patched: Path) -> None
     assert config["bundles"] == ["jsep", "webgpu"] and config["tolerance"] == GPU_TOLERANCE
 
 
+def test_default_profile_is_the_browser_adapters_own(tmp_path: Path) -> None:
+    """The page, not the server, knows the adapter: `limits: null` tells it to request every limit it offers."""
+    web = tmp_path / "onnxruntime-web"
+    web.mkdir()
+    app = ServeApp([ServedModel.load("original", ORIGINAL)], None, ort_web=web)
+    assert app.config()["profile"]["name"] == "adapter" and app.config()["profile"]["limits"] is None
+    assert app.versions["onnxruntime-web (served)"] == "?"
+
+
 @pytest.mark.parametrize("path", ["/ort/..%2f..%2fsetup.cfg", "/external/original/../../setup.cfg",
                                   "/external/original/decoder_gathernd.onnx", "/model/other.onnx",
                                   "/etc/passwd", "/ort/"])
@@ -199,12 +208,14 @@ def test_page_runs_both_models_in_headless_chromium(tmp_path: Path, patched: Pat
     byte; the patched one has no CPU node and no Memcpy."""
     result, shot = tmp_path / "result.json", tmp_path / "page.png"
     r = _cli(str(ORIGINAL), str(patched), "--headless", str(result), "--screenshot", str(shot), "--bundle",
-             "webgpu", "--runs", "2", timeout=900)
+             "webgpu", "--runs", "2", "--device-profile", "spec-default", timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     doc = json.loads(result.read_text())
     assert doc["ok"] is True and doc["bundle_file"] == "ort.webgpu.min.mjs"
     assert doc["software_adapter"] is True and "not GPU timings" in doc["timing_note"]
     assert doc["adapter"]["architecture"] == "swiftshader"
+    # the page requested ORT's device with the profile's limits, not the adapter's (10 storage buffers, 1 GiB)
+    assert doc["profile"]["name"] == "spec-default" and doc["applied_limits"] == SPEC_DEFAULT_LIMITS
     original, patched_run = doc["models"]
     for m in (original, patched_run):
         assert m["ok"] and m["error"] is None and m["gpu_errors"] == []

@@ -3,7 +3,8 @@ headless Chromium, which writes the page's result JSON and a screenshot and exit
 
 Exit codes: 0 when the server stopped cleanly (Ctrl-C / SIGTERM) or, with --headless, every model ran on WebGPU
 without an error and agreed with ORT CPU within the tolerance; 1 when a headless run did not; 2 for bad input
-(missing or non-ONNX model, no single image input, bad device profile) and when the runtimes are not installed.
+(missing or non-ONNX model, no single image input, bad device profile) and when the runtimes are not installed;
+130 when a headless run is interrupted (its temporary browser profile is removed all the same).
 """
 
 from __future__ import annotations
@@ -101,6 +102,8 @@ def run_serve(args: argparse.Namespace) -> int:
         server.serve_forever()
     except KeyboardInterrupt:
         print("deform-surgeon serve: stopped", file=sys.stderr)
+        if args.headless:
+            return 130  # interrupted before the page finished: no result
     finally:
         if args.headless:
             server.shutdown()  # serve_forever runs in its thread; in the foreground it has returned already

@@ -247,6 +247,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(size))
         self.send_header("Cache-Control", "no-store")
         self.end_headers()
+        if self.command == "HEAD":
+            return
         with open(path, "rb") as f:
             while chunk := f.read(1 << 20):
                 self.wfile.write(chunk)
