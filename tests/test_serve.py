@@ -229,3 +229,49 @@ def test_page_runs_both_models_in_headless_chromium(tmp_path: Path, patched: Pat
     assert patched_run["vs_original"]["mask"]["max_abs_diff"] == 0
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "software adapter: the timings below are not GPU timings" in r.stdout
+
+
+@pytest.mark.webgpu
+@needs_runtimes
+def test_a_model_the_adapter_cannot_run_is_a_failure(tmp_path: Path) -> None:
+    """float16 on an adapter without shader-f16 (SwiftShader): the page reports ORT's error and the placement ORT
+    logged before it, the result is not ok and the command exits 1; on an adapter with shader-f16 it runs."""
+    result = tmp_path / "result.json"
+    r = _cli(str(FIXTURES / "decoder_gathernd_fp16.onnx"), "--headless", str(result), "--bundle", "webgpu",
+             "--runs", "1", timeout=900)
+    doc = json.loads(result.read_text())
+    (m,) = doc["models"]
+    assert doc["input"] == {"name": "image", "dtype": "float16", "dims": [1, 3, 64, 64]}
+    if "shader-f16" in doc["adapter"]["features"]:
+        assert r.returncode == 0 and m["ok"] and m["vs_cpu"]["mask"]["max_abs_diff"] <= GPU_TOLERANCE["float16"]
+        return
+    assert r.returncode == 1 and doc["ok"] is False and m["ok"] is False
+    assert "requires f16 but the device does not support it" in m["error"]
+    assert m["runs_ms"] == [] and m["outputs"] == []
+    assert m["placement"]["placement_logged"] and m["placement"]["cpu_nodes"] > 0
+    assert "requires f16" in r.stdout
+
+
+def test_serves_the_external_data_a_model_names_and_no_other_file(tmp_path: Path) -> None:
+    import onnx
+
+    model = onnx.load(str(ORIGINAL))
+    folder = tmp_path / "m"
+    folder.mkdir()
+    onnx.save(model, str(folder / "ext.onnx"), save_as_external_data=True, location="ext.onnx.data",
+              size_threshold=0)
+    (folder / "secret.txt").write_text("not served")
+    web = tmp_path / "onnxruntime-web"
+    web.mkdir()
+    app = ServeApp([ServedModel.load("original", folder / "ext.onnx")], None, ort_web=web)
+    assert app.config()["models"][0]["external"] == [
+        {"path": "ext.onnx.data", "url": "/external/original/ext.onnx.data"}]
+    srv = make_server(app)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        assert _request(srv, "GET", "/external/original/ext.onnx.data") == (
+            200, (folder / "ext.onnx.data").read_bytes())
+        assert _request(srv, "GET", "/external/original/secret.txt")[0] == 403
+    finally:
+        srv.shutdown()
+        srv.server_close()

@@ -2,7 +2,8 @@
 headless Chromium, which writes the page's result JSON and a screenshot and exits.
 
 Exit codes: 0 when the server stopped cleanly (Ctrl-C / SIGTERM) or, with --headless, every model ran on WebGPU
-without an error and agreed with ORT CPU within the tolerance; 1 when a headless run did not; 2 for bad input
+without an error and agreed with ORT CPU within the tolerance, and the patched model's outputs equal the original's
+byte for byte; 1 when a headless run did not; 2 for bad input
 (missing or non-ONNX model, no single image input, bad device profile) and when the runtimes are not installed;
 130 when a headless run is interrupted (its temporary browser profile is removed all the same).
 """

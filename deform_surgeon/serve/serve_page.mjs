@@ -200,6 +200,8 @@ async function runModel(ort, m, tensor, runs) {
   const before = gpuErrors.length;
   let session = null;
   let outs = null;
+  let lines = null;
+  const parseLog = async () => (await fetchOk('/logparse', { method: 'POST', body: lines.join('\n') })).json();
   try {
     progress(`${m.label}: fetching ${m.name}`);
     const t0 = performance.now();
@@ -210,7 +212,6 @@ async function runModel(ort, m, tensor, runs) {
     progress(`${m.label}: creating the session`);
     logSink.lines = [];
     const t1 = performance.now();
-    let lines;
     try {
       session = await ort.InferenceSession.create(bytes, options);
     } finally {
@@ -218,7 +219,7 @@ async function runModel(ort, m, tensor, runs) {
       lines = logSink.lines;
       logSink.lines = null;
     }
-    e.placement = await (await fetchOk('/logparse', { method: 'POST', body: lines.join('\n') })).json();
+    e.placement = await parseLog();
     const feeds = { [session.inputNames[0]]: tensor };
     const quiet = { logSeverityLevel: 3 }; // the verbose log is for placement; runs are timed without it
     progress(`${m.label}: first run`);
@@ -267,6 +268,8 @@ async function runModel(ort, m, tensor, runs) {
   } catch (err) {
     e.error = errorText(err);
     e.gpu_errors = gpuErrors.slice(before);
+    // what ORT logged before it failed (a session that fails after partitioning still shows its placement)
+    if (lines && !e.placement) e.placement = await parseLog().catch(() => null);
   } finally {
     if (session) await session.release().catch(() => {});
     ort.env.debug = BUNDLES[state.bundle].debug;
@@ -397,8 +400,8 @@ async function main() {
     showInput();
   };
   await setImage('/sample.png', 'sample.png (bundled)');
-  $('file').onchange = () => $('file').files[0]
-    && setImage(URL.createObjectURL($('file').files[0]), $('file').files[0].name);
+  const pick = (f) => f && setImage(URL.createObjectURL(f), f.name).catch((e) => progress(`${f.name}: ${errorText(e)}`));
+  $('file').onchange = () => pick($('file').files[0]);
   const drop = $('drop');
   drop.ondragover = (ev) => {
     ev.preventDefault();
@@ -408,8 +411,7 @@ async function main() {
   drop.ondrop = (ev) => {
     ev.preventDefault();
     drop.classList.remove('over');
-    const f = ev.dataTransfer.files[0];
-    if (f) setImage(URL.createObjectURL(f), f.name);
+    pick(ev.dataTransfer.files[0]);
   };
 
   const run = async () => {
