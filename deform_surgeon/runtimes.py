@@ -77,11 +77,6 @@ def node_modules() -> Path:
     return (runtimes_dir() or cache_dir()) / "node_modules"
 
 
-def ort_web_dist() -> Path:
-    """onnxruntime-web's dist folder (the bundles and their wasm files a page imports)."""
-    return node_modules() / "onnxruntime-web" / "dist"
-
-
 def missing_files(folder: Path) -> list[str]:
     return [f for f in REQUIRED_FILES if not (folder / f).is_file()]
 

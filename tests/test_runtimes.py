@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -81,3 +83,26 @@ def test_browser_hint_names_the_package_for_this_os(monkeypatch: pytest.MonkeyPa
     assert problem is not None and str(tmp_path / "chromium") in problem
     if Path("/etc/debian_version").exists():
         assert "sudo apt-get install chromium" in problem
+
+
+@pytest.mark.webgpu  # needs node and npm (and starts a real `npm ci`, stopped at once)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_interrupted_setup_leaves_no_partial_install(sig: signal.Signals, tmp_path: Path) -> None:
+    if runtimes.node_problem():
+        pytest.skip(runtimes.node_problem())
+    cache = tmp_path / "cache"
+    proc = subprocess.Popen([sys.executable, "-m", "deform_surgeon", "setup"], stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "XDG_CACHE_HOME": str(cache)})
+    try:
+        deadline = time.monotonic() + 60
+        while not list(cache.glob("deform-surgeon/.runtimes-*.partial-*/package-lock.json")):
+            assert proc.poll() is None and time.monotonic() < deadline, "setup never started its install"
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        assert proc.wait(timeout=60) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    left = sorted(p.name for p in (cache / "deform-surgeon").iterdir())
+    assert left == [f".{runtimes.cache_dir().name}.lock"], left  # the lock file only: no partial, no install
+    assert "interrupted" in proc.stderr.read()

@@ -132,7 +132,7 @@ class ServeApp:
             folder = runtimes.runtimes_dir()
             if folder is None:
                 raise RuntimeError(f"onnxruntime-web is not installed; run `{runtimes.SETUP_COMMAND}`")
-            ort_web = folder / "node_modules" / "onnxruntime-web"
+            ort_web = runtimes.node_modules() / "onnxruntime-web"
         self.ort_dist = ort_web / "dist"
         try:
             web_version = json.loads((ort_web / "package.json").read_text())["version"]
