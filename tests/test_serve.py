@@ -275,3 +275,30 @@ def test_serves_the_external_data_a_model_names_and_no_other_file(tmp_path: Path
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+@pytest.mark.webgpu
+@needs_runtimes
+def test_any_image_model_runs_and_shows_its_first_output(tmp_path: Path) -> None:
+    """Not a mask: a 3 -> 4 channel Conv with two outputs. The page runs it, compares both outputs with ORT CPU and
+    shows the first output's first plane (the last output has 4 channels, so it is not taken for a mask)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(1).standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["image", "w"], ["features"], pads=[1, 1, 1, 1], kernel_shape=[3, 3],
+                          strides=[1, 1], dilations=[1, 1]),  # JSEP: "dilations should be 2D" without them
+         helper.make_node("Relu", ["features"], ["relu"])],
+        "conv", [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, 32, 32])],
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, [1, 4, 32, 32]),
+         helper.make_tensor_value_info("relu", TensorProto.FLOAT, [1, 4, 32, 32])], [w])
+    model = tmp_path / "conv.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(model))
+    result = tmp_path / "result.json"
+    r = _cli(str(model), "--headless", str(result), "--runs", "1", timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    (m,) = json.loads(result.read_text())["models"]
+    assert m["ok"] and sorted(m["vs_cpu"]) == ["features", "relu"]
+    assert all(v["max_abs_diff"] <= GPU_TOLERANCE["float32"] for v in m["vs_cpu"].values())
+    assert m["display"].startswith("first output 'features'")

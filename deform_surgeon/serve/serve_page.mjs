@@ -196,7 +196,7 @@ async function runModel(ort, m, tensor, runs) {
   const e = { label: m.label, file: m.name, ok: false, error: null, fetch_s: null, session_create_s: null,
     first_run_ms: null, runs_ms: [], min_ms: null, median_ms: null, placement: null, gpu_errors: [], outputs: [],
     vs_cpu: null, max_abs_diff_vs_cpu: null, within_tolerance: null, vs_original: null,
-    identical_to_original: null, cpu_reference_s: null };
+    identical_to_original: null, cpu_reference_s: null, display: null };
   const before = gpuErrors.length;
   let session = null;
   let outs = null;
@@ -275,7 +275,9 @@ async function runModel(ort, m, tensor, runs) {
     ort.env.debug = BUNDLES[state.bundle].debug;
     ort.env.logLevel = 'verbose'; // the next session's placement log
   }
-  return { entry: e, picture: e.outputs.length ? picture(outs, e.outputs.map((o) => o.name)) : null };
+  const pic = e.outputs.length ? picture(outs, e.outputs.map((o) => o.name)) : null;
+  e.display = pic ? pic.kind : null;
+  return { entry: e, picture: pic };
 }
 
 // ---------------------------------------------------------------------------------------------- page
