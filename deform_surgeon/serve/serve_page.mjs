@@ -22,6 +22,8 @@ const BUNDLE_LABELS = {
   webgpu: "import 'onnxruntime-web/webgpu' (native EP, ort.webgpu.min.mjs)",
 };
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+/** Text for innerHTML: file names and adapter strings are data, never markup. */
+const esc = (v) => String(v).replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
 
 function progress(text) {
   $('status').textContent = text;
@@ -296,7 +298,7 @@ function firstLine(text) {
 
 function showTable(entries) {
   const rows = [
-    ['file', (e) => e.file],
+    ['file', (e) => esc(e.file)],
     ['runs on WebGPU without error, agrees with ORT CPU', (e) => (e.ok ? '<span class="good">yes</span>'
       : '<span class="bad">NO</span>')],
     ['model download (s)', (e) => fmt(e.fetch_s)],
@@ -313,8 +315,8 @@ function showTable(entries) {
       : e.identical_to_original ? '<span class="good">yes</span>' : '<span class="bad">NO</span>')],
     ['max |output − original|', (e) => (e.vs_original ? fmt(Math.max(...Object.values(e.vs_original)
       .map((x) => x.max_abs_diff ?? Infinity))) : '–')],
-    ['error (full text in the results JSON)', (e) => (e.error ? `<span class="bad">${firstLine(e.error)
-      .replace(/</g, '&lt;')}</span>` : '')],
+    ['error (full text in the results JSON)', (e) => (e.error ? `<span class="bad">${esc(firstLine(e.error))}</span>`
+      : '')],
   ];
   let html = `<tr><th></th>${entries.map((e) => `<th>${e.label}</th>`).join('')}</tr>`;
   for (const [name, fn] of rows) html += `<tr><td>${name}</td>${entries.map((e) => `<td>${fn(e)}</td>`).join('')}</tr>`;
@@ -329,14 +331,15 @@ function isSoftware(a) {
 
 function showAdapter(a, note, profile, applied) {
   if (!a) {
-    $('adapter').innerHTML = `<span class="bad">no WebGPU adapter: ${note}</span>`;
+    $('adapter').innerHTML = `<span class="bad">no WebGPU adapter: ${esc(note)}</span>`;
     return;
   }
   const keys = Object.keys(a.limits);
-  $('adapter').innerHTML = `<div class="row"><div><p>vendor <b>${a.vendor || '?'}</b>, architecture <b>${a.architecture || '?'}</b>,
-    device ${a.device || '?'} ${a.description ? `(${a.description})` : ''}, fallback adapter:
+  $('adapter').innerHTML = `<div class="row"><div><p>vendor <b>${esc(a.vendor || '?')}</b>, architecture
+    <b>${esc(a.architecture || '?')}</b>, device ${esc(a.device || '?')} ${a.description ? `(${esc(a.description)})` : ''},
+    fallback adapter:
     <b>${a.isFallbackAdapter}</b>, ${a.features.length} features (shader-f16: ${a.features.includes('shader-f16')})</p>
-    <p>device profile <b>${profile.name}</b>: ${profile.source}</p></div>
+    <p>device profile <b>${esc(profile.name)}</b>: ${esc(profile.source)}</p></div>
     <table><tr><th>limit</th><th>adapter</th><th>requested for ORT's device</th></tr>
     ${keys.map((k) => `<tr><td>${k}</td><td>${a.limits[k]}</td><td>${applied ? applied[k] : '–'}</td></tr>`).join('')}
     </table></div>`;
