@@ -15,6 +15,7 @@ comes from the system (`setup --browser` says how to install it).
 
 from __future__ import annotations
 
+import argparse
 import fcntl
 import hashlib
 import json
@@ -23,7 +24,9 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 PINS_DIR = Path(__file__).resolve().parent / "placement"  # package.json + package-lock.json (package data)
 IN_TREE = PINS_DIR  # a checkout's older install location: PINS_DIR/node_modules
@@ -135,7 +138,7 @@ def chromium_version() -> str | None:
     return out.stdout.strip() or None
 
 
-def install(log=print) -> Path:
+def install(log: Callable[[str], None] = print) -> Path:
     """Installs the pinned npm packages into `cache_dir()` (idempotent; safe when run twice at once).
 
     npm works in a sibling folder that is renamed into place when complete, under a lock file, so a half-finished
@@ -205,7 +208,7 @@ def sigterm_raises_interrupt() -> None:
     signal.signal(signal.SIGTERM, _raise)
 
 
-def run_setup(args) -> int:
+def run_setup(args: argparse.Namespace) -> int:
     """`deform-surgeon setup [--browser]`: exit 0 when everything asked for is there, 2 when something is not."""
     sigterm_raises_interrupt()
     if args.check:
@@ -236,7 +239,7 @@ def run_setup(args) -> int:
     return status
 
 
-def register_cli(subparsers) -> None:
+def register_cli(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "setup", help="install the pinned WebGPU runtimes (npm) that `placement` and `serve` use",
         description="Installs the npm packages pinned by this package (onnxruntime-web/-node, playwright-core, "
