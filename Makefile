@@ -10,7 +10,7 @@ OUT   ?= $(if $(MODEL),$(basename $(MODEL)).patched.onnx,)
 ARGS  ?=
 PYTEST_ARGS ?=
 
-.PHONY: help install demo patch batch verify inspect test test-fast lint fixtures webgpu-setup placement budget split-1024 bench clean
+.PHONY: help install demo patch batch verify inspect test test-fast lint fixtures webgpu-setup placement budget serve split-1024 bench clean
 
 help:
 	@echo "make demo                      install, patch + verify the default 1024x1024 model, print the report"
@@ -21,6 +21,7 @@ help:
 	@echo "make inspect MODEL=m.onnx      dry run: what would be rewritten or refused, and why"
 	@echo "make placement MODEL=m.onnx    where ORT's WebGPU EP places the nodes (ARGS='--runtime browser')"
 	@echo "make budget MODEL=m.onnx       tensors over the WebGPU buffer limits (ARGS='--max-buffer 256MiB')"
+	@echo "make serve MODEL=m.onnx [OUT=] a page on 127.0.0.1: original and patched side by side on your GPU"
 	@echo "make split-1024                BiRefNet's 64-channel blocks at 1024: split, verify, run on the 3 WebGPU runtimes (~1 h)"
 	@echo "make bench                     patch time / RSS against load+save, 3 GB external model, batch --jobs 2"
 	@echo "make fixtures | lint | webgpu-setup | clean"
@@ -54,8 +55,13 @@ inspect: $(STAMP)
 	@test -n "$(MODEL)" || { echo "usage: make inspect MODEL=path/to/model.onnx"; exit 2; }
 	$(BIN)/deform-surgeon inspect $(MODEL) $(ARGS)
 
-webgpu-setup:
+webgpu-setup: $(STAMP)
 	bash scripts/webgpu_setup.sh
+
+serve: $(STAMP) webgpu-setup
+	@test -n "$(MODEL)" || { echo "usage: make serve MODEL=path/to/model.onnx [OUT=patched.onnx] [ARGS='--device-profile spec-default']"; exit 2; }
+	test -f $(OUT) || $(BIN)/deform-surgeon patch $(MODEL) $(OUT)
+	$(BIN)/deform-surgeon serve $(MODEL) $(OUT) $(ARGS)
 
 placement: $(STAMP) webgpu-setup
 	@test -n "$(MODEL)" || { echo "usage: make placement MODEL=path/to/model.onnx [ARGS='--runtime browser --bundle jsep']"; exit 2; }

@@ -275,6 +275,11 @@ def build_parser() -> argparse.ArgumentParser:
         register_cli = None
     if register_cli is not None:
         register_cli(sub)
+    from .runtimes import register_cli as register_setup
+    from .serve import register_cli as register_serve
+
+    register_serve(sub)
+    register_setup(sub)
     return parser
 
 

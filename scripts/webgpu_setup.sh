@@ -3,7 +3,7 @@
 #   * Debian's chromium (headless browser for onnxruntime-web; it also ships SwiftShader's Vulkan ICD that
 #     onnxruntime-node's WebGPU EP uses on a machine without a GPU) and libvulkan1 (the Vulkan loader Dawn dlopens),
 #   * the pinned npm packages of deform_surgeon/placement/package-lock.json (onnxruntime-web, onnxruntime-node,
-#     playwright-core, webgpu) into deform_surgeon/placement/node_modules (git-ignored).
+#     playwright-core, webgpu), through `deform-surgeon setup` (a per-user cache folder; see deform_surgeon/runtimes.py).
 #
 # Idempotent: every step checks first and skips work that is already done, so `make webgpu-setup` is cheap to
 # repeat. Never downloads a browser build (`npx playwright install` cannot work here) and never runs npm
@@ -15,8 +15,6 @@ set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/.." && pwd)"
-PKG_DIR="$ROOT/deform_surgeon/placement"
-STAMP="$PKG_DIR/node_modules/.deform-surgeon-setup.sha256"
 CHECK_ONLY=0
 [[ "${1:-}" == "--check" ]] && CHECK_ONLY=1
 
@@ -62,41 +60,16 @@ elif ((!CHECK_ONLY)); then
   die "node is still missing after apt-get"
 fi
 
-# ---- 3. npm packages (pinned by package-lock.json) ---------------------------------------------------------
-lock_sum="$(sha256sum "$PKG_DIR/package-lock.json" | cut -d' ' -f1)"
-if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$lock_sum" ]]; then
-  log "npm packages already installed for this package-lock.json"
-elif ((CHECK_ONLY)); then
-  log "npm packages not installed (or package-lock.json changed): deform_surgeon/placement/node_modules"
-  npm_missing=1
+# ---- 3. npm packages (pinned by package-lock.json): `deform-surgeon setup`, the command a pip install has too --------
+# It installs them once per user into $XDG_CACHE_HOME/deform-surgeon/runtimes-<hash of the lock> and checks the files
+# the harnesses load; --browser checks the system Chromium as well.
+DS="${DEFORM_SURGEON:-$ROOT/.venv/bin/deform-surgeon}"
+[[ -x "$DS" ]] || DS="$(command -v deform-surgeon || true)"
+[[ -n "$DS" ]] || die "deform-surgeon is not installed (make install, or pip install .)"
+if ((CHECK_ONLY)); then
+  "$DS" setup --check --browser || die "setup incomplete; run: make webgpu-setup"
 else
-  log "installing npm packages into deform_surgeon/placement/node_modules (npm ci --ignore-scripts)"
-  start=$SECONDS
-  (cd "$PKG_DIR" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
-  echo "$lock_sum" >"$STAMP"
-  log "npm ci done in $((SECONDS - start)) s"
+  "$DS" setup --browser
 fi
-
-# ---- 4. Verify what the harnesses load ----------------------------------------------------------------------
-missing=()
-for f in \
-  node_modules/onnxruntime-web/dist/ort.webgpu.min.mjs \
-  node_modules/onnxruntime-web/dist/ort.min.mjs \
-  node_modules/onnxruntime-web/dist/ort.all.min.mjs \
-  node_modules/onnxruntime-node/bin/napi-v6/linux/x64/onnxruntime_binding.node \
-  node_modules/onnxruntime-node/bin/napi-v6/linux/x64/libonnxruntime.so.1 \
-  node_modules/playwright-core/package.json \
-  node_modules/webgpu/dist/linux-x64/dawn.node; do
-  [[ -f "$PKG_DIR/$f" ]] || missing+=("$f")
-done
-[[ -x /usr/bin/chromium ]] || missing+=(/usr/bin/chromium)
-[[ -f /usr/lib/chromium/vk_swiftshader_icd.json ]] || missing+=(/usr/lib/chromium/vk_swiftshader_icd.json)
-have_vulkan_loader || missing+=(libvulkan.so.1)
-
-if ((${#missing[@]})) || ((${npm_missing:-0})); then
-  for m in "${missing[@]}"; do log "missing: $m"; done
-  ((CHECK_ONLY)) && die "setup incomplete; run: make webgpu-setup"
-  die "setup finished but files are missing (see above)"
-fi
-log "ready: $(/usr/bin/chromium --version 2>/dev/null | head -1); node $(node --version); onnxruntime-web/-node $(
-  node -p "require('$PKG_DIR/node_modules/onnxruntime-node/package.json').version")"
+have_vulkan_loader || die "libvulkan.so.1 is missing (apt-get install libvulkan1)"
+log "ready: $(/usr/bin/chromium --version 2>/dev/null | head -1); node $(node --version)"

@@ -12,7 +12,7 @@ Parser tests run everywhere, on real logs committed under tests/fixtures/ (captu
 * ``placement_node_all_gpu.log``: a single rank-5 GatherND; ORT prints only "All nodes placed on [...]".
 
 Tests marked ``webgpu`` create real sessions (node and headless Chromium on SwiftShader); they skip, with the
-reason, only when :func:`missing_setup` reports that ``make webgpu-setup`` has not been run.
+reason, only when :func:`missing_setup` reports that ``deform-surgeon setup`` has not been run.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from deform_surgeon import runtimes
 from deform_surgeon.placement import (
     Placement,
     compare_outputs,
@@ -236,10 +237,12 @@ def test_make_inputs_seeded(tmp_path: Path) -> None:
     assert a["idx"].dtype == np.int64 and a["idx"].min() >= 0 and a["idx"].max() < 4
 
 
-def test_missing_setup_names_the_make_target(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(runner_mod, "NODE_MODULES", tmp_path / "nowhere")
-    msg = missing_setup()
-    assert msg is not None and "make webgpu-setup" in msg and "\n" not in msg
+def test_missing_setup_names_the_setup_command(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(runtimes, "IN_TREE", tmp_path / "nowhere")
+    msg = missing_setup("node")
+    assert msg is not None and "run `deform-surgeon setup`" in msg and "\n" not in msg
+    assert "deform-surgeon setup --browser" in (missing_setup("browser") or "")
 
 
 def _cli(argv: list[str]) -> int:

@@ -43,6 +43,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import deform_surgeon as ds
+from deform_surgeon import runtimes
 from deform_surgeon.placement import Placement, measure_placement, missing_setup
 from deform_surgeon.placement import runner as runner_mod
 
@@ -121,7 +122,7 @@ def _optimised_node_count(model: Path, work: Path) -> int | str:
     script.write_text(_SAVE_OPTIMISED_MJS)
     out = work / f"{model.stem}.ort_optimised.onnx"
     r = subprocess.run(
-        ["node", str(script), str(runner_mod.PKG_DIR), str(model.resolve()), str(out)],
+        ["node", str(script), str(runtimes.node_modules().parent), str(model.resolve()), str(out)],
         env=runner_mod._harness_env(work),
         cwd=str(runner_mod.PKG_DIR),
         capture_output=True,

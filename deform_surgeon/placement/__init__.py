@@ -5,7 +5,7 @@ onnxruntime-node, or do some nodes fall back to ``CPUExecutionProvider`` with Me
 Placement is read from ORT's own verbose partitioning log (:func:`parse_ort_log`), produced by real sessions
 (:func:`measure_placement`) in onnxruntime-node 1.30.0 (native WebGPU EP) or in headless Chromium with an
 onnxruntime-web 1.30.0 bundle (``webgpu`` = native EP, ``jsep``/``all`` = JSEP), on SwiftShader when the
-machine has no GPU. The runtimes are installed by ``make webgpu-setup`` (scripts/webgpu_setup.sh);
+machine has no GPU. The runtimes are installed by ``deform-surgeon setup`` (``deform_surgeon.runtimes``);
 :func:`missing_setup` tells.
 """
 

@@ -5,21 +5,18 @@
 // (the `webgpu` npm package, dawn.node). It uses the same Vulkan driver (VK_ICD_FILENAMES) but is a different
 // Dawn build than the one linked into libonnxruntime, so it runs in its own process to rule out any clash,
 // and the Python side labels its answer as a probe, not as the EP's own adapter.
-import { createRequire } from 'node:module';
-
+import { runtimeImport, runtimeRequire } from './harness_common.mjs';
 import { describeAdapter } from './harness_shared.mjs';
 
-const require = createRequire(import.meta.url);
-
 async function main() {
-  const { create } = await import('webgpu');
+  const { create } = await runtimeImport('webgpu');
   const gpu = create([]);
   const adapter = await gpu.requestAdapter();
   if (!adapter) {
     process.stdout.write(JSON.stringify({ adapter: null, error: 'requestAdapter() returned null' }) + '\n');
     return;
   }
-  const out = describeAdapter(adapter, `webgpu@${require('webgpu/package.json').version} (dawn.node) probe in a separate process`);
+  const out = describeAdapter(adapter, `webgpu@${runtimeRequire('webgpu/package.json').version} (dawn.node) probe in a separate process`);
   process.stdout.write(JSON.stringify({ adapter: out, error: null }) + '\n');
 }
 

@@ -13,33 +13,23 @@
 // Browser, server and temp profile are torn down on every exit path (normal, error, SIGINT, SIGTERM).
 import fs from 'node:fs';
 import http from 'node:http';
-import { createRequire } from 'node:module';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
-import { errorText, parseArgs, progress, readInputsMeta, watchParent, writeResult } from './harness_common.mjs';
+import {
+  errorText,
+  launchChromium,
+  parseArgs,
+  progress,
+  readInputsMeta,
+  RUNTIMES_DIR,
+  watchParent,
+  writeResult,
+} from './harness_common.mjs';
+import { BUNDLES } from './harness_shared.mjs';
 
-const require = createRequire(import.meta.url);
 const HERE = path.dirname(fileURLToPath(import.meta.url));
-
-const BUNDLES = {
-  webgpu: { file: 'ort.webgpu.min.mjs', debug: false }, // native C++ WebGpuExecutionProvider (asyncify wasm)
-  jsep: { file: 'ort.min.mjs', debug: true }, // JsExecutionProvider; debug=true makes WGSL errors reject run()
-  all: { file: 'ort.all.min.mjs', debug: true }, // JSEP as well, plus webgl/wasm
-};
-
-// docs/runtime-facts.md section 6: without --enable-unsafe-webgpu there is no adapter in headless Chromium on Linux.
-const CHROMIUM_FLAGS = [
-  '--headless',
-  '--no-sandbox',
-  '--enable-unsafe-webgpu',
-  '--no-first-run',
-  '--disable-background-networking',
-  '--disable-component-update',
-  '--disable-sync',
-  '--disable-quic',
-];
 
 const MIME = {
   '.html': 'text/html; charset=utf-8',
@@ -98,6 +88,7 @@ function startServer({ model, ortDist, io, external }) {
     if (p === '/' || p === '/page.html') return serveFile(res, path.join(HERE, 'page.html'));
     if (p === '/browser_page.mjs') return serveFile(res, path.join(HERE, 'browser_page.mjs'));
     if (p === '/harness_shared.mjs') return serveFile(res, path.join(HERE, 'harness_shared.mjs'));
+    if (p === '/browser_device.mjs') return serveFile(res, path.join(HERE, 'browser_device.mjs'));
     if (p === '/model.onnx') return serveFile(res, path.resolve(model));
     if (p === '/favicon.ico') return res.writeHead(204).end();
     if (p.startsWith('/ort/')) {
@@ -127,8 +118,8 @@ async function main() {
   const bundleName = args.bundle || 'webgpu';
   const bundle = BUNDLES[bundleName];
   if (!bundle) throw new Error(`unknown --bundle ${bundleName} (webgpu|jsep|all)`);
-  // onnxruntime-web's "exports" hide package.json and dist/, so locate it on disk next to this harness.
-  const ortWebDir = path.join(HERE, 'node_modules', 'onnxruntime-web');
+  // onnxruntime-web's "exports" hide package.json and dist/, so locate it on disk in the runtimes folder.
+  const ortWebDir = path.join(RUNTIMES_DIR, 'node_modules', 'onnxruntime-web');
   const ortDist = path.join(ortWebDir, 'dist');
   const ortWebVersion = JSON.parse(fs.readFileSync(path.join(ortWebDir, 'package.json'), 'utf8')).version;
   const external = args.external ? JSON.parse(args.external) : [];
@@ -210,18 +201,9 @@ async function main() {
       ownProfile = fs.mkdtempSync(path.join(os.tmpdir(), 'ds-chromium-'));
       userDataDir = ownProfile;
     }
-    const { chromium } = require('playwright-core');
     progress('launching headless chromium');
     const t0 = performance.now();
-    context = await chromium.launchPersistentContext(userDataDir, {
-      executablePath: args.chromium || '/usr/bin/chromium',
-      headless: true,
-      args: CHROMIUM_FLAGS,
-      handleSIGINT: false,
-      handleSIGTERM: false,
-      handleSIGHUP: false,
-      timeout: 60000,
-    });
+    context = await launchChromium(userDataDir, args.chromium);
     result.timings.browser_launch_s = (performance.now() - t0) / 1000;
     result.versions.chromium = context.browser()?.version() ?? null;
     const page = context.pages()[0] || (await context.newPage());

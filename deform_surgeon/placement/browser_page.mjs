@@ -1,75 +1,14 @@
 // Runs inside headless Chromium (served by browser_harness.mjs from 127.0.0.1): loads an onnxruntime-web bundle,
 // creates a session on WebGPU with the verbose log on, optionally runs it, and returns a JSON-able result.
-//
-// Why hooks on GPUAdapter.requestDevice: on JSEP a WGSL compile failure surfaces only as an *uncaptured* WebGPU
-// error (docs/runtime-facts.md section 3), and session.run() still resolves. Listening for `uncapturederror` on every
-// device that the page creates (ORT's included) is the only way to see it as data rather than as a console line.
+// The WebGPU device hooks (uncaptured errors, device profile) are in browser_device.mjs, shared with `serve`'s page.
 
-import { bytesOfData, describeAdapter, errorText, typedFromBytes } from '/harness_shared.mjs';
+import { adapterInfo, applyProfile, gpuErrors, hookDevices } from '/browser_device.mjs';
+import { bytesOfData, errorText, typedFromBytes } from '/harness_shared.mjs';
 
-const gpuErrors = [];
 window.__gpuErrors = gpuErrors;
 
 function progress(text) {
   console.log(`@@progress ${text}`);
-}
-
-function hookDevices() {
-  if (!('gpu' in navigator) || typeof GPUAdapter === 'undefined') return;
-  const orig = GPUAdapter.prototype.requestDevice;
-  GPUAdapter.prototype.requestDevice = async function (...a) {
-    const device = await orig.apply(this, a);
-    device.addEventListener('uncapturederror', (ev) => {
-      const err = ev.error;
-      const kind = err && err.constructor ? err.constructor.name : 'GPUError';
-      // No preventDefault(): Chrome still prints its own console report, which the harness forwards too.
-      gpuErrors.push(`${kind}: ${err && err.message ? err.message : String(err)}`);
-    });
-    device.lost.then((info) => gpuErrors.push(`device lost (${info.reason}): ${info.message}`));
-    return device;
-  };
-}
-
-// Limits where a smaller number is the better one: a device with a profile's limits has the larger of the two.
-const ALIGNMENTS = new Set(['minUniformBufferOffsetAlignment', 'minStorageBufferOffsetAlignment']);
-
-/**
- * Makes the page behave like a device with the profile's limits (never beyond what the real adapter offers):
- * `adapter.limits` reports them, so ORT sizes its work to them, and every `requestDevice` asks for exactly them,
- * so WebGPU validation enforces them ("exceeds the maximum per-stage limit") as it would on a user's GPU.
- * Returns the limits applied.
- */
-function applyProfile(adapter, profile) {
-  const real = adapter.limits;
-  const applied = {};
-  for (const [key, value] of Object.entries(profile)) {
-    if (!(key in real)) continue;
-    const a = Number(real[key]);
-    applied[key] = ALIGNMENTS.has(key) ? Math.max(value, a) : Math.min(value, a);
-  }
-  const limitsGetter = Object.getOwnPropertyDescriptor(GPUAdapter.prototype, 'limits').get;
-  Object.defineProperty(GPUAdapter.prototype, 'limits', {
-    configurable: true,
-    get() {
-      const own = limitsGetter.call(this);
-      const view = {};
-      for (const key in own) view[key] = key in applied ? applied[key] : own[key];
-      return view;
-    },
-  });
-  const request = GPUAdapter.prototype.requestDevice;
-  GPUAdapter.prototype.requestDevice = function (descriptor = {}) {
-    return request.call(this, { ...descriptor, requiredLimits: { ...applied } });
-  };
-  return applied;
-}
-
-async function adapterInfo() {
-  if (!('gpu' in navigator)) return { adapter: null, error: 'navigator.gpu is missing (WebGPU disabled?)' };
-  const adapter = await navigator.gpu.requestAdapter();
-  if (!adapter) return { adapter: null, error: 'navigator.gpu.requestAdapter() returned null' };
-  const source = 'navigator.gpu.requestAdapter() in the page (same browser, same default adapter ORT requests)';
-  return { adapter: describeAdapter(adapter, source), error: null };
 }
 
 async function fetchBytes(url) {

@@ -2,8 +2,8 @@
 
 Exit codes: 0 when every session (and run, with ``--run``) succeeded; 1 when a session creation or a run
 failed (including a run that "succeeded" with an uncaptured WebGPU error); 2 for bad input (missing or
-unreadable model file, bad arguments) and when the runtimes are not installed (the message names ``make
-webgpu-setup``). Non-identical outputs are printed prominently but do not change the exit code: they are a
+unreadable model file, bad arguments) and when the runtimes are not installed (the message names ``deform-surgeon
+setup``). Non-identical outputs are printed prominently but do not change the exit code: they are a
 finding about the model, while 1 means the measurement itself could not be completed.
 """
 
@@ -30,7 +30,7 @@ def register_cli(subparsers: Any) -> argparse.ArgumentParser:
             "Create a session on a real WebGPU execution provider and report node placement from ORT's "
             "verbose "
             "log: CPU nodes, Memcpy nodes, CPU op histogram, ops without a WebGPU kernel. Needs "
-            "`make webgpu-setup`."
+            "`deform-surgeon setup` (--browser for --runtime browser)."
         ),
     )
     p.add_argument("model", nargs="?", metavar="MODEL", help="ONNX model to measure")

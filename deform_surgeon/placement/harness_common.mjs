@@ -8,7 +8,51 @@
 //   * --io DIR (with --run): DIR/inputs.json lists {name, dtype, dims, file} of raw little-endian input
 //     files in DIR; outputs are written as DIR/out_<i>.bin and listed in the result JSON.
 import fs from 'node:fs';
+import { createRequire } from 'node:module';
 import path from 'node:path';
+import { fileURLToPath, pathToFileURL } from 'node:url';
+
+const HERE = path.dirname(fileURLToPath(import.meta.url));
+
+/**
+ * The folder whose node_modules holds the pinned npm packages: DEFORM_SURGEON_RUNTIMES (set by the Python side
+ * from `deform_surgeon.runtimes.runtimes_dir()`: the per-user cache of `deform-surgeon setup`), else this folder
+ * (a checkout's in-tree install). Packages are resolved from there, never from wherever this file is installed.
+ */
+export const RUNTIMES_DIR = process.env.DEFORM_SURGEON_RUNTIMES || HERE;
+export const runtimeRequire = createRequire(path.join(RUNTIMES_DIR, 'package.json'));
+
+/** ESM import of a pinned package (resolved in RUNTIMES_DIR like runtimeRequire). */
+export function runtimeImport(name) {
+  return import(pathToFileURL(runtimeRequire.resolve(name)).href);
+}
+
+// Headless Chromium as every browser harness starts it. Without --enable-unsafe-webgpu there is no adapter in
+// headless Chromium on Linux.
+export const CHROMIUM_FLAGS = [
+  '--headless',
+  '--no-sandbox',
+  '--enable-unsafe-webgpu',
+  '--no-first-run',
+  '--disable-background-networking',
+  '--disable-component-update',
+  '--disable-sync',
+  '--disable-quic',
+];
+
+/** A playwright persistent context on the system Chromium; signals are left to the caller's handlers. */
+export function launchChromium(userDataDir, executablePath) {
+  const { chromium } = runtimeRequire('playwright-core');
+  return chromium.launchPersistentContext(userDataDir, {
+    executablePath: executablePath || '/usr/bin/chromium',
+    headless: true,
+    args: CHROMIUM_FLAGS,
+    handleSIGINT: false,
+    handleSIGTERM: false,
+    handleSIGHUP: false,
+    timeout: 60000,
+  });
+}
 
 /** Parses `--key value` / `--flag` arguments; keeps the harness free of dependencies. */
 export function parseArgs(argv) {

@@ -1,6 +1,17 @@
 // Helpers shared by every harness of deform_surgeon.placement, in Node and in the browser page alike:
 // nothing here may import a Node module (browser_harness.mjs serves this file to the page as /harness_shared.mjs).
 
+/**
+ * onnxruntime-web bundles by the name the command lines use: what `import 'onnxruntime-web/webgpu'` and the default
+ * `import 'onnxruntime-web'` load. `debug`: ort.env.debug = true, which makes JSEP's WGSL compile failures reject
+ * session.run() (without it such a run "succeeds" with wrong outputs).
+ */
+export const BUNDLES = {
+  webgpu: { file: 'ort.webgpu.min.mjs', debug: false, ep: 'native C++ WebGpuExecutionProvider (asyncify wasm)' },
+  jsep: { file: 'ort.min.mjs', debug: true, ep: 'JsExecutionProvider (JSEP)' },
+  all: { file: 'ort.all.min.mjs', debug: true, ep: 'JSEP, plus webgl/wasm' },
+};
+
 export function errorText(e) {
   if (e === undefined || e === null) return String(e);
   if (typeof e === 'string') return e;

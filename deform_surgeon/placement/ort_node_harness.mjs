@@ -9,7 +9,6 @@
 // structured result goes to --out, because stderr/stdout ordering with native writes is not reliable.
 import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
-import { createRequire } from 'node:module';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -19,12 +18,12 @@ import {
   parseArgs,
   progress,
   readInputsMeta,
+  runtimeRequire,
   typedFromBytes,
   watchParent,
   writeResult,
 } from './harness_common.mjs';
 
-const require = createRequire(import.meta.url);
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 
 /** Adapter info in a child process (see adapter_probe_node.mjs for why); never fails the harness. */
@@ -83,8 +82,8 @@ async function main() {
   }
 
   progress('loading onnxruntime-node');
-  const ort = require('onnxruntime-node');
-  result.versions['onnxruntime-node'] = require('onnxruntime-node/package.json').version;
+  const ort = runtimeRequire('onnxruntime-node');
+  result.versions['onnxruntime-node'] = runtimeRequire('onnxruntime-node/package.json').version;
   ort.env.logLevel = 'verbose';
 
   progress('creating session (webgpu EP)');

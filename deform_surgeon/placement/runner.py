@@ -25,16 +25,16 @@ from typing import Any
 
 import numpy as np
 
+from .. import runtimes
 from ..device import DeviceProfile, resolve_profile
 from .logparse import CPU_EP, parse_ort_log
 from .result import Placement
 
 PKG_DIR = Path(__file__).resolve().parent
-NODE_MODULES = PKG_DIR / "node_modules"
-CHROMIUM = Path("/usr/bin/chromium")
-SWIFTSHADER_ICD = Path("/usr/lib/chromium/vk_swiftshader_icd.json")
+CHROMIUM = runtimes.CHROMIUM
+SWIFTSHADER_ICD = runtimes.SWIFTSHADER_ICD
 CHROMIUM_LIBDIR = Path("/usr/lib/chromium")
-SETUP_COMMAND = "make webgpu-setup"
+SETUP_COMMAND = runtimes.SETUP_COMMAND
 
 RUNTIMES = ("node", "browser")
 BUNDLES = ("webgpu", "jsep", "all")
@@ -76,13 +76,14 @@ def _pinned_versions() -> dict[str, str]:
 
 
 def missing_setup(runtime: str | None = None) -> str | None:
-    """None when the runtimes are installed, else a one-line message naming ``make webgpu-setup``.
+    """None when the runtimes are installed, else a one-line message naming ``deform-surgeon setup``.
 
     ``runtime`` ("node" or "browser") limits the check to what that runtime needs; None checks both. Versions
     are compared with the pins of package.json because a placement measured on another ORT build would not
     be comparable across commits.
     """
     missing: list[str] = []
+    node_modules = runtimes.node_modules()
     if shutil.which("node") is None:
         missing.append("node")
     need_node = runtime in (None, "node")
@@ -91,32 +92,32 @@ def missing_setup(runtime: str | None = None) -> str | None:
     if need_browser:
         files += [
             CHROMIUM,
-            NODE_MODULES / "playwright-core" / "package.json",
-            NODE_MODULES / "onnxruntime-web" / "dist" / "ort.webgpu.min.mjs",
-            NODE_MODULES / "onnxruntime-web" / "dist" / "ort.min.mjs",
-            NODE_MODULES / "onnxruntime-web" / "dist" / "ort.all.min.mjs",
+            node_modules / "playwright-core" / "package.json",
+            node_modules / "onnxruntime-web" / "dist" / "ort.webgpu.min.mjs",
+            node_modules / "onnxruntime-web" / "dist" / "ort.min.mjs",
+            node_modules / "onnxruntime-web" / "dist" / "ort.all.min.mjs",
         ]
     if need_node:
         files += [
             SWIFTSHADER_ICD,
-            NODE_MODULES
+            node_modules
             / "onnxruntime-node"
             / "bin"
             / "napi-v6"
             / "linux"
             / "x64"
             / "onnxruntime_binding.node",
-            NODE_MODULES / "webgpu" / "package.json",
+            node_modules / "webgpu" / "package.json",
         ]
-    if not NODE_MODULES.is_dir():
-        missing.append("npm packages (deform_surgeon/placement/node_modules)")
-        files = [f for f in files if not f.is_relative_to(NODE_MODULES)]
+    if not node_modules.is_dir():
+        missing.append(f"npm packages ({node_modules})")
+        files = [f for f in files if not f.is_relative_to(node_modules)]
     for f in files:
         if not f.exists():
             missing.append(str(f.relative_to(PKG_DIR)) if f.is_relative_to(PKG_DIR) else str(f))
     pins = _pinned_versions()
     for pkg in ("onnxruntime-web", "onnxruntime-node", "playwright-core", "webgpu"):
-        pj = NODE_MODULES / pkg / "package.json"
+        pj = node_modules / pkg / "package.json"
         if pkg in pins and pj.exists():
             try:
                 got = json.loads(pj.read_text()).get("version")
@@ -126,7 +127,8 @@ def missing_setup(runtime: str | None = None) -> str | None:
                 missing.append(f"{pkg}@{pins[pkg]} (found {got})")
     if not missing:
         return None
-    return f"WebGPU runtimes not installed ({', '.join(missing)}); run `{SETUP_COMMAND}`"
+    command = SETUP_COMMAND + (" --browser" if need_browser else "")
+    return f"WebGPU runtimes not installed ({', '.join(missing)}); run `{command}`"
 
 
 # --------------------------------------------------------------------------------------------------- model io
@@ -364,6 +366,7 @@ def _harness_env(tmp: Path) -> dict[str, str]:
     xdg = tmp / "xdg"
     xdg.mkdir(mode=0o700, exist_ok=True)
     env["XDG_RUNTIME_DIR"] = str(xdg)  # Dawn's Vulkan backend wants a writable one
+    env["DEFORM_SURGEON_RUNTIMES"] = str(runtimes.node_modules().parent)  # where the harnesses find the packages
     env["VK_ICD_FILENAMES"] = str(SWIFTSHADER_ICD)  # SwiftShader; Dawn rejects Mesa lavapipe
     if ctypes.util.find_library("vulkan") is None and CHROMIUM_LIBDIR.is_dir():
         # No system Vulkan loader (Debian libvulkan1): fall back to the one Chromium ships.

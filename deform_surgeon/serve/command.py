@@ -1,0 +1,182 @@
+"""`deform-surgeon serve ORIGINAL [PATCHED]`: the page on 127.0.0.1, in the user's browser or (`--headless`) in
+headless Chromium, which writes the page's result JSON and a screenshot and exits.
+
+Exit codes: 0 when the server stopped cleanly (Ctrl-C / SIGTERM) or, with --headless, every model ran on WebGPU
+without an error and agreed with ORT CPU within the tolerance, and the patched model's outputs equal the original's
+byte for byte; 1 when a headless run did not; 2 for bad input
+(missing or non-ONNX model, no single image input, bad device profile) and when the runtimes are not installed;
+130 when a headless run is interrupted (its temporary browser profile is removed all the same).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import threading
+import webbrowser
+from pathlib import Path
+from typing import Any
+
+from .. import runtimes
+from ..errors import SurgeonError
+
+HEADLESS_TIMEOUT = 600.0
+
+
+def register_cli(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "serve", help="a local page that runs the original and the patched model on your GPU, side by side",
+        description="Serves a page on 127.0.0.1 that runs ORIGINAL (and PATCHED) with onnxruntime-web on this "
+                    "browser's WebGPU adapter: session creation time, warm inference times, CPU nodes and Memcpy "
+                    "from ORT's log, WebGPU errors, the masks side by side, and the outputs' differences from each "
+                    "other and from ORT CPU. Needs `deform-surgeon setup` (and a browser with WebGPU).")
+    p.add_argument("original", metavar="ORIGINAL", help="the model as exported")
+    p.add_argument("patched", metavar="PATCHED", nargs="?", default=None, help="its patched version (optional)")
+    p.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default 0: a free port, printed)")
+    p.add_argument("--device-profile", default=None, metavar="NAME|FILE.json",
+                   help="limits the page requests its WebGPU device with: adapter (default: every limit the "
+                        "browser's adapter offers), spec-default (what a page gets without asking), or a "
+                        "`placement --device-limits-out` file")
+    p.add_argument("--runs", type=int, default=None, help="warm inferences per model (default 5)")
+    p.add_argument("--open", action="store_true", help="open the page in the default browser")
+    p.add_argument("--bundle", choices=("jsep", "webgpu"), default=None,
+                   help="bundle the page starts with (the page has a picker): jsep = `import 'onnxruntime-web'` "
+                        "(default), webgpu = `import 'onnxruntime-web/webgpu'`")
+    g = p.add_argument_group("headless (CI): run the page in headless Chromium on this machine and exit")
+    g.add_argument("--headless", metavar="RESULT.json", help="write the page's result JSON here")
+    g.add_argument("--screenshot", metavar="PAGE.png", help="with --headless: also save a screenshot of the page")
+    g.add_argument("--timeout", type=float, default=HEADLESS_TIMEOUT, metavar="SEC",
+                   help=f"with --headless: give up after SEC seconds (default {HEADLESS_TIMEOUT:g})")
+    p.set_defaults(func=run_serve)
+    return p
+
+
+def _err(msg: str) -> int:
+    print(f"deform-surgeon serve: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from ..device import ADAPTER, resolve_profile
+    from .server import DEFAULT_RUNS, ServeApp, ServedModel, make_server
+
+    runtimes.sigterm_raises_interrupt()
+    try:
+        models = [ServedModel.load("original", args.original)]
+        if args.patched:
+            models.append(ServedModel.load("patched", args.patched))
+        for m in models:
+            problem = m.image_input_problem()
+            if problem:
+                raise SurgeonError(m.path, problem)
+        profile = None if args.device_profile in (None, ADAPTER) else resolve_profile(args.device_profile)
+        for path in (args.headless, args.screenshot):
+            if path and any(Path(path).resolve() == m.path for m in models):
+                raise SurgeonError(path, "output path is one of the models", "choose another name")
+            if path and not Path(path).resolve().parent.is_dir():
+                raise SurgeonError(path, "folder does not exist")
+    except SurgeonError as e:
+        return _err(e.one_line())
+    if args.screenshot and not args.headless:
+        return _err("--screenshot needs --headless RESULT.json")
+    if args.runs is not None and args.runs < 1:
+        return _err("--runs must be at least 1")
+    try:
+        app = ServeApp(models, profile, runs=args.runs or DEFAULT_RUNS)
+    except RuntimeError as e:
+        return _err(str(e))
+    try:
+        server = make_server(app, args.port)
+    except OSError as e:
+        return _err(f"cannot listen on 127.0.0.1:{args.port} ({e.strerror or e})")
+    url = f"http://127.0.0.1:{server.server_address[1]}/" + (f"?bundle={args.bundle}" if args.bundle else "")
+    try:
+        if args.headless:
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+            return _headless(url, args)
+        print(f"serving {url}  (open it in a browser with WebGPU: Chrome/Edge 113+; Ctrl-C stops)", flush=True)
+        if args.open:
+            webbrowser.open(url)
+        server.serve_forever()
+    except KeyboardInterrupt:
+        print("deform-surgeon serve: stopped", file=sys.stderr)
+        if args.headless:
+            return 130  # interrupted before the page finished: no result
+    finally:
+        if args.headless:
+            server.shutdown()  # serve_forever runs in its thread; in the foreground it has returned already
+        server.server_close()
+    return 0
+
+
+def _headless(url: str, args: argparse.Namespace) -> int:
+    """Opens the page in headless Chromium, lets it run both models, saves its result JSON (and screenshot)."""
+    from ..placement.runner import _harness_env, _run_harness, missing_setup
+
+    msg = missing_setup("browser")
+    if msg:
+        return _err(msg)
+    out = Path(args.headless)
+    tmp = Path(tempfile.mkdtemp(prefix="ds-serve-"))
+    try:
+        query = f"?autorun=1&bundle={args.bundle or 'jsep'}"
+        cmd = ["node", str(Path(__file__).resolve().parent / "headless.mjs"), "--url", url.split("?")[0] + query,
+               "--out", str(tmp / "result.json"), "--user-data-dir", str(tmp / "chromium-profile"),
+               "--chromium", str(runtimes.CHROMIUM), "--timeout", str(args.timeout), "--watch-stdin"]
+        if args.screenshot:
+            cmd += ["--screenshot", str(tmp / "page.png")]
+
+        def progress(text: str) -> None:
+            print(f"[serve --headless] {text}", file=sys.stderr, flush=True)
+
+        rc, fail, _ = _run_harness(cmd, _harness_env(tmp), tmp / "browser.log", args.timeout + 60, progress,
+                                   marker=str(tmp))
+        if not (tmp / "result.json").exists():
+            tail = "\n".join((tmp / "browser.log").read_text("utf-8", "replace").strip().splitlines()[-5:]) \
+                if (tmp / "browser.log").exists() else ""
+            _err(fail or f"headless browser exited with code {rc} and wrote no result: {tail}")
+            return 1
+        result = json.loads((tmp / "result.json").read_text())
+        shutil.move(tmp / "result.json", out)
+        if args.screenshot and (tmp / "page.png").exists():
+            shutil.move(tmp / "page.png", args.screenshot)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(format_result(result))
+    print(f"result: {out}" + (f", screenshot: {args.screenshot}" if args.screenshot else ""))
+    return 0 if result.get("ok") else 1
+
+
+def format_result(r: dict[str, Any]) -> str:
+    """The page's numbers as a table (one column per model)."""
+    models = r.get("models") or []
+    a = r.get("adapter") or {}
+    lines = [f"adapter: {a.get('vendor')} / {a.get('architecture')} (fallback: {a.get('isFallbackAdapter')}); "
+             f"bundle {r.get('bundle')}; device profile {(r.get('profile') or {}).get('name')}"]
+    if r.get("software_adapter"):
+        lines.append("software adapter: the timings below are not GPU timings")
+
+    def row(name: str, fn) -> None:
+        lines.append(f"  {name:<26}" + "".join(f"{fn(m)!s:>16}" for m in models))
+
+    def num(v: Any, fmt: str = "{:.3f}") -> str:
+        return "-" if v is None else fmt.format(v)
+
+    row("", lambda m: m.get("label"))
+    row("ok", lambda m: "yes" if m.get("ok") else "NO")
+    row("session creation (s)", lambda m: num(m.get("session_create_s")))
+    row("inference min (ms)", lambda m: num(m.get("min_ms"), "{:.1f}"))
+    row("inference median (ms)", lambda m: num(m.get("median_ms"), "{:.1f}"))
+    row("CPU nodes", lambda m: (m.get("placement") or {}).get("cpu_nodes", "-"))
+    row("Memcpy nodes", lambda m: (m.get("placement") or {}).get("memcpy", "-"))
+    row("WebGPU errors", lambda m: len(m.get("gpu_errors") or []))
+    row("max |diff| vs ORT CPU", lambda m: num(m.get("max_abs_diff_vs_cpu"), "{:.3g}"))
+    row("identical to original", lambda m: {True: "yes", False: "NO", None: "-"}[m.get("identical_to_original")])
+    for m in models:
+        if m.get("error"):
+            first = m["error"].splitlines()[0]
+            lines.append(f"  {m.get('label')}: {first[:240]}" + ("…" if len(first) > 240 else ""))
+    return "\n".join(lines)

@@ -1,0 +1,315 @@
+"""The local HTTP server of `deform-surgeon serve`: one page that runs the original and the patched model on the
+user's own GPU, in the user's own browser.
+
+Why a server in Python: the page needs three things only Python has here: the ORT CPU reference output for the
+exact input the page ran (onnxruntime's Python wheel), the byte comparison every other command uses
+(`placement.runner.compare_outputs`) and ORT's log parser (`placement.logparse`). The page posts its input, its
+outputs and its ORT log lines back; the answers are computed here, so there is one parser and one comparison.
+
+What it serves, and nothing else: its page and the two browser modules shared with the placement harness, the
+sample picture, the models and the external-data files they name, and onnxruntime-web's dist files from the
+runtimes `deform-surgeon setup` installed. It listens on 127.0.0.1 only and answers only requests whose Host is
+that address (a page of another site cannot reach it through a DNS name that resolves to 127.0.0.1).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import numpy as np
+
+from .. import __version__, runtimes
+from ..device import ADAPTER, DeviceProfile
+from ..errors import SurgeonError
+from ..placement.logparse import parse_ort_log
+from ..placement.runner import _JS_DTYPES, compare_outputs, external_data_files
+
+HERE = Path(__file__).resolve().parent
+PLACEMENT_DIR = HERE.parent / "placement"
+# Files of the page, by URL path.
+PAGE_FILES = {
+    "/": HERE / "page.html",
+    "/serve_page.mjs": HERE / "serve_page.mjs",
+    "/sample.png": HERE / "sample.png",
+    "/browser_device.mjs": PLACEMENT_DIR / "browser_device.mjs",
+    "/harness_shared.mjs": PLACEMENT_DIR / "harness_shared.mjs",
+}
+MIME = {".html": "text/html; charset=utf-8", ".mjs": "text/javascript; charset=utf-8",
+        ".js": "text/javascript; charset=utf-8", ".wasm": "application/wasm", ".json": "application/json",
+        ".png": "image/png", ".onnx": "application/octet-stream"}
+BUNDLES = ("jsep", "webgpu")  # the default `import 'onnxruntime-web'` and `import 'onnxruntime-web/webgpu'`
+DEFAULT_RUNS = 5
+MAX_POST = 1 << 30
+# How far a WebGPU run may differ from ORT CPU on the same input: GPU kernels sum in another order (Conv) and may
+# fuse multiply-adds, so the last bits differ; measured on the fixtures at most 8.9e-7 (README). A model's patched
+# and original outputs on the same runtime are held to byte identity instead.
+GPU_TOLERANCE = {"float32": 1e-3, "float16": 1e-2}
+
+
+@dataclass
+class ServedModel:
+    """One model the page runs: its file, the external-data files it names, its inputs and outputs."""
+
+    label: str
+    path: Path
+    external: list[str]
+    inputs: list[dict[str, Any]]
+    outputs: list[dict[str, Any]]
+    _session: Any = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @classmethod
+    def load(cls, label: str, path: str | Path) -> ServedModel:
+        import onnx
+        from onnx import helper
+
+        p = Path(path)
+        if not p.is_file():
+            raise SurgeonError(p, "no such file")
+        try:
+            model = onnx.load(str(p), load_external_data=False)
+        except Exception as e:  # DecodeError and friends: not an ONNX file
+            raise SurgeonError(p, f"not a readable ONNX model ({type(e).__name__})") from None
+        inits = {i.name for i in model.graph.initializer}
+
+        def describe(vi) -> dict[str, Any]:
+            tt = vi.type.tensor_type
+            dtype = str(np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type))) if tt.elem_type else None
+            dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+            return {"name": vi.name, "dtype": dtype, "dims": dims}
+
+        inputs = [describe(vi) for vi in model.graph.input if vi.name not in inits]
+        outputs = [describe(vi) for vi in model.graph.output]
+        return cls(label, p.resolve(), external_data_files(model), inputs, outputs)
+
+    def image_input_problem(self) -> str | None:
+        """None when the model has one image input (N x 3 x H x W, float32 or float16), else what it has."""
+        if len(self.inputs) != 1:
+            return f"has {len(self.inputs)} inputs; the page runs models with one image input (1x3xHxW)"
+        i = self.inputs[0]
+        if i["dtype"] not in ("float32", "float16"):
+            return f"input '{i['name']}' is {i['dtype']}; an image input is float32 or float16"
+        if len(i["dims"]) != 4 or i["dims"][1] not in (3, None):
+            return f"input '{i['name']}' has shape {i['dims']}; an image input is 1x3xHxW"
+        return None
+
+    def reference(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """ORT CPU's outputs for `feeds` (one session per model, created on first use)."""
+        import onnxruntime as ort
+
+        with self._lock:
+            if self._session is None:
+                self._session = ort.InferenceSession(str(self.path), providers=["CPUExecutionProvider"])
+            names = [o.name for o in self._session.get_outputs()]
+            values = self._session.run(names, feeds)
+        return {n: np.asarray(v) for n, v in zip(names, values, strict=True)}
+
+    def to_config(self) -> dict[str, Any]:
+        return {"label": self.label, "name": self.path.name, "url": f"/model/{self.label}.onnx",
+                "external": [{"path": e, "url": f"/external/{self.label}/{e}"} for e in self.external],
+                "inputs": self.inputs, "outputs": self.outputs}
+
+
+class ServeApp:
+    """What the server knows: the models, the device profile for the page, and the last outputs per model."""
+
+    def __init__(self, models: list[ServedModel], profile: DeviceProfile | None, runs: int = DEFAULT_RUNS,
+                 ort_web: Path | None = None) -> None:
+        """`ort_web`: the onnxruntime-web package folder (default: the one `deform-surgeon setup` installed)."""
+        self.models = {m.label: m for m in models}
+        self.profile = profile
+        self.runs = runs
+        if ort_web is None:
+            folder = runtimes.runtimes_dir()
+            if folder is None:
+                raise RuntimeError(f"onnxruntime-web is not installed; run `{runtimes.SETUP_COMMAND}`")
+            ort_web = runtimes.node_modules() / "onnxruntime-web"
+        self.ort_dist = ort_web / "dist"
+        try:
+            web_version = json.loads((ort_web / "package.json").read_text())["version"]
+        except (OSError, ValueError, KeyError):
+            web_version = "?"
+        self.versions = {"deform_surgeon": __version__, "onnxruntime (CPU reference)": _ort_version(),
+                         "onnxruntime-web (served)": web_version}
+        self._last: dict[str, tuple[str, dict[str, np.ndarray]]] = {}
+        self._lock = threading.Lock()
+
+    def config(self) -> dict[str, Any]:
+        if self.profile is None:
+            profile = {"name": ADAPTER, "source": "the browser adapter's own limits (every limit it offers)",
+                       "limits": None}
+        else:
+            profile = self.profile.to_dict()
+        return {"models": [m.to_config() for m in self.models.values()], "profile": profile,
+                "bundles": list(BUNDLES), "default_bundle": BUNDLES[0], "runs": self.runs,
+                "tolerance": GPU_TOLERANCE, "versions": self.versions}
+
+    def logparse(self, text: str) -> dict[str, Any]:
+        s = parse_ort_log(text.splitlines())
+        return {"placement_logged": s.placement_logged, "cpu_nodes": s.cpu_nodes, "memcpy": s.memcpy,
+                "total_nodes": s.total_nodes, "nodes_by_provider": s.nodes_by_provider, "cpu_ops": s.cpu_ops,
+                "memcpy_by_kind": s.memcpy_by_kind, "gpu_provider": s.gpu_provider,
+                "kernel_not_found": len(s.kernel_not_found)}
+
+    def compare(self, label: str, layout: dict[str, Any], body: bytes) -> dict[str, Any]:
+        """The page's outputs for its input against ORT CPU's, and against the original model's outputs for the
+        same input (when this is another model and the original ran on that input)."""
+        model = self.models[label]
+        tensors = _split_tensors([layout["input"], *layout["outputs"]], body)
+        feeds = {layout["input"]["name"]: tensors[0]}
+        got = {o["name"]: t for o, t in zip(layout["outputs"], tensors[1:], strict=True)}
+        key = hashlib.sha256(tensors[0].tobytes()).hexdigest()
+        t0 = time.monotonic()
+        ref = model.reference(feeds)
+        out: dict[str, Any] = {"cpu_run_s": time.monotonic() - t0, "input_sha256": key}
+        out["vs_cpu"] = compare_outputs(got, ref)
+        out["within_tolerance"] = all(_within(e) for e in out["vs_cpu"].values())
+        with self._lock:
+            self._last[label] = (key, got)
+            first = next(iter(self.models))
+            original = self._last.get(first) if label != first else None
+        if original is not None and original[0] == key:
+            out["vs_original"] = compare_outputs(got, original[1])
+            out["identical_to_original"] = all(e["identical"] for e in out["vs_original"].values())
+        return out
+
+
+def _ort_version() -> str:
+    import onnxruntime
+
+    return onnxruntime.__version__
+
+
+def _within(entry: dict[str, Any]) -> bool:
+    tol = GPU_TOLERANCE.get(entry.get("dtype") or "", 0.0)
+    return entry.get("max_abs_diff") is not None and entry["max_abs_diff"] <= tol \
+        and not entry.get("nonfinite_mismatch")
+
+
+def _split_tensors(layout: list[dict[str, Any]], body: bytes) -> list[np.ndarray]:
+    """Cuts the posted body into tensors as `layout` ({name, dtype (onnxruntime-js name), dims}) lists them."""
+    out, offset = [], 0
+    for t in layout:
+        dtype = _JS_DTYPES.get(t["dtype"])
+        if dtype is None:
+            raise ValueError(f"tensor {t['name']}: unsupported dtype {t['dtype']}")
+        dims = [int(d) for d in t["dims"]]
+        size = int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
+        if offset + size > len(body):
+            raise ValueError(f"tensor {t['name']}: body too short")
+        out.append(np.frombuffer(body, dtype=dtype.newbyteorder("<"), count=size // dtype.itemsize,
+                                 offset=offset).astype(dtype).reshape(dims))
+        offset += size
+    if offset != len(body):
+        raise ValueError("body longer than its layout")
+    return out
+
+
+class _Handler(BaseHTTPRequestHandler):
+    app: ServeApp
+    server_version = "deform-surgeon-serve"
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        pass  # the page and the terminal report what matters; no access log
+
+    def _host_ok(self) -> bool:
+        port = self.server.server_address[1]
+        return self.headers.get("Host") in (f"127.0.0.1:{port}", f"localhost:{port}")
+
+    def _send(self, status: int, body: bytes = b"", ctype: str = "text/plain; charset=utf-8") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _json(self, doc: Any, status: int = 200) -> None:
+        self._send(status, json.dumps(doc).encode(), "application/json")
+
+    def _file(self, path: Path) -> None:
+        if not path.is_file():
+            return self._send(HTTPStatus.NOT_FOUND)
+        size = path.stat().st_size
+        self.send_response(200)
+        self.send_header("Content-Type", MIME.get(path.suffix, "application/octet-stream"))
+        self.send_header("Content-Length", str(size))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        if self.command == "HEAD":
+            return
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                self.wfile.write(chunk)
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        if not self._host_ok():
+            return self._send(HTTPStatus.FORBIDDEN, b"wrong Host")
+        path = unquote(urlsplit(self.path).path)
+        app = self.app
+        if path in PAGE_FILES:
+            return self._file(PAGE_FILES[path])
+        if path == "/config.json":
+            return self._json(app.config())
+        if path == "/favicon.ico":
+            return self._send(HTTPStatus.NO_CONTENT)
+        if path.startswith("/model/") and path.endswith(".onnx"):
+            model = app.models.get(path[len("/model/"):-len(".onnx")])
+            return self._file(model.path) if model else self._send(HTTPStatus.NOT_FOUND)
+        if path.startswith("/external/"):
+            label, _, rel = path[len("/external/"):].partition("/")
+            model = app.models.get(label)
+            if model is None or rel not in model.external:
+                return self._send(HTTPStatus.FORBIDDEN)
+            file = _inside(model.path.parent, rel)
+            return self._file(file) if file else self._send(HTTPStatus.FORBIDDEN)
+        if path.startswith("/ort/"):
+            name = path[len("/ort/"):]
+            if "/" in name or name.startswith("."):
+                return self._send(HTTPStatus.FORBIDDEN)
+            return self._file(app.ort_dist / name)
+        return self._send(HTTPStatus.NOT_FOUND)
+
+    def do_POST(self) -> None:  # noqa: N802
+        if not self._host_ok():
+            return self._send(HTTPStatus.FORBIDDEN, b"wrong Host")
+        path = urlsplit(self.path).path
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > MAX_POST:
+            return self._send(HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
+        body = self.rfile.read(length)
+        try:
+            if path == "/logparse":
+                return self._json(self.app.logparse(body.decode("utf-8", "replace")))
+            if path.startswith("/compare/") and path[len("/compare/"):] in self.app.models:
+                layout = json.loads(unquote(self.headers.get("X-Layout") or "{}"))
+                return self._json(self.app.compare(path[len("/compare/"):], layout, body))
+        except Exception as e:  # reported to the page, which shows it as the failure it is
+            return self._json({"error": f"{type(e).__name__}: {e}"}, 400)
+        return self._send(HTTPStatus.NOT_FOUND)
+
+    do_HEAD = do_GET
+
+
+def _inside(root: Path, rel: str) -> Path | None:
+    p = (root / rel).resolve()
+    return p if p.is_relative_to(root.resolve()) else None
+
+
+def make_server(app: ServeApp, port: int = 0) -> ThreadingHTTPServer:
+    """The server bound to 127.0.0.1 (`port` 0: a free port the OS picks); the caller runs serve_forever()."""
+    handler = type("Handler", (_Handler,), {"app": app})
+    server = ThreadingHTTPServer(("127.0.0.1", port), handler)
+    server.daemon_threads = True
+    return server

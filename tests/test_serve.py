@@ -1,0 +1,304 @@
+"""`deform-surgeon serve`: the local page that runs original and patched side by side.
+
+The server is exercised over real HTTP (what it serves and refuses, ORT's log parsed by the placement parser, the
+page's outputs compared with ORT CPU in Python), the command's bad input and its clean stop on SIGINT/SIGTERM, and,
+marked ``webgpu``, the page itself in headless Chromium on SwiftShader: both models run, and the test reads the
+page's own result JSON (not pixels).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from deform_surgeon import runtimes
+from deform_surgeon.device import SPEC_DEFAULT_LIMITS, resolve_profile
+from deform_surgeon.placement.logparse import parse_ort_log
+from deform_surgeon.serve.server import GPU_TOLERANCE, ServeApp, ServedModel, make_server
+
+FIXTURES = Path(__file__).parent / "fixtures"
+ORIGINAL = FIXTURES / "decoder_gathernd.onnx"
+
+
+@pytest.fixture(scope="module")
+def patched(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from deform_surgeon import patch
+
+    out = tmp_path_factory.mktemp("serve") / "decoder_gathernd.patched.onnx"
+    patch(str(ORIGINAL), str(out))
+    return out
+
+
+@pytest.fixture
+def server(tmp_path: Path, patched: Path):
+    """A server for the fixture and its patched model, with a stand-in onnxruntime-web folder (two files)."""
+    web = tmp_path / "onnxruntime-web"
+    (web / "dist").mkdir(parents=True)
+    (web / "dist" / "ort.min.mjs").write_text("export const x = 1;\n")
+    (web / "package.json").write_text('{"version": "1.30.0"}')
+    app = ServeApp([ServedModel.load("original", ORIGINAL), ServedModel.load("patched", patched)],
+                   resolve_profile("spec-default"), ort_web=web)
+    srv = make_server(app)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def _request(srv, method: str, path: str, body: bytes | None = None, headers: dict | None = None,
+             host: str | None = None) -> tuple[int, bytes]:
+    port = srv.server_address[1]
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.putrequest(method, path, skip_host=True)
+    conn.putheader("Host", host or f"127.0.0.1:{port}")
+    for k, v in (headers or {}).items():
+        conn.putheader(k, v)
+    conn.putheader("Content-Length", str(len(body or b"")))
+    conn.endheaders(body)
+    r = conn.getresponse()
+    data = r.read()
+    conn.close()
+    return r.status, data
+
+
+def test_serves_its_page_models_and_runtime_files(server, patched: Path) -> None:
+    for path in ("/", "/serve_page.mjs", "/browser_device.mjs", "/harness_shared.mjs", "/sample.png",
+                 "/ort/ort.min.mjs"):
+        status, _ = _request(server, "GET", path)
+        assert status == 200, path
+    assert _request(server, "GET", "/model/original.onnx") == (200, ORIGINAL.read_bytes())
+    assert _request(server, "GET", "/model/patched.onnx") == (200, patched.read_bytes())
+    config = json.loads(_request(server, "GET", "/config.json")[1])
+    assert [m["label"] for m in config["models"]] == ["original", "patched"]
+    assert config["models"][0]["inputs"] == [{"name": "image", "dtype": "float32", "dims": [1, 3, 64, 64]}]
+    assert config["profile"]["name"] == "spec-default" and config["profile"]["limits"] == SPEC_DEFAULT_LIMITS
+    assert config["bundles"] == ["jsep", "webgpu"] and config["tolerance"] == GPU_TOLERANCE
+
+
+def test_default_profile_is_the_browser_adapters_own(tmp_path: Path) -> None:
+    """The page, not the server, knows the adapter: `limits: null` tells it to request every limit it offers."""
+    web = tmp_path / "onnxruntime-web"
+    web.mkdir()
+    app = ServeApp([ServedModel.load("original", ORIGINAL)], None, ort_web=web)
+    assert app.config()["profile"]["name"] == "adapter" and app.config()["profile"]["limits"] is None
+    assert app.versions["onnxruntime-web (served)"] == "?"
+
+
+@pytest.mark.parametrize("path", ["/ort/..%2f..%2fsetup.cfg", "/external/original/../../setup.cfg",
+                                  "/external/original/decoder_gathernd.onnx", "/model/other.onnx",
+                                  "/etc/passwd", "/ort/"])
+def test_serves_nothing_else(server, path: str) -> None:
+    status, _ = _request(server, "GET", path)
+    assert status in (403, 404)
+
+
+def test_refuses_other_hosts(server) -> None:
+    """A page of another site reaching 127.0.0.1 through its own DNS name gets nothing."""
+    port = server.server_address[1]
+    assert _request(server, "GET", "/config.json", host=f"attacker.example:{port}")[0] == 403
+    assert _request(server, "POST", "/logparse", b"", host=f"attacker.example:{port}")[0] == 403
+
+
+def test_log_is_parsed_by_the_placement_parser(server) -> None:
+    log = (FIXTURES / "placement_browser_jsep_chain.log").read_text()
+    status, body = _request(server, "POST", "/logparse", log.encode())
+    assert status == 200
+    got, want = json.loads(body), parse_ort_log(log)
+    assert got["cpu_nodes"] == want.cpu_nodes > 0 and got["memcpy"] == want.memcpy > 0
+    assert got["total_nodes"] == want.total_nodes and got["gpu_provider"] == want.gpu_provider
+
+
+def _compare(server, label: str, image: np.ndarray, output: np.ndarray) -> dict:
+    layout = {"input": {"name": "image", "dtype": "float32", "dims": list(image.shape)},
+              "outputs": [{"name": "mask", "dtype": "float32", "dims": list(output.shape)}]}
+    status, body = _request(server, "POST", f"/compare/{label}", image.tobytes() + output.tobytes(),
+                            {"X-Layout": json.dumps(layout)})
+    assert status == 200, body
+    return json.loads(body)
+
+
+def test_outputs_are_compared_with_ort_cpu_and_the_original(server, patched: Path) -> None:
+    image = np.random.default_rng(0).standard_normal((1, 3, 64, 64)).astype(np.float32)
+    cpu = ort.InferenceSession(str(ORIGINAL), providers=["CPUExecutionProvider"]).run(None, {"image": image})[0]
+    r = _compare(server, "original", image, cpu)
+    assert r["vs_cpu"]["mask"]["identical"] and r["vs_cpu"]["mask"]["max_abs_diff"] == 0
+    assert r["within_tolerance"] and "vs_original" not in r
+
+    off = cpu.copy()
+    off.flat[7] += 0.25
+    r = _compare(server, "patched", image, off)
+    assert r["vs_cpu"]["mask"]["max_abs_diff"] == pytest.approx(0.25, abs=1e-6)
+    assert r["vs_cpu"]["mask"]["mismatched_elements"] == 1 and not r["within_tolerance"]
+    assert r["identical_to_original"] is False and r["vs_original"]["mask"]["mismatched_elements"] == 1
+
+    r = _compare(server, "patched", image, cpu)
+    assert r["identical_to_original"] is True and r["within_tolerance"]
+
+
+def test_compare_refuses_a_body_that_does_not_match_its_layout(server) -> None:
+    layout = {"input": {"name": "image", "dtype": "float32", "dims": [1, 3, 64, 64]}, "outputs": []}
+    status, body = _request(server, "POST", "/compare/original", b"\0" * 12,
+                            {"X-Layout": json.dumps(layout)})
+    assert status == 400 and "too short" in json.loads(body)["error"]
+
+
+def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "deform_surgeon", "serve", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    r = _cli(str(FIXTURES / "no_deform.onnx"))
+    assert r.returncode == 2
+    assert r.stderr.strip() == (f"deform-surgeon serve: error: {(FIXTURES / 'no_deform.onnx').resolve()}: input 'x' "
+                                "has shape [2, 3]; an image input is 1x3xHxW")
+    r = _cli(str(tmp_path / "missing.onnx"))
+    assert r.returncode == 2 and "missing.onnx: no such file" in r.stderr
+    (tmp_path / "text.onnx").write_text("not a model")
+    r = _cli(str(tmp_path / "text.onnx"))
+    assert r.returncode == 2 and "not a readable ONNX model" in r.stderr
+    r = _cli(str(ORIGINAL), "--headless", str(ORIGINAL))
+    assert r.returncode == 2 and "output path is one of the models" in r.stderr
+
+
+needs_runtimes = pytest.mark.skipif(runtimes.runtimes_dir() is None, reason="run `deform-surgeon setup` first")
+
+
+@needs_runtimes
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_stops_cleanly_on_a_signal(sig: signal.Signals, tmp_path: Path) -> None:
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "deform_surgeon", "serve", str(ORIGINAL)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("serving http://127.0.0.1:"), line + proc.stderr.read()
+        port = int(line.split("http://127.0.0.1:")[1].split("/")[0])
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("GET", "/")
+        assert conn.getresponse().status == 200
+        conn.close()
+        proc.send_signal(sig)
+        assert proc.wait(timeout=30) == 0
+        assert "stopped" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    with pytest.raises(ConnectionRefusedError):
+        http.client.HTTPConnection("127.0.0.1", port, timeout=5).connect()
+    # `import onnxruntime` (1.32) itself writes $TMPDIR/.ses on every import; nothing else may be there
+    assert [p.name for p in tmp_path.iterdir() if p.name != ".ses"] == [], "no temp file left behind"
+
+
+@pytest.mark.webgpu
+@needs_runtimes
+def test_page_runs_both_models_in_headless_chromium(tmp_path: Path, patched: Path) -> None:
+    """The page on SwiftShader with `import 'onnxruntime-web/webgpu'` (where the unpatched GatherND form runs too):
+    both models run without a WebGPU error, agree with ORT CPU within the tolerance, and with each other byte for
+    byte; the patched one has no CPU node and no Memcpy."""
+    result, shot = tmp_path / "result.json", tmp_path / "page.png"
+    r = _cli(str(ORIGINAL), str(patched), "--headless", str(result), "--screenshot", str(shot), "--bundle",
+             "webgpu", "--runs", "2", "--device-profile", "spec-default", timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    doc = json.loads(result.read_text())
+    assert doc["ok"] is True and doc["bundle_file"] == "ort.webgpu.min.mjs"
+    assert doc["software_adapter"] is True and "not GPU timings" in doc["timing_note"]
+    assert doc["adapter"]["architecture"] == "swiftshader"
+    # the page requested ORT's device with the profile's limits, not the adapter's (10 storage buffers, 1 GiB)
+    assert doc["profile"]["name"] == "spec-default" and doc["applied_limits"] == SPEC_DEFAULT_LIMITS
+    original, patched_run = doc["models"]
+    for m in (original, patched_run):
+        assert m["ok"] and m["error"] is None and m["gpu_errors"] == []
+        assert len(m["runs_ms"]) == 2 and m["min_ms"] <= m["median_ms"]
+        assert m["session_create_s"] > 0 and m["placement"]["placement_logged"]
+        assert m["outputs"] == [{"name": "mask", "dtype": "float32", "dims": [1, 1, 64, 64]}]
+        assert 0 <= m["vs_cpu"]["mask"]["max_abs_diff"] <= GPU_TOLERANCE["float32"]
+    assert original["placement"]["cpu_nodes"] > 0 and original["placement"]["memcpy"] > 0
+    assert patched_run["placement"]["cpu_nodes"] == 0 and patched_run["placement"]["memcpy"] == 0
+    assert patched_run["identical_to_original"] is True
+    assert patched_run["vs_original"]["mask"]["max_abs_diff"] == 0
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "software adapter: the timings below are not GPU timings" in r.stdout
+
+
+@pytest.mark.webgpu
+@needs_runtimes
+def test_a_model_the_adapter_cannot_run_is_a_failure(tmp_path: Path) -> None:
+    """float16 on an adapter without shader-f16 (SwiftShader): the page reports ORT's error and the placement ORT
+    logged before it, the result is not ok and the command exits 1; on an adapter with shader-f16 it runs."""
+    result = tmp_path / "result.json"
+    r = _cli(str(FIXTURES / "decoder_gathernd_fp16.onnx"), "--headless", str(result), "--bundle", "webgpu",
+             "--runs", "1", timeout=900)
+    doc = json.loads(result.read_text())
+    (m,) = doc["models"]
+    assert doc["input"] == {"name": "image", "dtype": "float16", "dims": [1, 3, 64, 64]}
+    if "shader-f16" in doc["adapter"]["features"]:
+        assert r.returncode == 0 and m["ok"] and m["vs_cpu"]["mask"]["max_abs_diff"] <= GPU_TOLERANCE["float16"]
+        return
+    assert r.returncode == 1 and doc["ok"] is False and m["ok"] is False
+    assert "requires f16 but the device does not support it" in m["error"]
+    assert m["runs_ms"] == [] and m["outputs"] == []
+    assert m["placement"]["placement_logged"] and m["placement"]["cpu_nodes"] > 0
+    assert "requires f16" in r.stdout
+
+
+def test_serves_the_external_data_a_model_names_and_no_other_file(tmp_path: Path) -> None:
+    import onnx
+
+    model = onnx.load(str(ORIGINAL))
+    folder = tmp_path / "m"
+    folder.mkdir()
+    onnx.save(model, str(folder / "ext.onnx"), save_as_external_data=True, location="ext.onnx.data",
+              size_threshold=0)
+    (folder / "secret.txt").write_text("not served")
+    web = tmp_path / "onnxruntime-web"
+    web.mkdir()
+    app = ServeApp([ServedModel.load("original", folder / "ext.onnx")], None, ort_web=web)
+    assert app.config()["models"][0]["external"] == [
+        {"path": "ext.onnx.data", "url": "/external/original/ext.onnx.data"}]
+    srv = make_server(app)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        assert _request(srv, "GET", "/external/original/ext.onnx.data") == (
+            200, (folder / "ext.onnx.data").read_bytes())
+        assert _request(srv, "GET", "/external/original/secret.txt")[0] == 403
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+@pytest.mark.webgpu
+@needs_runtimes
+def test_any_image_model_runs_and_shows_its_first_output(tmp_path: Path) -> None:
+    """Not a mask: a 3 -> 4 channel Conv with two outputs. The page runs it, compares both outputs with ORT CPU and
+    shows the first output's first plane (the last output has 4 channels, so it is not taken for a mask)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(1).standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["image", "w"], ["features"], pads=[1, 1, 1, 1], kernel_shape=[3, 3],
+                          strides=[1, 1], dilations=[1, 1]),  # JSEP: "dilations should be 2D" without them
+         helper.make_node("Relu", ["features"], ["relu"])],
+        "conv", [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, 32, 32])],
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, [1, 4, 32, 32]),
+         helper.make_tensor_value_info("relu", TensorProto.FLOAT, [1, 4, 32, 32])], [w])
+    model = tmp_path / "conv.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(model))
+    result = tmp_path / "result.json"
+    r = _cli(str(model), "--headless", str(result), "--runs", "1", timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    (m,) = json.loads(result.read_text())["models"]
+    assert m["ok"] and sorted(m["vs_cpu"]) == ["features", "relu"]
+    assert all(v["max_abs_diff"] <= GPU_TOLERANCE["float32"] for v in m["vs_cpu"].values())
+    assert m["display"].startswith("first output 'features'")
