@@ -426,8 +426,18 @@ def _stubbed(graph: gs.Graph, weights: Weights | None) -> Iterator[None]:
 
 
 def _nbytes(t: onnx.TensorProto) -> int | None:
-    bits = _BITS.get(t.data_type)
-    return None if bits is None else (math.prod(t.dims) * bits + 7) // 8
+    return elem_nbytes(t.data_type, t.dims)
+
+
+def elem_nbytes(elem_type: int, shape) -> int | None:
+    """Bytes of a tensor of this element type and (static) shape; None for an element type of unknown size."""
+    bits = _BITS.get(elem_type)
+    return None if bits is None else (math.prod(shape) * bits + 7) // 8
+
+
+def read_tensor(t: onnx.TensorProto, weights: Weights) -> onnx.TensorProto:
+    """`t` with its data: an external tensor is read from the model's folder (the model keeps its reference)."""
+    return _read_in(t, weights.base_dir if weights.base_dir is not None else Path()) if _is_external(t) else t
 
 
 def _is_external(t: onnx.TensorProto) -> bool:

@@ -13,6 +13,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from .errors import SurgeonError, VerificationError
+from .fold import fold_static
 from .model_io import (
     Weights,
     check_and_infer,
@@ -60,17 +61,20 @@ def _fewer_gc_passes() -> Iterator[None]:
 
 
 def _run(model_path: str | Path, options: Options) -> Lifted:
-    """Load, check and prove/rewrite, never copying weights: checker and shape inference see a weight-less copy,
-    only the deform regions are lifted into a graph (see region.py), stored weights as lazy constants."""
+    """Load, check, fold what is static, prove/rewrite, never copying weights: checker and shape inference see a
+    weight-less copy, the static float16 computations are folded on the whole model (fold.py), only the deform
+    regions are lifted into a graph (see region.py), stored weights as lazy constants."""
     model = load_model(model_path)
     weights = split_weights(model, Path(model_path).parent)
     types = check_and_infer(model, model_path, weights)
+    ops_before = op_histogram(model)
+    folded = fold_static(model, types, weights)
     region = find_region(model)
     sub = region_model(model, region, types, set(weights.tensors))
     graph = import_graph(sub, weights)
     ctx = Context(graph, types, options, reserved=region.names)
-    actions = run_passes(ctx, default_passes())
-    return Lifted(model, weights, region, sub, graph, actions)
+    actions = folded + run_passes(ctx, default_passes())
+    return Lifted(model, weights, region, sub, graph, actions, ops_before)
 
 
 @dataclass
@@ -81,6 +85,7 @@ class Lifted:
     sub: onnx.ModelProto
     graph: gs.Graph
     actions: list
+    ops_before: dict[str, int]  # of the model as loaded (`model` has its static float16 computations folded)
 
     def patched(self) -> tuple[onnx.ModelProto, onnx.ModelProto]:
         """The whole model with the rewritten region spliced in (stored weights as stubs, see model_io), and the
@@ -95,7 +100,7 @@ def inspect(model_path: str | Path, *, allow_unproven: bool = False, sum_mode: s
     """Dry run: what `patch` would rewrite or refuse, and why. Writes nothing."""
     options = _options(allow_unproven, sum_mode, max_buffer)
     lifted = _run(model_path, options)
-    return PatchReport(str(model_path), None, False, vars(options), op_histogram(lifted.model),
+    return PatchReport(str(model_path), None, False, vars(options), lifted.ops_before,
                        op_histogram(lifted.patched()[0]), lifted.actions, note="inspect: dry run, nothing written")
 
 
@@ -121,7 +126,7 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
     stage = progress or (lambda _: None)
     stage("prove")
     lifted = _run(model_path, options)
-    model, weights, actions, before = lifted.model, lifted.weights, lifted.actions, op_histogram(lifted.model)
+    model, weights, actions, before = lifted.model, lifted.weights, lifted.actions, lifted.ops_before
     if output_path is not None:
         check_external_output(output_path, model_path, weights)
     report = PatchReport(str(model_path), None if output_path is None else str(output_path), False,

@@ -1,0 +1,341 @@
+"""Fold what is static: float16 computations whose inputs are all known for the model's input shapes are
+evaluated once, exactly, and stored as initializers.
+
+Why: an fp16 conversion (onnxconverter-common) turns the constant-valued parts of a model into float16 too: in a
+Swin backbone the window-padding sizes (`Ceil` of a float constant), the shifted-window attention masks
+(ConstantOfShape -> ScatterND -> Sub -> Equal -> Where) and every shape computation downstream of them. ONNX
+Runtime folds static computations itself when a session is created, but only with CPU kernels, and its CPU EP
+has none for most float16 arithmetic: in fp16 those nodes are never folded, and on a WebGPU EP the int64 shape
+nodes downstream of them then run on the CPU EP with Memcpy around them (real BiRefNet-lite 512 fp16: 2,456 CPU
+nodes, 164 Memcpy after the deform passes; its fp32 export: none). Folding them here makes the fp16 model as
+static as ORT makes the fp32 one.
+
+What is folded: a node is *static* when every input is an initializer (of at most `FOLD_LIMIT` bytes, not also a
+graph input), a Constant or a static node's output, or when it is a `Shape`/`Size` of a tensor whose shape shape
+inference knows completely. Folded are the static nodes that read or write float16/bfloat16 (`REDUCED_FLOATS`),
+everything static downstream of them, and the static nodes they need; the tensors the rest of the model reads
+from them become initializers. Static computations without such a type are left to ORT, which folds them at
+session creation anyway (so an fp32 model is not changed at all and does not grow). Never folded: random ops,
+control flow, custom domains, and any tensor larger than `FOLD_LIMIT` (the nodes that make it stay).
+
+How, exactly: the static subgraph is evaluated by ONNX Runtime CPU itself, so the stored bytes are ORT's. That
+alone is not enough for float16: ORT computes a float16 node without a CPU kernel in float32 between Casts it
+inserts, and removes the Cast pairs between two such nodes, so inside the model a node may read its producer's
+float32 value unrounded, where a folded initializer would give it the rounded float16 one (measured: a folded
+fp16 Mul changes its consumer in 1,055 of 4,096 elements). So the subgraph is evaluated twice, as it is and with
+every float16/bfloat16 widened to float32, and a node is folded only when every tensor of its static cone is the
+same in both: then no float16 rounding happened anywhere in it, and however ORT (or a GPU computing in float16)
+arranges its Casts, the values are these. Integer and bool computations are exact either way. What is not exact
+in that sense (a `Sqrt` of an attention scale, say) is left in the model and reported with its reason.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+
+from .model_io import TypeTable, Weights, elem_nbytes, read_tensor
+from .pipeline import REFUSED, REWRITTEN, Action
+from .region import _subgraph_reads
+
+PASS = "fold"
+FOLD_LIMIT = 16 << 20  # bytes: no folded tensor is larger (BiRefNet-lite's largest Swin mask: 6.6 MB fp16 at 1024)
+REDUCED_FLOATS = {TensorProto.FLOAT16, TensorProto.BFLOAT16}
+NEVER_STATIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
+                "Bernoulli", "Dropout", "If", "Loop", "Scan", "SequenceMap"}
+SHAPE_OF = {"Shape", "Size"}  # read only their input's shape
+_SUBGRAPH = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+# the attributes through which a node can name a float16/bfloat16 type; widening rewrites them, or gives up
+_TYPED_ATTRS = {("Cast", "to"), ("ConstantOfShape", "value"), ("Constant", "value"), ("EyeLike", "dtype")}
+
+
+@dataclass
+class _Static:
+    """The static nodes of a model and what they read."""
+
+    nodes: list[onnx.NodeProto]
+    reads: list[list[str]] = field(default_factory=list)  # per node: its inputs and its subgraphs' outer reads
+    static: set[int] = field(default_factory=set)
+    producer: dict[str, int] = field(default_factory=dict)
+    readers: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
+
+
+def fold_static(model: onnx.ModelProto, types: TypeTable, weights: Weights, limit: int = FOLD_LIMIT) -> list[Action]:
+    """Fold `model`'s static float16 computations in place (see the module docstring); one Action per node folded
+    or left. `types` is the model's shape inference, `weights` where its stored tensors are."""
+    graph = model.graph
+    found = _find_static(graph, types, limit)
+    tainted = _tainted(found, types)
+    if not tainted:
+        return []
+    cone = _cone(found, tainted)
+    try:
+        values, widened = _evaluate(model, found, cone, types, weights)
+    except Exception as exc:  # ORT could not run it: nothing is folded, and the report says why
+        reason = f"static, but ORT CPU could not evaluate the static subgraph ({_first_line(exc)})"
+        return [Action(PASS, found.nodes[k].name, found.nodes[k].op_type, REFUSED, reason) for k in sorted(tainted)]
+    refused: dict[int, str] = {}
+    exact: set[int] = set()
+    for k in sorted(cone):  # the model's node order is topological
+        node = found.nodes[k]
+        upstream = [found.producer[i] for i in node.input if i in found.producer and found.producer[i] in cone]
+        bad_input = next((p for p in upstream if p not in exact), None)
+        if bad_input is not None:
+            refused[k] = f"reads '{found.nodes[bad_input].name}', which is not folded"
+            continue
+        problem = _inexact(node, values, widened) if node.op_type != "Constant" else None
+        if problem:
+            refused[k] = problem
+            continue
+        exact.add(k)
+    folded = {k for k in exact if found.nodes[k].op_type != "Constant"}
+    outputs = {o.name for o in graph.output}
+    while True:  # a tensor the model keeps reading must be small enough, and typed as shape inference says
+        boundary = _boundary(found, folded, outputs)
+        too_big = {}
+        for name in boundary:
+            problem = _unstorable(name, values[name], types, limit)
+            if problem:
+                too_big[found.producer[name]] = problem
+        if not too_big:
+            break
+        for k, problem in too_big.items():
+            folded.discard(k)
+            refused[k] = problem
+    actions = []
+    for k in sorted(folded | set(refused)):
+        node = found.nodes[k]
+        if k in folded:
+            stored = [f"'{o}' ({_describe(values[o])})" for o in node.output if o in boundary]
+            reason = ("static for the model's input shapes: evaluated once on ORT CPU, exact (no float16 rounding "
+                      "in its cone)" + (f"; stored {', '.join(stored)} as an initializer" if stored else ""))
+            actions.append(Action(PASS, node.name, node.op_type, REWRITTEN, reason))
+        elif k in tainted:  # ancestors that are only needed are not worth a line of their own
+            actions.append(Action(PASS, node.name, node.op_type, REFUSED, f"static, not folded: {refused[k]}"))
+    _apply(model, found, folded, boundary, values)
+    return actions
+
+
+def _find_static(graph: onnx.GraphProto, types: TypeTable, limit: int) -> _Static:
+    found = _Static(list(graph.node))
+    overridable = {i.name for i in graph.input}
+    known = {t.name for t in graph.initializer if t.name not in overridable
+             and (elem_nbytes(t.data_type, t.dims) or limit + 1) <= limit}
+    for k, node in enumerate(found.nodes):
+        reads = list(node.input) if not any(a.type in _SUBGRAPH for a in node.attribute) else \
+            [*node.input, *_subgraph_reads(node)]
+        found.reads.append(reads)
+        for i in reads:
+            if i:
+                found.readers[i].append(k)
+        for o in node.output:
+            if o:
+                found.producer[o] = k
+        if not _may_fold(node):
+            continue
+        inputs = [i for i in node.input if i]
+        if node.op_type in SHAPE_OF:
+            static = bool(inputs) and (inputs[0] in known or _static_shape(inputs[0], types) is not None)
+        else:
+            static = all(i in known for i in inputs)
+        if static and all(_fits(o, types, limit) for o in node.output if o):
+            found.static.add(k)
+            known.update(o for o in node.output if o)
+    return found
+
+
+def _may_fold(node: onnx.NodeProto) -> bool:
+    return (node.domain in ("", "ai.onnx") and node.op_type not in NEVER_STATIC
+            and not any(a.type in _SUBGRAPH for a in node.attribute))
+
+
+def _static_shape(name: str, types: TypeTable) -> tuple[int, ...] | None:
+    if name not in types:
+        return None
+    shape = types[name][1]
+    if shape is None or not all(isinstance(d, int) and d >= 0 for d in shape):
+        return None
+    return tuple(shape)
+
+
+def _fits(name: str, types: TypeTable, limit: int) -> bool:
+    """False only when shape inference says the tensor is larger than `limit` (unknown sizes are checked after
+    evaluation, before anything is stored)."""
+    shape = _static_shape(name, types)
+    size = None if shape is None else elem_nbytes(types[name][0], shape)
+    return size is None or size <= limit
+
+
+def _tainted(found: _Static, types: TypeTable) -> set[int]:
+    """Static nodes that compute in a reduced float type, and the static nodes downstream of them."""
+    tainted: set[int] = set()
+    for k in sorted(found.static):
+        node = found.nodes[k]
+        if node.op_type in SHAPE_OF or node.op_type == "Constant":
+            continue
+        names = [n for n in (*node.input, *node.output) if n]
+        if any(n in types and types[n][0] in REDUCED_FLOATS for n in names) or \
+                any(found.producer.get(i) in tainted for i in node.input):
+            tainted.add(k)
+    return tainted
+
+
+def _cone(found: _Static, tainted: set[int]) -> set[int]:
+    """`tainted` and every static node it needs."""
+    cone, stack = set(tainted), list(tainted)
+    while stack:
+        for i in found.nodes[stack.pop()].input:
+            p = found.producer.get(i)
+            if p is not None and p in found.static and p not in cone:
+                cone.add(p)
+                stack.append(p)
+    return cone
+
+
+def _evaluate(model: onnx.ModelProto, found: _Static, cone: set[int], types: TypeTable, weights: Weights,
+              ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Every output of the cone's nodes on ORT CPU: as the model has them, and with reduced floats widened."""
+    sub = onnx.ModelProto()
+    sub.ir_version = model.ir_version
+    sub.opset_import.extend(model.opset_import)
+    g = sub.graph
+    g.name = "static"
+    for k in sorted(cone):
+        node = found.nodes[k]
+        if node.op_type in SHAPE_OF and found.producer.get(node.input[0]) not in cone:
+            g.node.append(_shape_constant(node, types))  # the shape of a tensor the subgraph does not compute
+        else:
+            g.node.append(node)
+    read = {i for n in g.node for i in n.input if i}
+    for t in model.graph.initializer:
+        if t.name in read:
+            g.initializer.append(read_tensor(t, weights))
+    outputs = [o for k in sorted(cone) if found.nodes[k].op_type != "Constant" for o in found.nodes[k].output if o]
+    g.output.extend(onnx.ValueInfoProto(name=o) for o in outputs)
+    values = dict(zip(outputs, _run(sub), strict=True))
+    widened = dict(zip(outputs, _run(_widen(sub)), strict=True))
+    return values, widened
+
+
+def _shape_constant(node: onnx.NodeProto, types: TypeTable) -> onnx.NodeProto:
+    shape = _static_shape(node.input[0], types)
+    if node.op_type == "Size":
+        value = np.array(math.prod(shape), dtype=np.int64)
+    else:
+        attrs = {a.name: a.i for a in node.attribute}
+        rank = len(shape)
+        start, end = attrs.get("start", 0), attrs.get("end", rank)
+        start, end = (min(max(x + rank if x < 0 else x, 0), rank) for x in (start, end))
+        value = np.array(shape[start:end], dtype=np.int64)
+    return onnx.helper.make_node("Constant", [], [node.output[0]], name=node.name,
+                                 value=numpy_helper.from_array(value, node.output[0]))
+
+
+def _run(model: onnx.ModelProto) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # ORT warns about every float16 node it computes through Casts
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # each node by its own kernel
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return session.run(None, {})
+
+
+def _widen(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `model` with every float16/bfloat16 tensor, Cast target and typed attribute made float32."""
+    wide = onnx.ModelProto()
+    wide.CopyFrom(model)
+    g = wide.graph
+    for i, t in enumerate(g.initializer):
+        if t.data_type in REDUCED_FLOATS:
+            g.initializer[i].CopyFrom(_wide_tensor(t))
+    for node in g.node:
+        for a in node.attribute:
+            if (node.op_type, a.name) in _TYPED_ATTRS:
+                if a.type == onnx.AttributeProto.INT and a.i in REDUCED_FLOATS:
+                    a.i = TensorProto.FLOAT
+                elif a.type == onnx.AttributeProto.TENSOR and a.t.data_type in REDUCED_FLOATS:
+                    a.t.CopyFrom(_wide_tensor(a.t))
+            elif a.type in (onnx.AttributeProto.TENSOR, onnx.AttributeProto.TENSORS, onnx.AttributeProto.INT) and \
+                    a.name in ("dtype", "to", "value"):
+                raise ValueError(f"cannot widen attribute '{a.name}' of {node.op_type} '{node.name}'")
+    return wide
+
+
+def _wide_tensor(t: onnx.TensorProto) -> onnx.TensorProto:
+    return numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float32), t.name)
+
+
+def _inexact(node: onnx.NodeProto, values: dict, widened: dict) -> str | None:
+    """Why the node's outputs are not the same in the run as it is and the widened run (None: they are)."""
+    for o in node.output:
+        if not o:
+            continue
+        a, b = values[o], widened[o]
+        if a.shape != b.shape:
+            return f"'{o}' has shape {list(a.shape)}, {list(b.shape)} when computed in float32"
+        if a.dtype.kind == "f" and a.dtype != b.dtype:
+            a = a.astype(b.dtype)  # float16 -> float32 is exact
+        if a.dtype != b.dtype or a.tobytes() != b.tobytes():
+            return (f"'{o}' ({values[o].dtype}) differs from its value computed in float32: a float16 rounding "
+                    "happened, which ORT's float16 fallback may leave out inside the model")
+    return None
+
+
+def _boundary(found: _Static, folded: set[int], outputs: set[str]) -> set[str]:
+    """Outputs of folded nodes that a node left in the model, or the graph's outputs, read."""
+    return {o for k in folded for o in found.nodes[k].output
+            if o and (o in outputs or any(r not in folded for r in found.readers.get(o, ())))}
+
+
+def _unstorable(name: str, value: np.ndarray, types: TypeTable, limit: int) -> str | None:
+    if value.nbytes > limit:
+        return f"'{name}' would be a {_describe(value)} initializer, above the fold limit of {limit >> 20} MiB"
+    if name in types:
+        elem, shape = types[name]
+        if elem and onnx.helper.np_dtype_to_tensor_dtype(value.dtype) != elem:
+            return f"'{name}' evaluates to {value.dtype}, shape inference says {TensorProto.DataType.Name(elem)}"
+        if shape is not None and (len(shape) != value.ndim or any(isinstance(d, int) and d != v
+                                                                  for d, v in zip(shape, value.shape, strict=True))):
+            return f"'{name}' evaluates to shape {list(value.shape)}, shape inference says {list(shape)}"
+    return None
+
+
+def _apply(model: onnx.ModelProto, found: _Static, folded: set[int], boundary: set[str],
+           values: dict[str, np.ndarray]) -> None:
+    """Drop the folded nodes, store the boundary tensors, and drop the Constants and initializers that only the
+    folded nodes read (the model is changed in place; no weight is copied)."""
+    graph = model.graph
+    kept = [k for k in range(len(found.nodes)) if k not in folded]
+    read = {i for k in kept for i in found.reads[k]} | {o.name for o in graph.output}
+    was_read = {i for k in folded for i in found.reads[k]}
+    dead = {k for k in kept if found.nodes[k].op_type == "Constant"
+            and any(o in was_read for o in found.nodes[k].output) and not any(o in read for o in found.nodes[k].output)}
+    gone = {o for k in folded | dead for o in found.nodes[k].output} - boundary
+    for k in sorted(folded | dead, reverse=True):  # in place: the kept nodes are not copied
+        del graph.node[k]
+    unread = was_read - read
+    for i in reversed([i for i, t in enumerate(graph.initializer) if t.name in unread]):
+        del graph.initializer[i]
+    graph.initializer.extend(numpy_helper.from_array(values[name], name) for name in sorted(boundary))
+    if gone and graph.value_info:
+        keep = [vi for vi in graph.value_info if vi.name not in gone]
+        del graph.value_info[:]
+        graph.value_info.extend(keep)
+
+
+def _describe(value: np.ndarray) -> str:
+    size = value.nbytes
+    unit = f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size} bytes"
+    return f"{value.dtype}{list(value.shape)}, {unit}"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:300]
