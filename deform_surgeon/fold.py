@@ -56,10 +56,14 @@ _TYPED_ATTRS = {("Cast", "to"), ("ConstantOfShape", "value"), ("Constant", "valu
 
 @dataclass
 class _Static:
-    """The static nodes of a model and what they read."""
+    """The nodes of a model as plain lists (protobuf field access is the cost on 19,000 nodes), and which are
+    static."""
 
     nodes: list[onnx.NodeProto]
-    reads: list[list[str]] = field(default_factory=list)  # per node: its inputs and its subgraphs' outer reads
+    ops: list[str] = field(default_factory=list)
+    ins: list[list[str]] = field(default_factory=list)
+    outs: list[list[str]] = field(default_factory=list)
+    reads: list[list[str]] = field(default_factory=list)  # inputs, and for control flow its subgraphs' outer reads
     static: set[int] = field(default_factory=set)
     producer: dict[str, int] = field(default_factory=dict)
     readers: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
@@ -69,56 +73,71 @@ def fold_static(model: onnx.ModelProto, types: TypeTable, weights: Weights, limi
     """Fold `model`'s static float16 computations in place (see the module docstring); one Action per node folded
     or left. `types` is the model's shape inference, `weights` where its stored tensors are."""
     graph = model.graph
+    if not _has_reduced_floats(model):  # nothing can be float16: an fp32 model costs one scan
+        return []
     found = _find_static(graph, types, limit)
     tainted = _tainted(found, types)
     if not tainted:
         return []
-    cone = _cone(found, tainted)
+    cone, refused = _sized(found, _cone(found, tainted), types, limit)
     try:
         values, widened = _evaluate(model, found, cone, types, weights)
     except Exception as exc:  # ORT could not run it: nothing is folded, and the report says why
         reason = f"static, but ORT CPU could not evaluate the static subgraph ({_first_line(exc)})"
-        return [Action(PASS, found.nodes[k].name, found.nodes[k].op_type, REFUSED, reason) for k in sorted(tainted)]
-    refused: dict[int, str] = {}
+        return [Action(PASS, found.nodes[k].name, found.ops[k], REFUSED, reason) for k in sorted(tainted)]
     exact: set[int] = set()
     for k in sorted(cone):  # the model's node order is topological
-        node = found.nodes[k]
-        upstream = [found.producer[i] for i in node.input if i in found.producer and found.producer[i] in cone]
-        bad_input = next((p for p in upstream if p not in exact), None)
+        bad_input = next((p for i in found.ins[k] if (p := found.producer.get(i)) in cone and p not in exact), None)
         if bad_input is not None:
             refused[k] = f"reads '{found.nodes[bad_input].name}', which is not folded"
             continue
-        problem = _inexact(node, values, widened) if node.op_type != "Constant" else None
+        problem = _inexact(found.outs[k], values, widened) if found.ops[k] != "Constant" else None
         if problem:
             refused[k] = problem
             continue
         exact.add(k)
-    folded = {k for k in exact if found.nodes[k].op_type != "Constant"}
+    folded = {k for k in exact if found.ops[k] != "Constant"}
     outputs = {o.name for o in graph.output}
     while True:  # a tensor the model keeps reading must be small enough, and typed as shape inference says
         boundary = _boundary(found, folded, outputs)
-        too_big = {}
+        unstorable = {}
         for name in boundary:
             problem = _unstorable(name, values[name], types, limit)
             if problem:
-                too_big[found.producer[name]] = problem
-        if not too_big:
+                unstorable[found.producer[name]] = problem
+        if not unstorable:
             break
-        for k, problem in too_big.items():
+        for k, problem in unstorable.items():
             folded.discard(k)
             refused[k] = problem
     actions = []
     for k in sorted(folded | set(refused)):
         node = found.nodes[k]
         if k in folded:
-            stored = [f"'{o}' ({_describe(values[o])})" for o in node.output if o in boundary]
+            stored = [f"'{o}' ({_describe(values[o])})" for o in found.outs[k] if o in boundary]
             reason = ("static for the model's input shapes: evaluated once on ORT CPU, exact (no float16 rounding "
                       "in its cone)" + (f"; stored {', '.join(stored)} as an initializer" if stored else ""))
-            actions.append(Action(PASS, node.name, node.op_type, REWRITTEN, reason))
+            actions.append(Action(PASS, node.name, found.ops[k], REWRITTEN, reason))
         elif k in tainted:  # ancestors that are only needed are not worth a line of their own
-            actions.append(Action(PASS, node.name, node.op_type, REFUSED, f"static, not folded: {refused[k]}"))
+            actions.append(Action(PASS, node.name, found.ops[k], REFUSED, f"static, not folded: {refused[k]}"))
     _apply(model, found, folded, boundary, values)
     return actions
+
+
+def _has_reduced_floats(model: onnx.ModelProto) -> bool:
+    """Whether any tensor of the model can be float16/bfloat16: a float type enters a graph only through its
+    inputs, initializers, Constant / ConstantOfShape values and Cast targets (or a dtype attribute)."""
+    graph = model.graph
+    if any(t.data_type in REDUCED_FLOATS for t in graph.initializer) or \
+            any(i.type.tensor_type.elem_type in REDUCED_FLOATS for i in graph.input):
+        return True
+    for node in graph.node:
+        if node.op_type in ("Constant", "ConstantOfShape", "Cast", "EyeLike") or node.domain not in ("", "ai.onnx"):
+            for a in node.attribute:
+                if (a.type == onnx.AttributeProto.INT and a.i in REDUCED_FLOATS) or \
+                        (a.type == onnx.AttributeProto.TENSOR and a.t.data_type in REDUCED_FLOATS):
+                    return True
+    return False
 
 
 def _find_static(graph: onnx.GraphProto, types: TypeTable, limit: int) -> _Static:
@@ -127,31 +146,29 @@ def _find_static(graph: onnx.GraphProto, types: TypeTable, limit: int) -> _Stati
     known = {t.name for t in graph.initializer if t.name not in overridable
              and (elem_nbytes(t.data_type, t.dims) or limit + 1) <= limit}
     for k, node in enumerate(found.nodes):
-        reads = list(node.input) if not any(a.type in _SUBGRAPH for a in node.attribute) else \
-            [*node.input, *_subgraph_reads(node)]
+        op, ins, outs = node.op_type, list(node.input), list(node.output)
+        nested = any(a.type in _SUBGRAPH for a in node.attribute)
+        reads = ins if not nested else [*ins, *_subgraph_reads(node)]
+        found.ops.append(op)
+        found.ins.append(ins)
+        found.outs.append(outs)
         found.reads.append(reads)
         for i in reads:
             if i:
                 found.readers[i].append(k)
-        for o in node.output:
+        for o in outs:
             if o:
                 found.producer[o] = k
-        if not _may_fold(node):
+        if nested or op in NEVER_STATIC or node.domain not in ("", "ai.onnx"):
             continue
-        inputs = [i for i in node.input if i]
-        if node.op_type in SHAPE_OF:
-            static = bool(inputs) and (inputs[0] in known or _static_shape(inputs[0], types) is not None)
+        if op in SHAPE_OF:
+            static = bool(ins) and (ins[0] in known or _static_shape(ins[0], types) is not None)
         else:
-            static = all(i in known for i in inputs)
-        if static and all(_fits(o, types, limit) for o in node.output if o):
+            static = all(i in known for i in ins if i)
+        if static:
             found.static.add(k)
-            known.update(o for o in node.output if o)
+            known.update(o for o in outs if o)
     return found
-
-
-def _may_fold(node: onnx.NodeProto) -> bool:
-    return (node.domain in ("", "ai.onnx") and node.op_type not in NEVER_STATIC
-            and not any(a.type in _SUBGRAPH for a in node.attribute))
 
 
 def _static_shape(name: str, types: TypeTable) -> tuple[int, ...] | None:
@@ -163,24 +180,15 @@ def _static_shape(name: str, types: TypeTable) -> tuple[int, ...] | None:
     return tuple(shape)
 
 
-def _fits(name: str, types: TypeTable, limit: int) -> bool:
-    """False only when shape inference says the tensor is larger than `limit` (unknown sizes are checked after
-    evaluation, before anything is stored)."""
-    shape = _static_shape(name, types)
-    size = None if shape is None else elem_nbytes(types[name][0], shape)
-    return size is None or size <= limit
-
-
 def _tainted(found: _Static, types: TypeTable) -> set[int]:
     """Static nodes that compute in a reduced float type, and the static nodes downstream of them."""
     tainted: set[int] = set()
     for k in sorted(found.static):
-        node = found.nodes[k]
-        if node.op_type in SHAPE_OF or node.op_type == "Constant":
+        op = found.ops[k]
+        if op in SHAPE_OF or op == "Constant":
             continue
-        names = [n for n in (*node.input, *node.output) if n]
-        if any(n in types and types[n][0] in REDUCED_FLOATS for n in names) or \
-                any(found.producer.get(i) in tainted for i in node.input):
+        if any(found.producer.get(i) in tainted for i in found.ins[k]) or \
+                any(types.elem_type(n) in REDUCED_FLOATS for n in (*found.ins[k], *found.outs[k]) if n):
             tainted.add(k)
     return tainted
 
@@ -189,12 +197,34 @@ def _cone(found: _Static, tainted: set[int]) -> set[int]:
     """`tainted` and every static node it needs."""
     cone, stack = set(tainted), list(tainted)
     while stack:
-        for i in found.nodes[stack.pop()].input:
+        for i in found.ins[stack.pop()]:
             p = found.producer.get(i)
             if p is not None and p in found.static and p not in cone:
                 cone.add(p)
                 stack.append(p)
     return cone
+
+
+def _sized(found: _Static, cone: set[int], types: TypeTable, limit: int) -> tuple[set[int], dict[int, str]]:
+    """The cone without the nodes whose output shape inference says is larger than `limit` (nor what reads them),
+    so that evaluating it never materialises a huge tensor; and why each was left out. (Sizes inference does not
+    know are checked after evaluation, before anything is stored.)"""
+    kept: set[int] = set()
+    left: dict[int, str] = {}
+    for k in sorted(cone):
+        above = next((p for i in found.ins[k] if (p := found.producer.get(i)) in cone and p not in kept), None)
+        if above is not None:
+            left[k] = f"reads '{found.nodes[above].name}', which is not folded"
+            continue
+        for o in found.outs[k]:
+            shape = _static_shape(o, types) if o else None
+            size = None if shape is None else elem_nbytes(types[o][0], shape)
+            if size is not None and size > limit:
+                left[k] = f"'{o}' would be {size / 1e6:.1f} MB, above the fold limit of {limit >> 20} MiB"
+                break
+        else:
+            kept.add(k)
+    return kept, left
 
 
 def _evaluate(model: onnx.ModelProto, found: _Static, cone: set[int], types: TypeTable, weights: Weights,
@@ -207,7 +237,7 @@ def _evaluate(model: onnx.ModelProto, found: _Static, cone: set[int], types: Typ
     g.name = "static"
     for k in sorted(cone):
         node = found.nodes[k]
-        if node.op_type in SHAPE_OF and found.producer.get(node.input[0]) not in cone:
+        if found.ops[k] in SHAPE_OF and found.producer.get(found.ins[k][0]) not in cone:
             g.node.append(_shape_constant(node, types))  # the shape of a tensor the subgraph does not compute
         else:
             g.node.append(node)
@@ -215,7 +245,7 @@ def _evaluate(model: onnx.ModelProto, found: _Static, cone: set[int], types: Typ
     for t in model.graph.initializer:
         if t.name in read:
             g.initializer.append(read_tensor(t, weights))
-    outputs = [o for k in sorted(cone) if found.nodes[k].op_type != "Constant" for o in found.nodes[k].output if o]
+    outputs = [o for k in sorted(cone) if found.ops[k] != "Constant" for o in found.outs[k] if o]
     g.output.extend(onnx.ValueInfoProto(name=o) for o in outputs)
     values = dict(zip(outputs, _run(sub), strict=True))
     widened = dict(zip(outputs, _run(_widen(sub)), strict=True))
@@ -272,9 +302,9 @@ def _wide_tensor(t: onnx.TensorProto) -> onnx.TensorProto:
     return numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float32), t.name)
 
 
-def _inexact(node: onnx.NodeProto, values: dict, widened: dict) -> str | None:
-    """Why the node's outputs are not the same in the run as it is and the widened run (None: they are)."""
-    for o in node.output:
+def _inexact(outputs: list[str], values: dict, widened: dict) -> str | None:
+    """Why a node's outputs are not the same in the run as it is and the widened run (None: they are)."""
+    for o in outputs:
         if not o:
             continue
         a, b = values[o], widened[o]
@@ -290,7 +320,7 @@ def _inexact(node: onnx.NodeProto, values: dict, widened: dict) -> str | None:
 
 def _boundary(found: _Static, folded: set[int], outputs: set[str]) -> set[str]:
     """Outputs of folded nodes that a node left in the model, or the graph's outputs, read."""
-    return {o for k in folded for o in found.nodes[k].output
+    return {o for k in folded for o in found.outs[k]
             if o and (o in outputs or any(r not in folded for r in found.readers.get(o, ())))}
 
 
@@ -315,9 +345,9 @@ def _apply(model: onnx.ModelProto, found: _Static, folded: set[int], boundary: s
     kept = [k for k in range(len(found.nodes)) if k not in folded]
     read = {i for k in kept for i in found.reads[k]} | {o.name for o in graph.output}
     was_read = {i for k in folded for i in found.reads[k]}
-    dead = {k for k in kept if found.nodes[k].op_type == "Constant"
-            and any(o in was_read for o in found.nodes[k].output) and not any(o in read for o in found.nodes[k].output)}
-    gone = {o for k in folded | dead for o in found.nodes[k].output} - boundary
+    dead = {k for k in kept if found.ops[k] == "Constant"
+            and any(o in was_read for o in found.outs[k]) and not any(o in read for o in found.outs[k])}
+    gone = {o for k in folded | dead for o in found.outs[k]} - boundary
     for k in sorted(folded | dead, reverse=True):  # in place: the kept nodes are not copied
         del graph.node[k]
     unread = was_read - read

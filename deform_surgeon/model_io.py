@@ -158,6 +158,13 @@ class TypeTable(Mapping):
             self._done[name] = got
         return got
 
+    def elem_type(self, name: str) -> int:
+        """The element type alone (0 when unknown), without decoding the shape."""
+        proto = self._protos.get(name)
+        if proto is None:
+            return 0
+        return proto.data_type if isinstance(proto, onnx.TensorProto) else proto.type.tensor_type.elem_type
+
     def __contains__(self, name: object) -> bool:
         return name in self._protos
 
