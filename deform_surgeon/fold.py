@@ -39,7 +39,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from .model_io import TypeTable, Weights, elem_nbytes, read_tensor
+from .model_io import TypeTable, Weights, elem_nbytes
 from .pipeline import REFUSED, REWRITTEN, Action
 from .region import _subgraph_reads
 
@@ -75,34 +75,40 @@ def fold_static(model: onnx.ModelProto, types: TypeTable, weights: Weights, limi
     graph = model.graph
     if not _has_reduced_floats(model):  # nothing can be float16: an fp32 model costs one scan
         return []
-    found = _find_static(graph, types, limit)
+    found = _find_static(graph, types, weights, limit)
     tainted = _tainted(found, types)
     if not tainted:
         return []
     cone, refused = _sized(found, _cone(found, tainted), types, limit)
     try:
-        values, widened = _evaluate(model, found, cone, types, weights)
+        values, widened = _evaluate(model, found, cone, tainted, types)
     except Exception as exc:  # ORT could not run it: nothing is folded, and the report says why
         reason = f"static, but ORT CPU could not evaluate the static subgraph ({_first_line(exc)})"
         return [Action(PASS, found.nodes[k].name, found.ops[k], REFUSED, reason) for k in sorted(tainted)]
-    exact: set[int] = set()
+    exact: set[int] = set()  # nodes whose outputs are fixed however ORT arranges its float16 Casts
+    rounded: dict[str, str] = {}  # tensors of those that differ when computed in float32: why
     for k in sorted(cone):  # the model's node order is topological
         bad_input = next((p for i in found.ins[k] if (p := found.producer.get(i)) in cone and p not in exact), None)
         if bad_input is not None:
             refused[k] = f"reads '{found.nodes[bad_input].name}', which is not folded"
             continue
-        problem = _inexact(found.outs[k], values, widened) if found.ops[k] != "Constant" else None
+        problem = next((f"{rounded[i]}, read by {found.ops[k]}" for i in found.ins[k]
+                        if i in rounded and not _absorbs(found.ops[k], values[i], widened[i])), None)
         if problem:
             refused[k] = problem
             continue
         exact.add(k)
+        for o in found.outs[k] if found.ops[k] != "Constant" else ():
+            why = _inexact(o, values, widened) if o in widened else None
+            if why:
+                rounded[o] = why
     folded = {k for k in exact if found.ops[k] != "Constant"}
     outputs = {o.name for o in graph.output}
     while True:  # a tensor the model keeps reading must be small enough, and typed as shape inference says
         boundary = _boundary(found, folded, outputs)
         unstorable = {}
         for name in boundary:
-            problem = _unstorable(name, values[name], types, limit)
+            problem = rounded.get(name) or _unstorable(name, values[name], types, limit)
             if problem:
                 unstorable[found.producer[name]] = problem
         if not unstorable:
@@ -110,17 +116,24 @@ def fold_static(model: onnx.ModelProto, types: TypeTable, weights: Weights, limi
         for k, problem in unstorable.items():
             folded.discard(k)
             refused[k] = problem
+    dead = _dead(found, folded, outputs)
     actions = []
+    for k in sorted(dead - {k for k in dead if found.ops[k] == "Constant"}):
+        actions.append(Action(PASS, found.nodes[k].name, found.ops[k], REWRITTEN,
+                              "removed: only folded nodes read its output"))
     for k in sorted(folded | set(refused)):
         node = found.nodes[k]
         if k in folded:
             stored = [f"'{o}' ({_describe(values[o])})" for o in found.outs[k] if o in boundary]
-            reason = ("static for the model's input shapes: evaluated once on ORT CPU, exact (no float16 rounding "
-                      "in its cone)" + (f"; stored {', '.join(stored)} as an initializer" if stored else ""))
+            absorbers = sorted({found.ops[r] for o in found.outs[k] if o in rounded for r in found.readers[o]})
+            reason = "static for the model's input shapes: evaluated once on ORT CPU, " + (
+                f"rounded in float16, which its readers ({', '.join(absorbers)}) absorb: the same result on its "
+                "float32 value" if absorbers else "the same wherever ORT's float16 fallback rounds")
+            reason += f"; stored {', '.join(stored)} as an initializer" if stored else ""
             actions.append(Action(PASS, node.name, found.ops[k], REWRITTEN, reason))
         elif k in tainted:  # ancestors that are only needed are not worth a line of their own
             actions.append(Action(PASS, node.name, found.ops[k], REFUSED, f"static, not folded: {refused[k]}"))
-    _apply(model, found, folded, boundary, values)
+    _apply(model, found, folded | dead, boundary, values)
     return actions
 
 
@@ -140,10 +153,13 @@ def _has_reduced_floats(model: onnx.ModelProto) -> bool:
     return False
 
 
-def _find_static(graph: onnx.GraphProto, types: TypeTable, limit: int) -> _Static:
+def _find_static(graph: onnx.GraphProto, types: TypeTable, weights: Weights, limit: int) -> _Static:
+    """Stored weights are not static sources: they are never read, and what is computed from them (a Cast or an
+    Identity of a weight, say) would only be a copy of weights in the file, which ORT folds at load anyway."""
     found = _Static(list(graph.node))
     overridable = {i.name for i in graph.input}
-    known = {t.name for t in graph.initializer if t.name not in overridable
+    initializers = {t.name for t in graph.initializer}
+    known = {t.name for t in graph.initializer if t.name not in overridable and t.name not in weights.tensors
              and (elem_nbytes(t.data_type, t.dims) or limit + 1) <= limit}
     for k, node in enumerate(found.nodes):
         op, ins, outs = node.op_type, list(node.input), list(node.output)
@@ -159,7 +175,8 @@ def _find_static(graph: onnx.GraphProto, types: TypeTable, limit: int) -> _Stati
         for o in outs:
             if o:
                 found.producer[o] = k
-        if nested or op in NEVER_STATIC or node.domain not in ("", "ai.onnx"):
+        if nested or op in NEVER_STATIC or node.domain not in ("", "ai.onnx") or \
+                (op == "Identity" and ins and ins[0] in initializers):  # folding it would only copy a weight
             continue
         if op in SHAPE_OF:
             static = bool(ins) and (ins[0] in known or _static_shape(ins[0], types) is not None)
@@ -227,29 +244,46 @@ def _sized(found: _Static, cone: set[int], types: TypeTable, limit: int) -> tupl
     return kept, left
 
 
-def _evaluate(model: onnx.ModelProto, found: _Static, cone: set[int], types: TypeTable, weights: Weights,
+def _evaluate(model: onnx.ModelProto, found: _Static, cone: set[int], tainted: set[int], types: TypeTable,
               ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Every output of the cone's nodes on ORT CPU: as the model has them, and with reduced floats widened."""
+    """Every output of the cone's nodes on ORT CPU as the model has them, and the outputs of its tainted nodes
+    with reduced floats widened (the rest, integer shape arithmetic, is the same in both by construction: it is
+    fed to the widened run as initializers)."""
+    nodes = []
+    for k in sorted(cone):
+        if found.ops[k] in SHAPE_OF and found.producer.get(found.ins[k][0]) not in cone:
+            nodes.append(_shape_constant(found.nodes[k], types))  # the shape of a tensor the subgraph does not compute
+        else:
+            nodes.append(found.nodes[k])
+    outputs = [o for k in sorted(cone) if found.ops[k] != "Constant" for o in found.outs[k] if o]
+    values = dict(zip(outputs, _run(_submodel(model, nodes, {}, outputs)), strict=True))
+    wide = sorted(tainted & cone)
+    wide_nodes = [found.nodes[k] for k in wide]
+    constants = [found.nodes[p] for p in sorted({found.producer[i] for k in wide for i in found.ins[k]
+                                                 if found.producer.get(i) in cone and found.ops[found.producer[i]]
+                                                 == "Constant"})]
+    wide_outputs = [o for k in wide for o in found.outs[k] if o]
+    fed = {i: values[i] for k in wide for i in found.ins[k] if i in values and found.producer[i] not in tainted}
+    widened = dict(zip(wide_outputs, _run(_widen(_submodel(model, constants + wide_nodes, fed, wide_outputs))),
+                       strict=True))
+    return values, widened
+
+
+def _submodel(model: onnx.ModelProto, nodes: list[onnx.NodeProto], fed: dict[str, np.ndarray],
+              outputs: list[str]) -> onnx.ModelProto:
+    """`nodes` as a model with no inputs: the initializers they read (small, embedded: see _find_static) and
+    `fed` as initializers, `outputs` as its outputs."""
     sub = onnx.ModelProto()
     sub.ir_version = model.ir_version
     sub.opset_import.extend(model.opset_import)
     g = sub.graph
     g.name = "static"
-    for k in sorted(cone):
-        node = found.nodes[k]
-        if found.ops[k] in SHAPE_OF and found.producer.get(found.ins[k][0]) not in cone:
-            g.node.append(_shape_constant(node, types))  # the shape of a tensor the subgraph does not compute
-        else:
-            g.node.append(node)
+    g.node.extend(nodes)
     read = {i for n in g.node for i in n.input if i}
-    for t in model.graph.initializer:
-        if t.name in read:
-            g.initializer.append(read_tensor(t, weights))
-    outputs = [o for k in sorted(cone) if found.ops[k] != "Constant" for o in found.outs[k] if o]
+    g.initializer.extend(t for t in model.graph.initializer if t.name in read)
+    g.initializer.extend(numpy_helper.from_array(v, name) for name, v in fed.items())
     g.output.extend(onnx.ValueInfoProto(name=o) for o in outputs)
-    values = dict(zip(outputs, _run(sub), strict=True))
-    widened = dict(zip(outputs, _run(_widen(sub)), strict=True))
-    return values, widened
+    return sub
 
 
 def _shape_constant(node: onnx.NodeProto, types: TypeTable) -> onnx.NodeProto:
@@ -302,20 +336,26 @@ def _wide_tensor(t: onnx.TensorProto) -> onnx.TensorProto:
     return numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float32), t.name)
 
 
-def _inexact(outputs: list[str], values: dict, widened: dict) -> str | None:
-    """Why a node's outputs are not the same in the run as it is and the widened run (None: they are)."""
-    for o in outputs:
-        if not o:
-            continue
-        a, b = values[o], widened[o]
-        if a.shape != b.shape:
-            return f"'{o}' has shape {list(a.shape)}, {list(b.shape)} when computed in float32"
-        if a.dtype.kind == "f" and a.dtype != b.dtype:
-            a = a.astype(b.dtype)  # float16 -> float32 is exact
-        if a.dtype != b.dtype or a.tobytes() != b.tobytes():
-            return (f"'{o}' ({values[o].dtype}) differs from its value computed in float32: a float16 rounding "
-                    "happened, which ORT's float16 fallback may leave out inside the model")
+def _inexact(name: str, values: dict, widened: dict) -> str | None:
+    """Why a tensor is not the same in the run as it is and in the widened run (None: it is)."""
+    a, b = values[name], widened[name]
+    if a.shape != b.shape:
+        return f"'{name}' has shape {list(a.shape)}, {list(b.shape)} when computed in float32"
+    if a.dtype.kind == "f" and a.dtype != b.dtype:
+        a = a.astype(b.dtype)  # float16 -> float32 is exact
+    if a.dtype != b.dtype or a.tobytes() != b.tobytes():
+        return (f"'{name}' ({values[name].dtype}) is rounded: computed in float32 it differs (ORT's float16 "
+                "fallback may or may not round it inside the model)")
     return None
+
+
+def _absorbs(op: str, rounded: np.ndarray, unrounded: np.ndarray) -> bool:
+    """Whether `op` gives the same result on a tensor's float16-rounded and its float32 value, so that the
+    rounding (which ORT may or may not do inside the model) cannot matter downstream. Only for integer-valued
+    ops whose result on a float16 input is again a float16 value (Ceil, Floor, Round: as numpy computes them)."""
+    function = {"Ceil": np.ceil, "Floor": np.floor, "Round": np.round}.get(op)  # ONNX Round: half to even
+    return function is not None and rounded.shape == unrounded.shape and \
+        np.array_equal(function(rounded.astype(np.float32)), function(unrounded.astype(np.float32)))
 
 
 def _boundary(found: _Static, folded: set[int], outputs: set[str]) -> set[str]:
@@ -337,27 +377,38 @@ def _unstorable(name: str, value: np.ndarray, types: TypeTable, limit: int) -> s
     return None
 
 
-def _apply(model: onnx.ModelProto, found: _Static, folded: set[int], boundary: set[str],
+def _dead(found: _Static, folded: set[int], outputs: set[str]) -> set[int]:
+    """Nodes that only folded nodes read (the Constants they read, the Cast a folded Shape looked at), and so on
+    backwards."""
+    gone = set(folded)
+    stack = [p for k in folded for i in found.reads[k] if (p := found.producer.get(i)) is not None]
+    dead: set[int] = set()
+    while stack:
+        k = stack.pop()
+        if k in gone or any(o in outputs or any(r not in gone for r in found.readers.get(o, ()))
+                            for o in found.outs[k] if o):
+            continue
+        gone.add(k)
+        dead.add(k)
+        stack.extend(p for i in found.reads[k] if (p := found.producer.get(i)) is not None)
+    return dead
+
+
+def _apply(model: onnx.ModelProto, found: _Static, removed: set[int], boundary: set[str],
            values: dict[str, np.ndarray]) -> None:
-    """Drop the folded nodes, store the boundary tensors, and drop the Constants and initializers that only the
-    folded nodes read (the model is changed in place; no weight is copied)."""
+    """Drop the folded (and dead) nodes, store the boundary tensors, and drop the initializers only they read
+    (the model is changed in place; no weight is copied). The value_info of removed tensors stays: the splice
+    (region.py) keeps only that of tensors still produced."""
     graph = model.graph
-    kept = [k for k in range(len(found.nodes)) if k not in folded]
+    kept = [k for k in range(len(found.nodes)) if k not in removed]
     read = {i for k in kept for i in found.reads[k]} | {o.name for o in graph.output}
-    was_read = {i for k in folded for i in found.reads[k]}
-    dead = {k for k in kept if found.ops[k] == "Constant"
-            and any(o in was_read for o in found.outs[k]) and not any(o in read for o in found.outs[k])}
-    gone = {o for k in folded | dead for o in found.outs[k]} - boundary
-    for k in sorted(folded | dead, reverse=True):  # in place: the kept nodes are not copied
+    was_read = {i for k in removed for i in found.reads[k]}
+    for k in sorted(removed, reverse=True):  # in place: the kept nodes are not copied
         del graph.node[k]
     unread = was_read - read
     for i in reversed([i for i, t in enumerate(graph.initializer) if t.name in unread]):
         del graph.initializer[i]
     graph.initializer.extend(numpy_helper.from_array(values[name], name) for name in sorted(boundary))
-    if gone and graph.value_info:
-        keep = [vi for vi in graph.value_info if vi.name not in gone]
-        del graph.value_info[:]
-        graph.value_info.extend(keep)
 
 
 def _describe(value: np.ndarray) -> str:

@@ -442,11 +442,6 @@ def elem_nbytes(elem_type: int, shape) -> int | None:
     return None if bits is None else (math.prod(shape) * bits + 7) // 8
 
 
-def read_tensor(t: onnx.TensorProto, weights: Weights) -> onnx.TensorProto:
-    """`t` with its data: an external tensor is read from the model's folder (the model keeps its reference)."""
-    return _read_in(t, weights.base_dir if weights.base_dir is not None else Path()) if _is_external(t) else t
-
-
 def _is_external(t: onnx.TensorProto) -> bool:
     return t.data_location == onnx.TensorProto.EXTERNAL
 

@@ -178,7 +178,8 @@ def swin_mask_fp16(tokens: int = 10, window: int = 7, shift: int = 3, heads: int
     `make_birefnet.py`: a `Cast(to=FLOAT)` whose output the converter typed float16 targets FLOAT16).
 
     Stands for `/bb/layers.N/...` of the real BiRefNet-lite fp16 export, whose nodes are all static for its fixed
-    input size: the padded size `ceil(H / window) * window` (a float constant -> Ceil -> Cast(int64) -> Mul),
+    input size: the padded size `ceil(H / window) * window` (the features' Shape -> Gather -> Cast(int64) ->
+    Cast(FLOAT16) -> Div -> Ceil -> Cast(int64) -> Mul: a float16 division that rounds, absorbed by the Ceil),
     `img_mask = zeros(1, Hp, Wp, 1)` (ConstantOfShape), the nine `img_mask[:, h, w, :] = cnt` (TorchScript's
     index_put: per dimension a Range over Shape -> Gather -> Cast, Slice, Reshape; the index broadcast through
     Add -> Shape -> ConstantOfShape -> Mul -> Equal -> Where -> Expand -> Unsqueeze -> Concat; the update
@@ -186,8 +187,9 @@ def swin_mask_fp16(tokens: int = 10, window: int = 7, shift: int = 3, heads: int
     Reshape -> Transpose -> Reshape), and `mask_windows.unsqueeze(1) - mask_windows.unsqueeze(2)` with its two
     `masked_fill`s (Sub -> Equal -> Not -> Cast(bool) -> Where, Equal -> Cast(bool) -> Where -> Cast). The op
     sequence was compared with the real export's `/bb/layers.0` (tests/test_fold.py says how). The only
-    non-static part is the attention it masks: input `scores` float32 [windows, heads, N, N] (N = window^2),
-    cast to fp16 as the converter's `keep_io_types` does, plus the mask, Softmax, cast back to float32.
+    non-static parts are the features `x` float32 [1, H, W, 4] whose shape the sizes come from, and the attention
+    the mask is added to: input `scores` float32 [windows, heads, N, N] (N = window^2), both cast to fp16 as the
+    converter's `keep_io_types` does, plus the mask, Softmax, cast back to float32.
 
     `fp16=False` gives the fp32 export of the same graph (which ORT folds by itself).
     """
@@ -211,10 +213,15 @@ def swin_mask_fp16(tokens: int = 10, window: int = 7, shift: int = 3, heads: int
     def cos(shape: str, value, dtype) -> str:
         return n("ConstantOfShape", [shape], value=numpy_helper.from_array(np.array([value], dtype=dtype)))
 
-    # Hp = ceil(H / window) * window, in float as the export has it (the converter makes the constant fp16)
+    # Hp = ceil(H / window) * window from the features' shape, in float as the export has it: Shape -> Gather ->
+    # Cast(int64) -> Cast(FLOAT; FLOAT16 after the fix) -> Div -> Ceil -> Cast(int64) -> Mul. In float16, H / 7
+    # is rounded (10 / 7 = 1.4287 instead of 1.428571); Ceil gives 2 either way.
+    features = n("Cast", ["x"], to=f)
     padded = []
-    for _ in range(2):
-        size = n("Cast", [n("Ceil", [c(tokens / window, fnp)])], to=TensorProto.INT64)
+    for d in (1, 2):
+        size = n("Cast", [n("Gather", [n("Shape", [features]), c(d)], axis=0)], to=TensorProto.INT64)
+        size = n("Cast", [n("Ceil", [n("Div", [n("Cast", [size], to=f), c(float(window), fnp)])])],
+                 to=TensorProto.INT64)
         padded.append(n("Unsqueeze", [n("Mul", [size, c(window)]), c([0])]))
     img = cos(n("Concat", [c([1]), *padded, c([1])], axis=0), 0.0, fnp)
 
@@ -272,7 +279,9 @@ def swin_mask_fp16(tokens: int = 10, window: int = 7, shift: int = 3, heads: int
     probs = n("Softmax", [n("Reshape", [masked, c([-1, heads, N, N])])], axis=-1)
     nodes.append(helper.make_node("Cast", [probs], ["attn"], name="/bb/layers.0/blocks.1/Cast_out",
                                   to=TensorProto.FLOAT))
-    graph = helper.make_graph(nodes, "swin_mask", [helper.make_tensor_value_info("scores", TensorProto.FLOAT,
+    graph = helper.make_graph(nodes, "swin_mask", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                                 [1, tokens, tokens, 4]),
+                                                   helper.make_tensor_value_info("scores", TensorProto.FLOAT,
                                                                                  [count_w, heads, N, N])],
                               [helper.make_tensor_value_info("attn", TensorProto.FLOAT, [count_w, heads, N, N])],
                               inits)
