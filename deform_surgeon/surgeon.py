@@ -36,6 +36,7 @@ from .passes.sum_chain import ChainSum
 from .pipeline import Context, Options, run_passes
 from .region import Region, find_region, region_model, splice
 from .report import PatchReport, op_histogram
+from .slices import split_to_slices
 from .verify import verify as verify_models
 
 SUM_MODES = ("chain", "tree", "none")
@@ -62,18 +63,19 @@ def _fewer_gc_passes() -> Iterator[None]:
 
 def _run(model_path: str | Path, options: Options) -> Lifted:
     """Load, check, fold what is static, prove/rewrite, never copying weights: checker and shape inference see a
-    weight-less copy, the static float16 computations are folded on the whole model (fold.py), only the deform
-    regions are lifted into a graph (see region.py), stored weights as lazy constants."""
+    weight-less copy, the static float16 computations are folded and float16 Splits become Slices on the whole
+    model (fold.py, slices.py), only the deform regions are lifted into a graph (see region.py), stored weights
+    as lazy constants."""
     model = load_model(model_path)
     weights = split_weights(model, Path(model_path).parent)
     types = check_and_infer(model, model_path, weights)
     ops_before = op_histogram(model)
-    folded = fold_static(model, types, weights)
+    whole = fold_static(model, types, weights) + split_to_slices(model, types)  # whole-model steps, in place
     region = find_region(model)
     sub = region_model(model, region, types, set(weights.tensors))
     graph = import_graph(sub, weights)
     ctx = Context(graph, types, options, reserved=region.names)
-    actions = folded + run_passes(ctx, default_passes())
+    actions = whole + run_passes(ctx, default_passes())
     return Lifted(model, weights, region, sub, graph, actions, ops_before)
 
 
