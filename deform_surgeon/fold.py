@@ -79,7 +79,11 @@ def fold_static(model: onnx.ModelProto, types: TypeTable, weights: Weights, limi
     tainted = _tainted(found, types)
     if not tainted:
         return []
-    cone, refused = _sized(found, _cone(found, tainted), types, limit)
+    cone = _cone(found, tainted)
+    # a static Shape of a folded tensor is folded too: else the tensor would be stored only for its shape
+    cone |= {r for k in cone for o in found.outs[k] if o for r in found.readers.get(o, ())
+             if r in found.static and found.ops[r] in SHAPE_OF}
+    cone, refused = _sized(found, cone, types, limit)
     try:
         values, widened = _evaluate(model, found, cone, tainted, types)
     except Exception as exc:  # ORT could not run it: nothing is folded, and the report says why
