@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import glob as globlib
 import json
+import math
 import multiprocessing
 import os
 import queue
@@ -44,12 +45,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import SurgeonError
-from .model_io import atomic_path, external_data_path
+from .io_check import FilePlan
+from .model_io import atomic_path, external_data_path, temp_prefix
 
 OPTIONS = {  # entry option -> accepted Python types
     "allow_unproven": (bool,), "sum_mode": (str,), "verify": (bool,), "strict": (bool,),
     "copy_unchanged": (bool,), "iterations": (int,), "seed": (int,), "val_range": (dict,), "opt_level": (str,),
-    "max_buffer": (int,),
+    "max_buffer": (int, str),  # bytes, or a size such as "256MiB" (as on the command line)
+    "max_memory": (int, str), "device_profile": (str,),
 }
 SWITCHES = ("allow_unproven", "verify", "strict", "copy_unchanged")
 ENTRY_KEYS = {"input", "glob", "output", "report", *OPTIONS}
@@ -75,19 +78,16 @@ class Entry:
     result: dict | None = None
     ran: bool = False  # a worker was started (entries failed while planning get no report file)
     report_written: bool = False
-
-    def writes(self) -> list[Path]:
-        out = [Path(self.output), external_data_path(self.output)] if self.output else []
-        return out + ([Path(self.report)] if self.report else [])
+    data_files: list[Path] = field(default_factory=list)  # the input's external data files
 
 
 # ---------------------------------------------------------------------------------------------------- planning
-def plan(manifest: str | None, globs: list[str], cli: dict) -> list[Entry]:
+def plan(manifest: str | None, globs: list[str], cli: dict, summary: str | None = None) -> list[Entry]:
     """The entries of a batch, in order, each with its output and report paths and its options resolved.
 
     Problems of the batch as a whole raise `SurgeonError`; problems of one entry are recorded in `entry.error`.
     """
-    raw: list[tuple[dict, Path]] = []
+    raw: list[tuple[dict, Path, str]] = []  # (entry, folder its paths are relative to, where it was given)
     defaults: dict = {}
     if manifest is not None:
         path = Path(manifest)
@@ -116,14 +116,14 @@ def plan(manifest: str | None, globs: list[str], cli: dict) -> list[Entry]:
         base = path.parent
         defaults = {k: (str(base / v) if k in ("out_dir", "report_dir") and isinstance(v, str) else v)
                     for k, v in defaults.items()}
-        raw += [(m, base) for m in models]
-    raw += [({"glob": g}, Path()) for g in globs]
+        raw += [(m, base, f"{path}, [[model]] #{k}") for k, m in enumerate(models, 1)]
+    raw += [({"glob": g}, Path(), "--glob") for g in globs]
     if not raw:
         raise SurgeonError(manifest, "no models: the manifest lists none" if manifest else
                            "no models: give a manifest or --glob PATTERN")
 
     entries: list[Entry] = []
-    for spec, base in raw:
+    for spec, base, where in raw:
         number = len(entries) + 1
         bad = set(spec) - ENTRY_KEYS
         problem = None
@@ -139,13 +139,17 @@ def plan(manifest: str | None, globs: list[str], cli: dict) -> list[Entry]:
             problem = _option_problem(spec)
         if problem:
             entries.append(Entry(number, str(spec.get("input", spec.get("glob", f"entry {number}"))),
-                                 error=problem))
+                                 error=f"{where}: {problem}"))
             continue
         options = {k: v for k, v in cli.items() if k in OPTIONS and v is not None and k not in SWITCHES}
         options.update({k: v for k, v in defaults.items() if k in OPTIONS})
         options.update({k: v for k, v in spec.items() if k in OPTIONS})
         for k in SWITCHES:
             options[k] = bool(options.get(k)) or bool(cli.get(k))
+        if isinstance(options.get("max_buffer"), str):
+            from .budget import parse_size
+
+            options["max_buffer"] = parse_size(options["max_buffer"])
         out_dir = defaults.get("out_dir") or cli.get("out_dir")
         report_dir = defaults.get("report_dir") or cli.get("report_dir")
         if "glob" in spec:
@@ -164,50 +168,71 @@ def plan(manifest: str | None, globs: list[str], cli: dict) -> list[Entry]:
             else:
                 rep = str(base / rep)
             entries.append(Entry(len(entries) + 1, inp, out, rep, dict(options)))
-    _check_collisions(entries)
+    _check_collisions(entries, summary)
     return entries
 
 
 def _option_problem(spec: dict) -> str | None:
+    """What is wrong with an entry's (or [defaults]') options, checked before any model is run; None if nothing."""
+    from .surgeon import SUM_MODES
+    from .verify import OPT_LEVELS
+
     for key, types in OPTIONS.items():
         if key in spec and (not isinstance(spec[key], types) or (int in types and isinstance(spec[key], bool))):
             return f"option {key} = {spec[key]!r} should be {' or '.join(t.__name__ for t in types)}"
+    if "sum_mode" in spec and spec["sum_mode"] not in SUM_MODES:
+        return f"option sum_mode = {spec['sum_mode']!r} should be one of {', '.join(SUM_MODES)}"
+    if "opt_level" in spec and spec["opt_level"] not in OPT_LEVELS:
+        return f"option opt_level = {spec['opt_level']!r} should be one of {', '.join(OPT_LEVELS)}"
+    if "iterations" in spec and spec["iterations"] < 1:
+        return f"option iterations = {spec['iterations']!r} should be at least 1"
+    if "seed" in spec and spec["seed"] < 0:
+        return f"option seed = {spec['seed']!r} should be at least 0"
+    if "max_buffer" in spec:
+        from .budget import parse_size
+
+        try:
+            parse_size(spec["max_buffer"])
+        except SurgeonError as exc:
+            return f"option max_buffer: {exc.one_line()}"
     ranges = spec.get("val_range", {})
     for name, r in ranges.items():
         if (not isinstance(r, list) or len(r) != 2 or not all(isinstance(x, int | float) and not isinstance(x, bool)
                                                               for x in r)):
             return f"val_range.{name} = {r!r} should be [lo, hi]"
+        if not (math.isfinite(r[0]) and math.isfinite(r[1])) or r[0] > r[1]:
+            return f"val_range.{name} = {r!r} should be finite with lo <= hi"
     return None
 
 
-def _check_collisions(entries: list[Entry]) -> None:
-    """Fail every entry that would write where an earlier entry writes, or where any entry reads."""
-    inputs = {}
+def _check_collisions(entries: list[Entry], summary: str | None = None) -> None:
+    """Fail every entry that would write where an earlier entry writes, or where any entry reads (a model or one
+    of its external data files), or into a folder that is missing or not writable (see io_check). A `--summary`
+    that collides with any of them fails the whole batch (`SurgeonError`)."""
+    files = FilePlan()
     for e in entries:
         if e.error is None:
-            inputs.setdefault(Path(e.input).resolve(), e)
-    claimed: dict[Path, Entry] = {}
+            try:
+                e.data_files = files.read_model(e.input, f"the input of entry {e.number} ({e.input})")
+            except SurgeonError as exc:
+                e.error = exc.one_line()
     for e in entries:
         if e.error is not None:
             continue
-        for path in e.writes():
-            key = path.resolve()
-            owner = claimed.get(key)
-            reader = inputs.get(key)
-            if owner is not None:
-                what = "output" if key == Path(owner.output).resolve() else "report or data file"
-                e.error = f"{path} is also the {what} of entry {owner.number} ({owner.input}): duplicate output path"
-            elif reader is not None and reader is not e:
-                e.error = f"{path} is the input of entry {reader.number}: it would be overwritten"
-            if e.error:
-                break
-        if e.error is None:
-            for path in e.writes():
-                claimed[path.resolve()] = e
-            if not Path(e.output).parent.is_dir():
-                e.error = f"{e.output}: output folder {Path(e.output).parent} does not exist or is not a folder"
-            elif not Path(e.report).parent.is_dir():
-                e.error = f"{e.report}: report folder {Path(e.report).parent} does not exist or is not a folder"
+        if not Path(e.output).parent.is_dir():
+            e.error = f"{e.output}: output folder {Path(e.output).parent} does not exist or is not a folder"
+            continue
+        if not Path(e.report).parent.is_dir():
+            e.error = f"{e.report}: report folder {Path(e.report).parent} does not exist or is not a folder"
+            continue
+        try:
+            files.write_model(e.output, external=bool(e.data_files),
+                              role=f"the output of entry {e.number} ({e.input})")
+            files.write(f"the report of entry {e.number} ({e.input})", e.report)
+        except SurgeonError as exc:
+            e.error = exc.one_line()
+    if summary is not None:
+        files.write("--summary", summary)
 
 
 # ---------------------------------------------------------------------------------------------------- running
@@ -301,11 +326,14 @@ def run(entries: list[Entry], jobs: int, progress: Progress | None = None) -> fl
                             progress.finished(e)
             if progress:
                 progress.tick()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (the CLI raises `Terminated`): stop every worker, leave nothing
         for _e, proc, _ in running.values():
             proc.terminate()
         for e, proc, _ in running.values():
             proc.join(10)
+            if proc.exitcode is None:  # stuck in native code: it must not go on to write its output
+                proc.kill()
+                proc.join()
             _remove_temporaries(e)
         raise
     finally:
@@ -350,8 +378,8 @@ def _remove_temporaries(e: Entry) -> None:
     if not e.output:
         return
     out = Path(e.output)
-    for name in (out.name, external_data_path(out).name):
-        for tmp in out.parent.glob(f".{globlib.escape(name)}.*.tmp*"):
+    for target in (out, external_data_path(out)):
+        for tmp in out.parent.glob(f"{globlib.escape(temp_prefix(target))}*.tmp*"):
             tmp.unlink(missing_ok=True)
 
 
@@ -491,7 +519,7 @@ def main(manifest: str | None, globs: list[str], cli: dict, jobs: int | None, su
     for key in ("out_dir", "report_dir"):
         if cli.get(key) is not None and not Path(cli[key]).is_dir():
             raise SurgeonError(cli[key], f"--{key.replace('_', '-')} is not an existing folder")
-    entries = plan(manifest, globs, cli)
+    entries = plan(manifest, globs, cli, summary_json)
     jobs = max(1, min(jobs, sum(e.error is None for e in entries) or 1))
     seconds = run(entries, jobs, Progress() if show_progress else None)
     write_reports(entries)
@@ -499,7 +527,10 @@ def main(manifest: str | None, globs: list[str], cli: dict, jobs: int | None, su
     if summary_json is not None:
         data = {"jobs": jobs, "seconds": round(seconds, 3), "exit_code": exit_code(entries),
                 "models": [entry_report(e) | {"report": e.report if e.report_written else None} for e in entries]}
-        with atomic_path(summary_json, suffix=".json") as tmp:
-            tmp.write_text(json.dumps(data, indent=2) + "\n")
+        try:
+            with atomic_path(summary_json, suffix=".json") as tmp:
+                tmp.write_text(json.dumps(data, indent=2) + "\n")
+        except OSError as exc:
+            raise SurgeonError(summary_json, f"could not be written ({exc.strerror or exc})") from None
     return exit_code(entries)
 

@@ -2,9 +2,9 @@
 
 Why: a WebGPU buffer larger than the device's `maxBufferSize` is an error (ORT cannot create it), and one larger
 than `maxStorageBufferBindingSize` can only be bound in segments, which only newer ORT builds do. The spec's
-defaults, which a device is guaranteed to offer, are 256 MiB and 128 MiB; real adapters often allow more
-(`deform-surgeon placement --device-limits-out FILE.json` captures one's limits, `--device-limits FILE.json`
-reads them here).
+defaults, which a device is guaranteed to offer, are 256 MiB and 128 MiB; real adapters often allow more (the
+limits come from a device profile, see device.py). With a profile's `maxStorageBuffersPerShaderStage`, the nodes
+whose kernels bind more storage buffers than that are listed too: those fail at run time on such a device.
 
 Sizes come from the shapes ONNX shape inference can tell from the graph (static shapes only); a tensor whose
 shape is not known is counted as unknown, never guessed. Each large tensor is named with the node that produces
@@ -30,11 +30,13 @@ import numpy as np
 import onnx
 
 from .blocks import block_conv_name
+from .device import SPEC_DEFAULT_LIMITS
+from .device import storage_buffers as bindings
 from .errors import SurgeonError
 from .model_io import check_model, infer_value_types, load_model
 
-SPEC_MAX_BUFFER = 256 * 2**20  # WebGPU spec default maxBufferSize
-SPEC_MAX_BINDING = 128 * 2**20  # WebGPU spec default maxStorageBufferBindingSize
+SPEC_MAX_BUFFER = SPEC_DEFAULT_LIMITS["maxBufferSize"]
+SPEC_MAX_BINDING = SPEC_DEFAULT_LIMITS["maxStorageBufferBindingSize"]
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -77,37 +79,6 @@ def human(n: int | None) -> str:
     return f"{n:,} B"
 
 
-def read_device_limits(path: str | Path) -> dict[str, int]:
-    """`maxBufferSize` and `maxStorageBufferBindingSize` from a `placement --device-limits-out` file.
-
-    Accepts that file (`{"limits": {...}, "adapter": {...}}`), an adapter object (`{"limits": {...}}`) or a plain
-    limits object; returns `{"max_buffer": ..., "max_binding": ...}` with whichever it found.
-    """
-    p = Path(path)
-    try:
-        doc = json.loads(p.read_text())
-    except OSError as exc:
-        raise SurgeonError(p, f"cannot read device limits ({exc.strerror or exc})") from None
-    except ValueError as exc:
-        raise SurgeonError(p, f"device limits file is not JSON ({exc})") from None
-    candidates = []
-    if isinstance(doc, dict):
-        candidates += [doc.get("limits"), (doc.get("adapter") or {}).get("limits") if isinstance(
-            doc.get("adapter"), dict) else None, doc]
-    out: dict[str, int] = {}
-    for c in candidates:
-        if not isinstance(c, dict):
-            continue
-        for key, name in (("maxBufferSize", "max_buffer"), ("maxStorageBufferBindingSize", "max_binding")):
-            v = c.get(key)
-            if name not in out and isinstance(v, int | float) and not isinstance(v, bool) and v > 0:
-                out[name] = int(v)
-    if not out:
-        raise SurgeonError(p, "no maxBufferSize / maxStorageBufferBindingSize in the device limits file",
-                           "write it with `deform-surgeon placement MODEL --device-limits-out FILE.json`")
-    return out
-
-
 @dataclass
 class TensorSize:
     name: str
@@ -117,6 +88,20 @@ class TensorSize:
     producer: str  # "<Op> '<name>'", "graph input" or "initializer"
     block: str | None  # the deformable-conv block (its Conv) the tensor belongs to, if any
     kind: str  # activation | input | initializer
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class NodeBuffers:
+    """A node whose kernel binds more storage buffers than the device allows in one shader stage."""
+
+    node: str
+    op: str
+    buffers: int
+    limit: int
+    block: str | None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -137,16 +122,20 @@ class BudgetReport:
     peak_bytes: int = 0
     peak_node: str | None = None
     peak_live: list[TensorSize] = field(default_factory=list)
+    peak_blocks: dict[str, int] = field(default_factory=dict)  # deform block -> bytes of its tensors live at the peak
     blocks: int = 0
+    storage_buffers: int | None = None  # maxStorageBuffersPerShaderStage checked (None: not checked)
+    over_storage: list[NodeBuffers] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not self.over_buffer
+        return not self.over_buffer and not self.over_storage
 
     def to_dict(self) -> dict:
         return {
             "model": self.model,
-            "limits": {"max_buffer": self.max_buffer, "max_binding": self.max_binding, "source": self.limits_source},
+            "limits": {"max_buffer": self.max_buffer, "max_binding": self.max_binding,
+                       "storage_buffers": self.storage_buffers, "source": self.limits_source},
             "ok": self.ok,
             "over_buffer": [t.to_dict() for t in self.over_buffer],
             "over_binding": [t.to_dict() for t in self.over_binding],
@@ -155,8 +144,9 @@ class BudgetReport:
             "tensors_unknown": self.tensors_unknown,
             "unknown_examples": self.unknown_examples,
             "peak": {"bytes": self.peak_bytes, "node": self.peak_node,
-                     "live": [t.to_dict() for t in self.peak_live]},
+                     "live": [t.to_dict() for t in self.peak_live], "blocks": self.peak_blocks},
             "deform_blocks": self.blocks,
+            "over_storage_buffers": [n.to_dict() for n in self.over_storage],
         }
 
     def to_json(self) -> str:
@@ -196,6 +186,8 @@ class BudgetReport:
         if self.largest and not self.over_buffer and not self.over_binding:
             lines.append("largest tensors:")
             lines += table(self.largest)
+        if self.storage_buffers is not None:
+            lines += self.format_storage(limit_rows)
         lines.append("")
         live = ", ".join(f"{t.name} {human(t.nbytes)}" for t in self.peak_live)
         lines.append(f"peak of live activations (ORT's default node order, no buffer reuse): "
@@ -204,7 +196,29 @@ class BudgetReport:
             lines.append(f"FAIL: {len(self.over_buffer)} tensor(s) exceed maxBufferSize {human(self.max_buffer)}")
         else:
             lines.append(f"OK: every tensor of known size fits maxBufferSize {human(self.max_buffer)}")
+        if self.over_storage:
+            lines.append(f"FAIL: {len(self.over_storage)} node(s) bind more than {self.storage_buffers} storage "
+                         "buffers (`deform-surgeon patch` fits them to the device profile)")
+        elif self.storage_buffers is not None:
+            lines.append(f"OK: every node binds at most {self.storage_buffers} storage buffers")
         return "\n".join(lines)
+
+    def format_storage(self, limit_rows: int = 40) -> list[str]:
+        """The nodes over maxStorageBuffersPerShaderStage, widest first."""
+        if not self.over_storage:
+            return [f"no node binds more than maxStorageBuffersPerShaderStage ({self.storage_buffers}) storage "
+                    "buffers"]
+        ops = defaultdict(int)
+        for n in self.over_storage:
+            ops[n.op] += 1
+        lines = [f"OVER maxStorageBuffersPerShaderStage ({self.storage_buffers}): {len(self.over_storage)} node(s) ("
+                 + ", ".join(f"{op} {k}" for op, k in sorted(ops.items(), key=lambda kv: -kv[1])) + "), widest first"]
+        w = max(len(n.node) for n in self.over_storage[:limit_rows])
+        lines += [f"  {n.buffers:>5} buffers  {n.op:<8} {n.node:<{w}}  {n.block or ''}".rstrip()
+                  for n in self.over_storage[:limit_rows]]
+        if len(self.over_storage) > limit_rows:
+            lines.append(f"  ... {len(self.over_storage) - limit_rows} more (--json FILE lists all)")
+        return lines
 
 
 def deform_blocks(model: onnx.ModelProto) -> dict[str, str]:
@@ -284,8 +298,9 @@ def _backward(node: onnx.NodeProto, producer: dict, skip_data: bool, limit: int)
 
 def analyze(model_or_path: onnx.ModelProto | str | Path, max_buffer: int = SPEC_MAX_BUFFER,
             max_binding: int = SPEC_MAX_BINDING, limits_source: str = "WebGPU spec defaults",
-            top: int = 10) -> BudgetReport:
-    """The budget report of a model (a path or a loaded ModelProto)."""
+            top: int = 10, storage_buffers: int | None = None) -> BudgetReport:
+    """The budget report of a model (a path or a loaded ModelProto); with `storage_buffers`, also every node whose
+    kernel binds more storage buffers than that (`device.storage_buffers`)."""
     if isinstance(model_or_path, onnx.ModelProto):
         model, name = model_or_path, "(in memory)"
     else:
@@ -343,6 +358,12 @@ def analyze(model_or_path: onnx.ModelProto | str | Path, max_buffer: int = SPEC_
             start = producer[t][0] if t in producer else -1
             intervals.append((start, last_use.get(t, start), ts))
     report.tensors_known = len(sizes)
+    if storage_buffers is not None:
+        report.storage_buffers = storage_buffers
+        wide = [NodeBuffers(n.name or n.output[0], n.op_type, count, storage_buffers,
+                            blocks.get(n.name or n.output[0]))
+                for n in nodes if (count := bindings(n.op_type, list(n.input), list(n.output))) > storage_buffers]
+        report.over_storage = sorted(wide, key=lambda n: (-n.buffers, n.node))
     sizes.sort(key=lambda s: (-s.nbytes, s.name))
     report.over_buffer = [s for s in sizes if s.nbytes > max_buffer]
     report.over_binding = [s for s in sizes if max_binding < s.nbytes <= max_buffer]
@@ -353,6 +374,9 @@ def analyze(model_or_path: onnx.ModelProto | str | Path, max_buffer: int = SPEC_
                             f"{nodes[order[peak_at]].op_type} '{nodes[order[peak_at]].name}' (step {peak_at} of "
                             f"{len(order)})")
         report.peak_live = sorted(live, key=lambda s: -s.nbytes)[:5]
+        for t in live:
+            if t.block is not None:
+                report.peak_blocks[t.block] = report.peak_blocks.get(t.block, 0) + t.nbytes
     return report
 
 

@@ -9,11 +9,16 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import signal
 import sys
+import threading
 from pathlib import Path
+from typing import NoReturn
 
 from . import __version__
-from .errors import SurgeonError
+from .device import PROFILE_NAMES, resolve_profile
+from .errors import SurgeonError, Terminated
+from .io_check import check_io
 from .model_io import atomic_path, check_model, load_model
 from .surgeon import SUM_MODES, inspect, patch
 from .verify import DEFAULT_ITERATIONS, DEFAULT_SEED, OPT_LEVELS, verify
@@ -28,9 +33,12 @@ def parse_val_ranges(items: list[str] | None) -> dict[str, tuple[float, float]] 
     out: dict[str, tuple[float, float]] = {}
     for item in items:
         m = _RANGE.match(item.replace(" ", ""))
-        if not m:
-            raise SurgeonError(None, f"bad --val-range '{item}'", "write NAME:[lo,hi], e.g. image:[0,1]")
-        out[m.group("name") or ""] = (float(m.group("lo")), float(m.group("hi")))
+        try:
+            if not m:
+                raise ValueError
+            out[m.group("name") or ""] = (float(m.group("lo")), float(m.group("hi")))
+        except ValueError:
+            raise SurgeonError(None, f"bad --val-range '{item}'", "write NAME:[lo,hi], e.g. image:[0,1]") from None
     return out
 
 
@@ -65,14 +73,23 @@ def _rewrite_group(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-buffer", type=_size_arg, default=None, metavar="BYTES",
                    help="split deformable-conv blocks whose tensors exceed BYTES (e.g. 256MiB) into row chunks "
                         "(exact); `deform-surgeon budget` lists what remains over it")
+    g.add_argument("--max-memory", type=_size_arg, default=None, metavar="BYTES",
+                   help="also chunk deformable-conv blocks (exactly, as --max-buffer) until the peak of live "
+                        "activations by `deform-surgeon budget`'s measure fits BYTES (e.g. 1.5GiB)")
+    _profile_arg(g, "fit every node to this device's maxStorageBuffersPerShaderStage")
+
+
+def _profile_arg(group, what: str) -> None:
+    group.add_argument("--device-profile", default=None, metavar="NAME|FILE.json",
+                       help=f"{what}: {' or '.join(PROFILE_NAMES)} (the limits of this machine's adapter), or "
+                            "limits captured by `placement --device-limits-out` (default spec-default)")
 
 
 def _cmd_patch(args: argparse.Namespace) -> int:
     out = args.output or str(Path(args.model).with_suffix("")) + ".patched.onnx"
-    if args.report:
-        _check_writable(args.report, [args.model, out])
+    check_io([args.model], out, [("--report", args.report)])
     report = patch(args.model, out, allow_unproven=args.allow_unproven, sum_mode=args.sum_mode,
-                   max_buffer=args.max_buffer,
+                   max_buffer=args.max_buffer, max_memory=args.max_memory, device_profile=args.device_profile,
                    verify=args.verify, copy_unchanged=args.copy_unchanged, strict=args.strict,
                    verify_options=_verify_kwargs(args, args.model))
     print(report.format(verbose=args.verbose))
@@ -85,10 +102,9 @@ def _cmd_patch(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    if args.json:
-        _check_writable(args.json, [args.model])
+    check_io([args.model], others=[("--json", args.json)])
     report = inspect(args.model, allow_unproven=args.allow_unproven, sum_mode=args.sum_mode,
-                     max_buffer=args.max_buffer)
+                     max_buffer=args.max_buffer, max_memory=args.max_memory, device_profile=args.device_profile)
     print(report.format(verbose=args.verbose))
     if args.json:
         _write_text(args.json, report.to_json())
@@ -96,13 +112,12 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
+    check_io([args.original, args.patched], others=[("--json", args.json)])
     for path in (args.original, args.patched):
         if not Path(path).is_file():
             raise SurgeonError(path, "no such file")
     for path in (args.original, args.patched):
         check_model(load_model(path), path)
-    if args.json:
-        _check_writable(args.json, [args.original, args.patched])
     result = verify(args.original, args.patched, **_verify_kwargs(args, args.original))
     print(result.summary())
     if args.json:
@@ -120,26 +135,33 @@ def _size_arg(text: str) -> int:
 
 
 def _cmd_budget(args: argparse.Namespace) -> int:
-    from .budget import SPEC_MAX_BINDING, SPEC_MAX_BUFFER, analyze, read_device_limits
+    from .budget import analyze
 
     if not Path(args.model).is_file():
         check_model(load_model(args.model), args.model)  # names a missing file / folder the usual way
-    if args.json:
-        _check_writable(args.json, [args.model])
-    limits, source = {"max_buffer": SPEC_MAX_BUFFER, "max_binding": SPEC_MAX_BINDING}, "WebGPU spec defaults"
-    if args.device_limits:
-        limits.update(read_device_limits(args.device_limits))
-        source = f"device limits from {args.device_limits}"
+    check_io([args.model], others=[("--json", args.json)],
+             other_reads=[(f"the --device-profile file {p}", p) for p in [args.device_limits or args.device_profile]
+                          if p and p not in PROFILE_NAMES])
+    profile = resolve_profile(args.device_limits or args.device_profile)
+    max_buffer = profile.max_buffer if args.max_buffer is None else args.max_buffer
+    max_binding = profile.max_binding if args.max_binding is None else args.max_binding
+    source = f"device profile '{profile.name}': {profile.source}"
     given = [k for k in ("max_buffer", "max_binding") if getattr(args, k) is not None]
-    for k in given:
-        limits[k] = getattr(args, k)
     if given:
         source += "; " + ", ".join(f"--{k.replace('_', '-')}" for k in given) + " given"
-    report = analyze(args.model, limits["max_buffer"], limits["max_binding"], limits_source=source)
+    report = analyze(args.model, max_buffer, max_binding, limits_source=source,
+                     storage_buffers=profile.storage_buffers)
     print(report.format(limit_rows=args.rows))
+    fits = True
+    if args.max_memory is not None:
+        from .budget import human
+
+        fits = report.peak_bytes <= args.max_memory
+        print(f"{'OK' if fits else 'FAIL'}: peak of live activations {human(report.peak_bytes)} "
+              f"{'within' if fits else 'OVER'} --max-memory {human(args.max_memory)}")
     if args.json:
         _write_text(args.json, report.to_json())
-    return 0 if report.ok else 1
+    return 0 if report.ok and fits else 1
 
 
 def _cmd_batch(args: argparse.Namespace) -> int:
@@ -147,31 +169,39 @@ def _cmd_batch(args: argparse.Namespace) -> int:
 
     cli = {k: getattr(args, k, None) for k in ("allow_unproven", "sum_mode", "verify", "strict", "copy_unchanged",
                                                "iterations", "seed", "opt_level", "out_dir", "report_dir",
-                                               "max_buffer")}
+                                               "max_buffer", "max_memory", "device_profile")}
     ranges = parse_val_ranges(args.val_range)
     if ranges:
         cli["val_range"] = {k: list(v) for k, v in ranges.items()}
     return batch_main(args.manifest, args.glob, cli, args.jobs, args.summary, show_progress=not args.no_progress)
 
 
-def _check_writable(path: str, models: list[str]) -> None:
-    """A report path must be writable and must not name one of the command's models (it would clobber it)."""
-    target = Path(path)
-    for model in models:
-        if target.resolve() == Path(model).resolve():
-            raise SurgeonError(path, "report path is one of this command's models",
-                               "choose another name, e.g. report.json")
-    if not target.parent.is_dir():
-        raise SurgeonError(path, f"folder {target.parent} does not exist")
-
-
 def _write_text(path: str, text: str) -> None:
-    with atomic_path(path, suffix=".json") as tmp:
-        tmp.write_text(text)
+    try:
+        with atomic_path(path, suffix=".json") as tmp:
+            tmp.write_text(text)
+    except OSError as exc:
+        raise SurgeonError(path, f"could not be written ({exc.strerror or exc})") from None
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line naming the option and what it expects (`--help` prints the usage)."""
+
+    def error(self, message: str) -> NoReturn:
+        text = " ".join(message.split())
+        self.exit(2, f"deform-surgeon: error: {text} (see `{self.prog} --help`)\n")
+
+
+_TERMINATED: list[int] = []  # set once SIGTERM arrived: whatever a library made of the exception, it was that
+
+
+def _terminate(signum, frame) -> None:
+    _TERMINATED.append(signum)
+    raise Terminated()
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="deform-surgeon",
         description="Rewrite ONNX deformable-convolution graphs (BiRefNet) to run fully on WebGPU, bit-identically.")
     parser.add_argument("--version", action="version", version=f"deform-surgeon {__version__}")
@@ -223,15 +253,18 @@ def build_parser() -> argparse.ArgumentParser:
     _verify_group(p)
     p.set_defaults(func=_cmd_batch)
 
-    p = sub.add_parser("budget", help="tensors larger than a WebGPU device's buffer limits (exit 1 if any "
-                                      "exceeds maxBufferSize)")
+    p = sub.add_parser("budget", help="tensors and nodes beyond a WebGPU device's limits (exit 1 if a tensor "
+                                      "exceeds maxBufferSize or a node maxStorageBuffersPerShaderStage)")
     p.add_argument("model")
     p.add_argument("--max-buffer", type=_size_arg, default=None, metavar="BYTES",
-                   help="maxBufferSize (default: the WebGPU spec's 256MiB, or --device-limits)")
+                   help="maxBufferSize (default: the device profile's; spec-default: 256MiB)")
     p.add_argument("--max-binding", type=_size_arg, default=None, metavar="BYTES",
-                   help="maxStorageBufferBindingSize (default: the WebGPU spec's 128MiB, or --device-limits)")
-    p.add_argument("--device-limits", metavar="FILE.json",
-                   help="limits captured from a real adapter (`deform-surgeon placement --device-limits-out`)")
+                   help="maxStorageBufferBindingSize (default: the device profile's; spec-default: 128MiB)")
+    _profile_arg(p, "the device whose limits to check")
+    p.add_argument("--device-limits", metavar="FILE.json", help=argparse.SUPPRESS)  # the older name of a file profile
+    p.add_argument("--max-memory", type=_size_arg, default=None, metavar="BYTES",
+                   help="also exit 1 when the peak of live activations exceeds BYTES (what `patch --max-memory` "
+                        "aims at)")
     p.add_argument("--json", metavar="FILE", help="write the report as JSON")
     p.add_argument("--rows", type=int, default=40, help="table rows shown per section (default 40)")
     p.set_defaults(func=_cmd_budget)
@@ -246,13 +279,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    for stream in (sys.stdout, sys.stderr):  # a file name that is not UTF-8 is printed, not a traceback
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     parser = build_parser()
     args = parser.parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminate)  # like Ctrl-C: temporary files and workers are cleaned up
     try:
         return int(args.func(args))
-    except SurgeonError as exc:
-        print(f"deform-surgeon: error: {exc.one_line()}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        print("deform-surgeon: interrupted", file=sys.stderr)
-        return 130
+    except BaseException as exc:
+        if _TERMINATED or isinstance(exc, Terminated):  # e.g. raised inside an import, which re-raises ImportError
+            print("deform-surgeon: terminated", file=sys.stderr)
+            return Terminated.exit_code
+        if isinstance(exc, SurgeonError):
+            print(f"deform-surgeon: error: {exc.one_line()}", file=sys.stderr)
+            return exc.exit_code
+        if isinstance(exc, KeyboardInterrupt):
+            print("deform-surgeon: interrupted", file=sys.stderr)
+            return 130
+        raise

@@ -32,3 +32,10 @@ class VerificationError(SurgeonError):
     """The patched model's outputs differ from the original's; nothing was written."""
 
     exit_code = 1
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C's KeyboardInterrupt so that every `finally` (temporary files, worker processes,
+    browsers) runs on the way out; the CLI then exits 143."""
+
+    exit_code = 143

@@ -1,6 +1,6 @@
 """Loading, exporting, checking and atomically saving models.
 
-Why a module of its own: the brief's rule "the input is never modified and no partial output file is ever
+Why a module of its own: the rule "the input is never modified and no partial output file is ever
 left behind" lives here and only here. Every write goes to a temporary file in the target folder, is
 re-read and checked, and only then renamed over the target (a rename within one folder is atomic).
 
@@ -17,10 +17,11 @@ written through a temporary name like the model itself.
 from __future__ import annotations
 
 import errno
+import hashlib
 import math
 import os
+import secrets
 import shutil
-import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -50,6 +51,8 @@ def load_model(path: str | Path) -> onnx.ModelProto:
         raise SurgeonError(path, "no such file")
     if path.is_dir():
         raise SurgeonError(path, "is a folder, not an ONNX model file")
+    if not path.is_file():  # a FIFO or a device: reading it would hang or never end
+        raise SurgeonError(path, "is not a regular file (a FIFO, device or socket)", "give an .onnx file")
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # protobuf raises DecodeError, onnx raises others; all mean "not readable ONNX"
@@ -198,38 +201,38 @@ def export_graph(graph: gs.Graph, original: onnx.ModelProto, weights: Weights | 
     return model
 
 
-def check_output_path(out: str | Path, inputs: list[str | Path]) -> Path:
-    """Refuse an output path that would clobber an input or cannot be written, before any work is done."""
-    out = Path(out)
-    for inp in inputs:
-        if out.resolve() == Path(inp).resolve():
-            raise SurgeonError(out, "output path is the input model; choose another OUT (the input is never modified)")
-    if out.is_dir():
-        raise SurgeonError(out, "output path is a folder; give a file name such as model.patched.onnx")
-    if not out.parent.exists():
-        raise SurgeonError(out, f"output folder {out.parent} does not exist")
-    if not out.parent.is_dir():
-        raise SurgeonError(out, f"{out.parent} is not a folder, so the output cannot be written there")
-    if not os.access(out.parent, os.W_OK):
-        raise SurgeonError(out, f"output folder {out.parent} is not writable")
-    return out
+def temp_prefix(target: str | Path) -> str:
+    """The start of every temporary name `atomic_path` makes for `target`: short whatever the target's length (a
+    name of up to 255 bytes must still work), and the same for one target only (batch removes a killed worker's
+    temporaries by it)."""
+    name = Path(target).name
+    readable = "".join(c if c.isascii() and c.isprintable() else "_" for c in name[:24])  # ORT takes UTF-8 only
+    return f".{readable}.{hashlib.sha1(name.encode('utf-8', 'surrogateescape')).hexdigest()[:8]}."
 
 
 @contextmanager
 def atomic_path(target: str | Path, suffix: str = ".onnx") -> Iterator[Path]:
-    """Yield a temporary path in the target's folder; rename it over `target` only if the block succeeds."""
+    """Yield a temporary path in the target's folder; rename it over `target` only if the block succeeds.
+
+    The temporary file is removed on every way out, a signal included (the CLI turns SIGTERM into an exception,
+    like Ctrl-C): its name is chosen *before* the file is created (O_EXCL), so there is no moment at which the
+    file exists and the `finally` does not know its name."""
     target = Path(target)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=f".tmp{suffix}", dir=target.parent)
-    os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; the output gets the mode any new file would
-    tmp_path = Path(tmp)
+    tmp_path: Path | None = None
     try:
+        for _ in range(100):
+            tmp_path = target.parent / f"{temp_prefix(target)}{secrets.token_hex(4)}.tmp{suffix}"
+            try:  # mode 0666 minus the umask: the mode any new file gets
+                os.close(os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+                break
+            except FileExistsError:
+                tmp_path = None
+        else:
+            raise FileExistsError(errno.EEXIST, "no free temporary name", str(target.parent))
         yield tmp_path
         os.replace(tmp_path, target)
     finally:
-        if tmp_path.exists():
+        if tmp_path is not None and tmp_path.exists():
             tmp_path.unlink()
 
 
@@ -286,8 +289,11 @@ def save_model_atomic(
 
 def copy_atomic(src: str | Path, target: str | Path) -> None:
     """Copy a file byte for byte through a temporary name (used when there is nothing to rewrite)."""
-    with atomic_path(target) as tmp:
-        shutil.copyfile(src, tmp)
+    try:
+        with atomic_path(target) as tmp:
+            shutil.copyfile(src, tmp)
+    except OSError as exc:
+        raise SurgeonError(target, f"could not be written ({exc.strerror or exc})") from None
 
 
 def _first_line(exc: BaseException) -> str:
@@ -484,7 +490,11 @@ def _check_stored_tensors(model: onnx.ModelProto, path: Path) -> None:
                 raise SurgeonError(path, f"tensor '{t.name}' has {len(t.raw_data)} bytes of data; its shape and "
                                          f"type need {expected}")
             continue
-        location, offset, length = _external_ref(t)
+        try:
+            location, offset, length = _external_ref(t)
+        except ValueError:
+            raise SurgeonError(path, f"external data of tensor '{t.name}' has an offset or length that is not a "
+                                     "number") from None
         if not location:
             raise SurgeonError(path, f"tensor '{t.name}' is stored externally but names no file")
         if Path(location).is_absolute() or ".." in Path(location).parts:
@@ -493,10 +503,20 @@ def _check_stored_tensors(model: onnx.ModelProto, path: Path) -> None:
         file = path.parent / location
         if file not in sizes:
             sizes[file] = file.stat().st_size if file.is_file() else None
+            if sizes[file] is None and file.exists():
+                raise SurgeonError(path, f"external data file '{location}' (tensor '{t.name}') is not a regular file")
+            folder = path.parent.resolve()
+            if sizes[file] is not None and not file.resolve().is_relative_to(folder):
+                raise SurgeonError(path, f"external data file '{location}' (tensor '{t.name}') is a link to "
+                                         f"{file.resolve()}, outside the model's folder",
+                                   "ONNX Runtime refuses it too; copy the data beside the model")
         size = sizes[file]
         if size is None:
             raise SurgeonError(path, f"external data file '{location}' (tensor '{t.name}') does not exist",
                                f"it must be beside the model, in {path.parent}")
+        if offset < 0 or (length is not None and length < 0):
+            raise SurgeonError(path, f"external data of tensor '{t.name}' has a negative offset or length "
+                                     f"({offset}, {length})")
         end = size if length is None else offset + length
         if offset > size or end > size:
             raise SurgeonError(path, f"external data file '{location}' is truncated: tensor '{t.name}' needs bytes "

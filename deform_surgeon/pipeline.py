@@ -31,6 +31,9 @@ class Action:
     action: str
     reason: str
     new_nodes: tuple[str, ...] = ()
+    # True when the rewrite is not exact by construction and was only checked on a part of the model (the split
+    # pass's Conv chunks): `patch` then verifies the whole model before writing it, and undoes it if that fails
+    needs_verify: bool = False
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -45,6 +48,9 @@ class Options:
     allow_unproven: bool = False
     sum_mode: str = "chain"  # chain | tree | none
     max_buffer: int | None = None  # bytes; split deform blocks whose tensors exceed it (None: no split)
+    max_memory: int | None = None  # bytes; chunk deform blocks until budget's peak of live tensors fits (None: no)
+    device_profile: str = "spec-default"  # the name of the device profile the model is fitted to
+    storage_buffers: int | None = 8  # that profile's maxStorageBuffersPerShaderStage (None: no fitting)
 
 
 class NameScope:

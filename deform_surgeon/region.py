@@ -2,7 +2,7 @@
 
 Why: a BiRefNet-scale model has about 19,000 nodes, of which the deform blocks are a few hundred. Importing all of
 them into onnx-graphsurgeon, cleaning up, sorting and exporting them again cost about three times the plain
-`onnx.load` + `onnx.save` of the model (issue 5), while every pass only ever looks at the blocks.
+`onnx.load` + `onnx.save` of the model, while every pass only ever looks at the blocks.
 
 What: the region is every node reachable forward from a pass's anchors (`Floor` of the sampling coordinates, the
 gathers) up to and including the Conv that consumes the sampled values and the per-channel ops right after it
@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import onnx
 
+from .device import storage_buffers
 from .model_io import copy_fields, stub
 from .passes.split import TAIL_OPS
 
@@ -54,8 +55,22 @@ class Region:
     read_outside: set[str] = field(default_factory=set)  # every tensor read outside the region, or a graph output
 
 
-def find_region(model: onnx.ModelProto) -> Region:
-    """The region of `model` the passes need (see the module docstring)."""
+def _subgraph_names(node: onnx.NodeProto, names: set[str]) -> None:
+    """Add every node and tensor name of `node`'s subgraphs (recursively) to `names`."""
+    for a in node.attribute:
+        for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+            names.update(t.name for t in (*g.input, *g.output, *g.value_info, *g.initializer))
+            for n in g.node:
+                names.add(n.name)
+                names.update(n.input)
+                names.update(n.output)
+                _subgraph_names(n, names)
+    names.discard("")
+
+
+def find_region(model: onnx.ModelProto, max_storage_buffers: int | None = None) -> Region:
+    """The region of `model` the passes need (see the module docstring); with `max_storage_buffers`, also every
+    node whose kernel would bind more storage buffers than that (the fit pass rewrites them where they stand)."""
     graph = model.graph
     nodes = list(graph.node)
     ins = [list(n.input) for n in nodes]  # plain lists: protobuf field access is the cost on 19,000 nodes
@@ -76,10 +91,17 @@ def find_region(model: onnx.ModelProto) -> Region:
     names.update(t.name for t in graph.input)
     has_subgraph = {k for k, n in enumerate(nodes) if (ops[k] in _CONTROL_FLOW or n.domain not in ("", "ai.onnx"))
                     and any(a.type in _SUBGRAPH for a in n.attribute)}
+    for k in has_subgraph:  # a generated name must not shadow a name of an If/Loop body either (SSA)
+        _subgraph_names(nodes[k], names)
 
     region: set[int] = set()
     for k, op in enumerate(ops):
-        if k in region or op not in ANCHORS | LOCAL:
+        if k in region:
+            continue
+        if max_storage_buffers is not None and storage_buffers(op, ins[k], outs[k]) > max_storage_buffers:
+            region.add(k)
+            continue
+        if op not in ANCHORS | LOCAL:
             continue
         reached = _forward(k, ops, outs, consumers, has_subgraph) if op in ANCHORS else {k}
         region.update(reached if reached is not None else {k})

@@ -3,7 +3,10 @@ atomic save -> report. The CLI and the Python API both call `patch` and `inspect
 
 from __future__ import annotations
 
+import dataclasses
 import gc
+import math
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -12,13 +15,14 @@ from pathlib import Path
 import onnx
 import onnx_graphsurgeon as gs
 
+from .device import DeviceProfile, resolve_profile
 from .errors import SurgeonError, VerificationError
 from .fold import fold_static
+from .io_check import check_io
 from .model_io import (
     Weights,
     check_and_infer,
     check_external_output,
-    check_output_path,
     check_spliced,
     copy_atomic,
     export_graph,
@@ -28,24 +32,30 @@ from .model_io import (
     split_weights,
     stubbed_copy,
 )
+from .passes.fit import FitStorageBuffers
 from .passes.gather_elements import LowerGatherElements
 from .passes.gathernd import LowerGatherND
 from .passes.residency import NarrowIndexChains
-from .passes.split import SplitBlocks
+from .passes.split import SplitBlocks, SplitPlan
 from .passes.sum_chain import ChainSum
-from .pipeline import Context, Options, run_passes
+from .pipeline import REWRITTEN, Context, Options, run_passes
 from .region import Region, find_region, region_model, splice
 from .report import PatchReport, op_histogram
 from .slices import split_to_slices
+from .verify import DEFAULT_ITERATIONS, check_verify_options
 from .verify import verify as verify_models
 
 SUM_MODES = ("chain", "tree", "none")
 PATCH_STAGES = ("prove", "export", "write", "verify")  # what `patch(progress=...)` reports, in this order
 
 
-def default_passes() -> list:
+MEMORY_ROUNDS = 6  # --max-memory: at most this many re-chunkings after the first patch
+
+
+def default_passes(plan: SplitPlan | None = None) -> list:
     """The passes `patch` runs, in order (to a fixed point)."""
-    return [LowerGatherND(), LowerGatherElements(), NarrowIndexChains(), ChainSum(), SplitBlocks()]
+    return [LowerGatherND(), LowerGatherElements(), NarrowIndexChains(), ChainSum(), FitStorageBuffers(),
+            SplitBlocks(plan)]
 
 
 @contextmanager
@@ -61,7 +71,7 @@ def _fewer_gc_passes() -> Iterator[None]:
         gc.set_threshold(*old)
 
 
-def _run(model_path: str | Path, options: Options) -> Lifted:
+def _run(model_path: str | Path, options: Options, plan: SplitPlan | None = None) -> Lifted:
     """Load, check, fold what is static, prove/rewrite, never copying weights: checker and shape inference see a
     weight-less copy, the static float16 computations are folded and float16 Splits become Slices on the whole
     model (fold.py, slices.py), only the deform regions are lifted into a graph (see region.py), stored weights
@@ -71,11 +81,11 @@ def _run(model_path: str | Path, options: Options) -> Lifted:
     types = check_and_infer(model, model_path, weights)
     ops_before = op_histogram(model)
     whole = fold_static(model, types, weights) + split_to_slices(model, types)  # whole-model steps, in place
-    region = find_region(model)
+    region = find_region(model, options.storage_buffers)
     sub = region_model(model, region, types, set(weights.tensors))
     graph = import_graph(sub, weights)
     ctx = Context(graph, types, options, reserved=region.names)
-    actions = whole + run_passes(ctx, default_passes())
+    actions = whole + run_passes(ctx, default_passes(plan))
     return Lifted(model, weights, region, sub, graph, actions, ops_before)
 
 
@@ -88,56 +98,134 @@ class Lifted:
     graph: gs.Graph
     actions: list
     ops_before: dict[str, int]  # of the model as loaded (`model` has its static float16 computations folded)
+    _patched: tuple[onnx.ModelProto, onnx.ModelProto] | None = None
 
     def patched(self) -> tuple[onnx.ModelProto, onnx.ModelProto]:
         """The whole model with the rewritten region spliced in (stored weights as stubs, see model_io), and the
         rewritten region on its own (what `check_spliced` infers)."""
-        self.graph.cleanup().toposort()
-        region = export_graph(self.graph, self.sub, self.weights)
-        return splice(self.model, self.region, region, set(self.weights.tensors), self.weights.stubbed), region
+        if self._patched is None:
+            self.graph.cleanup().toposort()
+            region = export_graph(self.graph, self.sub, self.weights)
+            self._patched = (splice(self.model, self.region, region, set(self.weights.tensors),
+                                    self.weights.stubbed), region)
+        return self._patched
+
+
+def _lift(model_path: str | Path, options: Options, plan: SplitPlan, rounds: int = MEMORY_ROUNDS
+          ) -> tuple[Lifted, str]:
+    """`_run`, and with `--max-memory` more chunks per deform block until budget's peak of live tensors of the
+    whole patched model fits; returns the lifted model and a line on the peak for the report ("" without it).
+
+    Why a loop over the whole model: the peak is a property of the whole graph and its execution order (what else
+    is live while a block runs), which the split pass, seeing the deform regions only, cannot know. Each round
+    asks the block holding most of the peak for as many more chunks as the overshoot needs, if its tensors shrank
+    in proportion, until it fits, a round changes nothing, or `MEMORY_ROUNDS` have run.
+    """
+    from .budget import analyze, human
+
+    lifted = _run(model_path, options, plan)
+    limit = options.max_memory
+    if limit is None:
+        return lifted, ""
+    before = analyze(lifted.model).peak_bytes
+    best = None
+    for k in range(rounds + 1):
+        peak = analyze(lifted.patched()[0])
+        if best is None or peak.peak_bytes < best[0].peak_bytes:
+            best = (peak, lifted, dict(plan.min_chunks))
+        if peak.peak_bytes <= limit or k == rounds:
+            break
+        more = _more_chunks(peak, plan, limit)
+        if not more:
+            break
+        plan.min_chunks.update(more)
+        lifted = _run(model_path, options, plan)
+    peak, lifted, plan.min_chunks = best  # more chunks can raise the peak (a Conv kept whole): keep the lowest
+    fits = peak.peak_bytes <= limit
+    line = (f"--max-memory {human(limit)}: peak of live activations (budget's measure) {human(before)} -> "
+            f"{human(peak.peak_bytes)}, " + ("within the limit" if fits else
+                                             f"REMAINS OVER the limit at {peak.peak_node}"))
+    if not fits:
+        held = max(peak.peak_blocks.items(), key=lambda kv: kv[1], default=None)
+        line += (f" (largest share: {held[0]}, {human(held[1])}; the rest is live outside it)" if held else
+                 " (none of it in a deform block)")
+    return lifted, line
+
+
+_BLOCK_LABEL = re.compile(r"^Conv '(?P<conv>.+?)'(?: \(|$)")
+
+
+def _more_chunks(peak, plan: SplitPlan, limit: int) -> dict[str, int]:
+    """Chunks for the deform block holding most of the peak so that, were its live bytes proportional to its rows,
+    the peak would fit; {} when no block can help (the rest of the peak alone is over the limit, or the block got
+    no more chunks than asked last round)."""
+    if not peak.peak_blocks:
+        return {}
+    label, held = max(peak.peak_blocks.items(), key=lambda kv: kv[1])
+    m = _BLOCK_LABEL.match(label)
+    rest = peak.peak_bytes - held
+    if m is None or rest >= limit:
+        return {}
+    conv = m.group("conv")
+    have = plan.chunks.get(conv, 1)
+    if plan.min_chunks.get(conv, 1) > have:
+        return {}  # asked for more than the block could give (one row per chunk, or refused)
+    return {conv: max(have + 1, math.ceil(have * held / (limit - rest)))}
 
 
 def inspect(model_path: str | Path, *, allow_unproven: bool = False, sum_mode: str | None = None,
-            max_buffer: int | None = None) -> PatchReport:
-    """Dry run: what `patch` would rewrite or refuse, and why. Writes nothing."""
-    options = _options(allow_unproven, sum_mode, max_buffer)
-    lifted = _run(model_path, options)
+            max_buffer: int | None = None, max_memory: int | None = None,
+            device_profile: str | Path | DeviceProfile | None = None) -> PatchReport:
+    """Dry run: what `patch` would rewrite or refuse, and why. Writes nothing (so the whole-model verification a
+    split Conv needs before it is written is not run either)."""
+    options = _options(allow_unproven, sum_mode, max_buffer, max_memory, device_profile)
+    lifted, memory = _lift(model_path, options, SplitPlan())
+    note = "; ".join(x for x in ("inspect: dry run, nothing written", memory) if x)
     return PatchReport(str(model_path), None, False, vars(options), lifted.ops_before,
-                       op_histogram(lifted.patched()[0]), lifted.actions, note="inspect: dry run, nothing written")
+                       op_histogram(lifted.patched()[0]), lifted.actions, note=note)
 
 
 @_fewer_gc_passes()
 def patch(model_path: str | Path, output_path: str | Path | None = None, *, allow_unproven: bool = False,
           sum_mode: str | None = None, verify: bool = False, copy_unchanged: bool = False,
           strict: bool = False, verify_options: dict | None = None, max_buffer: int | None = None,
+          max_memory: int | None = None, device_profile: str | Path | DeviceProfile | None = None,
           progress: Callable[[str], None] | None = None) -> PatchReport:
     """Patch `model_path`; write `output_path` (atomically, and only after verification if `verify`).
 
+    Every node is fitted to `device_profile` (default `spec-default`, see device.py): a Split / Concat / Max / Min
+    binding more storage buffers than it allows becomes a tree of narrower ones.
     Weights are never loaded into memory as a whole (see model_io): a model with external data keeps it external,
     in the output's own `<OUT>.data`. `progress(stage)` is called as the work reaches each of `PATCH_STAGES`.
 
     With nothing to rewrite, nothing is written unless `copy_unchanged` (then an exact copy of the input).
     With `strict`, nothing is written if any node was refused.
+    A rewrite that is not exact by construction (`Action.needs_verify`: a split Conv) is written only after the
+    whole patched model verified byte-identical, with or without `verify`; if it does not, those rewrites are
+    undone (the report says why) and the rest is written.
     Raises `SurgeonError` (one line: file and problem) on bad input and `VerificationError` when the patched
     model's outputs differ; in both cases no output file exists afterwards.
     """
-    options = _options(allow_unproven, sum_mode, max_buffer)
+    options = _options(allow_unproven, sum_mode, max_buffer, max_memory, device_profile)
+    if verify:
+        check_verify_options(verify_options)
     load_model(model_path) if not Path(model_path).is_file() else None  # a missing input is named first
     if output_path is not None:
-        check_output_path(output_path, [model_path])
+        check_io([model_path], output_path)
     stage = progress or (lambda _: None)
     stage("prove")
-    lifted = _run(model_path, options)
+    plan = SplitPlan()
+    lifted, memory = _lift(model_path, options, plan)
     model, weights, actions, before = lifted.model, lifted.weights, lifted.actions, lifted.ops_before
     if output_path is not None:
         check_external_output(output_path, model_path, weights)
     report = PatchReport(str(model_path), None if output_path is None else str(output_path), False,
-                         vars(options), before, before, actions)
+                         vars(options), before, before, actions, note=memory)
     if strict and report.refused and output_path is not None:
         report.note = f"--strict: {len(report.refused)} node(s) refused; {output_path} not written"
         return report
     if not report.changed:
-        report.note = f"nothing to rewrite in {model_path}"
+        report.note = "; ".join(x for x in (f"nothing to rewrite in {model_path}", memory) if x)
         if output_path is not None and copy_unchanged:
             if weights.external:  # its data must move beside the copy: same tensors, references re-pointed
                 stage("write")
@@ -157,24 +245,74 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
     if output_path is None:
         return report
 
-    def _verify(tmp: Path) -> None:
+    def _verify(tmp: Path, whole_check: bool = False) -> None:
         stage("verify")
-        result = verify_models(model_path, tmp, **(verify_options or {}))
-        report.verification = result
-        if not result.identical:
-            raise VerificationError(output_path, f"patched model differs from the original, not written: "
-                                    f"{result.mismatch.text() if result.mismatch else 'outputs differ'}")
+        runs = [verify_options or {}] if verify else [{**(verify_options or {}), "iterations": 1}]
+        if whole_check and (runs[0].get("opt_level") or "all") != "all":  # what ORT runs by default
+            runs.append({**runs[0], "opt_level": "all", "iterations": 1})
+        for kwargs in runs:
+            try:
+                result = verify_models(model_path, tmp, **kwargs)
+            except VerificationError:
+                raise
+            except SurgeonError as exc:
+                if exc.path != str(tmp):  # the original (or an option) is at fault: bad input
+                    raise
+                problem = f"the patched model {exc.problem}, where the original runs; not written"
+                raise VerificationError(output_path, problem) from (
+                    _Unshown(f"it could not be run: {exc.problem}") if whole_check else None)
+            report.verification = result if verify else None
+            if not result.identical:
+                found = result.mismatch.text() if result.mismatch else "outputs differ"
+                raise VerificationError(output_path, f"patched model differs from the original, not written: {found}"
+                                        ) from _Unshown(f"it differed from the original ({found}, opt level "
+                                                        f"'{result.opt_level}')")
+        if whole_check:
+            checked = "; ".join(f"level '{r.get('opt_level') or 'all'}', "
+                                f"{r.get('iterations') or DEFAULT_ITERATIONS} input(s)" for r in runs)
+            report.actions = [dataclasses.replace(a, reason=f"{a.reason}: verified byte-identical before "
+                                                  f"writing ({checked})")
+                              if a.needs_verify else a for a in report.actions]
 
     stage("write")
-    save_model_atomic(patched, output_path, verify=_verify if verify else None, weights=weights)
+    unproven = [a for a in report.actions if a.needs_verify and a.action == REWRITTEN]
+    if not unproven:
+        save_model_atomic(patched, output_path, verify=_verify if verify else None, weights=weights)
+        report.written = True
+        return report
+    try:
+        save_model_atomic(patched, output_path, verify=lambda tmp: _verify(tmp, True), weights=weights)
+    except VerificationError as exc:
+        if not isinstance(exc.__cause__, _Unshown):
+            raise
+        why = (f"not shown exact on the whole model: with its row chunks the whole patched model was checked on ORT "
+               f"CPU and {exc.__cause__}, although the chunks alone gave the Conv's bytes")
+        plan.keep_whole.update({a.node: why for a in unproven})
+        report.verification = None
+        lifted, memory = _lift(model_path, options, plan, rounds=0)
+        patched, region = lifted.patched()
+        report.actions, report.ops_after = lifted.actions, op_histogram(patched)
+        report.note = "; ".join(x for x in (f"{len(unproven)} Conv split(s) undone: not shown exact on the whole "
+                                            "model (see their lines)", memory) if x)
+        check_spliced(patched, region, output_path, weights)
+        save_model_atomic(patched, output_path, verify=_verify if verify else None, weights=weights)
     report.written = True
     return report
 
 
-def _options(allow_unproven: bool, sum_mode: str | None, max_buffer: int | None = None) -> Options:
+class _Unshown(Exception):
+    """Why the whole-model check of a split Conv failed, from `_verify` to the fallback that undoes the split."""
+
+
+def _options(allow_unproven: bool, sum_mode: str | None, max_buffer: int | None = None,
+             max_memory: int | None = None, device_profile: str | Path | DeviceProfile | None = None) -> Options:
     sum_mode = "chain" if sum_mode is None else sum_mode
     if sum_mode not in SUM_MODES:
         raise SurgeonError(None, f"unknown sum mode '{sum_mode}'", f"choose one of {', '.join(SUM_MODES)}")
     if max_buffer is not None and (isinstance(max_buffer, bool) or not isinstance(max_buffer, int) or max_buffer < 1):
         raise SurgeonError(None, f"bad max buffer size {max_buffer!r}", "give a positive number of bytes")
-    return Options(allow_unproven=allow_unproven, sum_mode=sum_mode, max_buffer=max_buffer)
+    if max_memory is not None and (isinstance(max_memory, bool) or not isinstance(max_memory, int) or max_memory < 1):
+        raise SurgeonError(None, f"bad max memory size {max_memory!r}", "give a positive number of bytes")
+    profile = resolve_profile(device_profile)
+    return Options(allow_unproven=allow_unproven, sum_mode=sum_mode, max_buffer=max_buffer, max_memory=max_memory,
+                   device_profile=profile.name, storage_buffers=profile.storage_buffers)

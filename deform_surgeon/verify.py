@@ -33,6 +33,8 @@ class Mismatch:
     patched: str | None = None
 
     def text(self) -> str:
+        if not self.output:  # not about one output (the models' inputs differ)
+            return self.problem
         where = f"output '{self.output}' (iteration {self.iteration})"
         if self.index is None:
             return f"{where}: {self.problem}"
@@ -82,17 +84,81 @@ def default_val_ranges(model_path: str | Path, given: dict[str, tuple[float, flo
     """An explicit value range for every graph input: floats [0, 1), integers [0, 8] unless given."""
     import onnx
 
-    model = onnx.load(str(model_path), load_external_data=False)
-    init = {i.name for i in model.graph.initializer}
+
     ranges: dict[str, tuple[float, float]] = {}
-    for vi in model.graph.input:
-        if vi.name in init:
-            continue
+    for vi in input_signature(model_path):
         elem = vi.type.tensor_type.elem_type
         is_float = elem in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
                             onnx.TensorProto.BFLOAT16)
         ranges[vi.name] = (given or {}).get(vi.name, DEFAULT_FLOAT_RANGE if is_float else DEFAULT_INT_RANGE)
     return ranges
+
+
+def input_signature(model_path: str | Path) -> list:
+    """The graph inputs a caller feeds (initializers excluded), as ValueInfoProtos."""
+    from .model_io import load_model
+
+    model = load_model(model_path)  # a missing, unreadable or non-ONNX file is a one-line SurgeonError
+    init = {i.name for i in model.graph.initializer}
+    return [vi for vi in model.graph.input if vi.name not in init]
+
+
+def _describe(inputs: list) -> str:
+    import onnx
+
+    def one(vi) -> str:
+        tt = vi.type.tensor_type
+        dims = ",".join(str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?") for d in tt.shape.dim)
+        return f"{vi.name}: {onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type) if tt.elem_type else '?'}[{dims}]"
+
+    return ", ".join(one(vi) for vi in inputs) or "none"
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int | np.integer) and not isinstance(v, bool)
+
+
+def check_options(iterations: object, seed: object, opt_level: object, val_range: object,
+                  threads: object = None) -> None:
+    """The comparison's options, checked before any work: a wrong one is a one-line `SurgeonError` naming it."""
+    if not _is_int(iterations) or iterations < 1:
+        raise SurgeonError(None, f"iterations must be an integer of at least 1 (got {iterations!r})")
+    if not _is_int(seed) or seed < 0:
+        raise SurgeonError(None, f"seed must be a non-negative integer (got {seed!r})")
+    if opt_level not in OPT_LEVELS:
+        raise SurgeonError(None, f"unknown opt level {opt_level!r}", f"choose one of {', '.join(OPT_LEVELS)}")
+    if threads is not None and (not _is_int(threads) or threads < 1):
+        raise SurgeonError(None, f"threads must be a positive integer (got {threads!r})")
+    if val_range is None:
+        return
+    if not isinstance(val_range, dict):
+        raise SurgeonError(None, f"val_range must map input names to (lo, hi) (got {val_range!r})")
+    for name, r in val_range.items():
+        ok = isinstance(r, list | tuple) and len(r) == 2 and all(
+            isinstance(x, int | float | np.integer | np.floating) and not isinstance(x, bool) for x in r)
+        if not isinstance(name, str) or not ok:
+            raise SurgeonError(None, f"val_range {name!r}: {r!r} is not a pair of numbers (lo, hi)",
+                               "e.g. {'image': (0.0, 1.0)}")
+
+
+VERIFY_OPTIONS = ("iterations", "seed", "val_range", "opt_level", "threads", "quiet")
+
+
+def check_verify_options(options: dict | None) -> None:
+    """`patch(verify_options=...)` checked before any work: known keys, and values `verify` accepts."""
+    options = options or {}
+    if not isinstance(options, dict):
+        raise SurgeonError(None, f"verify_options must be a dict (got {options!r})")
+    unknown = set(options) - set(VERIFY_OPTIONS)
+    if unknown:
+        raise SurgeonError(None, f"unknown verify option(s) {', '.join(sorted(map(str, unknown)))}",
+                           f"known: {', '.join(VERIFY_OPTIONS)}")
+
+    def given(key: str, default: object) -> object:
+        return default if options.get(key) is None else options[key]
+
+    check_options(given("iterations", DEFAULT_ITERATIONS), given("seed", DEFAULT_SEED), given("opt_level", "all"),
+                  options.get("val_range"), options.get("threads"))
 
 
 def verify(original: str | Path, patched: str | Path, *, iterations: int | None = None, seed: int | None = None,
@@ -110,9 +176,9 @@ def verify(original: str | Path, patched: str | Path, *, iterations: int | None 
     iterations = DEFAULT_ITERATIONS if iterations is None else iterations
     seed = DEFAULT_SEED if seed is None else seed
     opt_level = "all" if opt_level is None else opt_level
-    if iterations < 1:
-        raise SurgeonError(None, f"--iterations must be at least 1 (got {iterations})")
+    check_options(iterations, seed, opt_level, val_range, threads)
     ranges = default_val_ranges(original, val_range)
+    signatures = [_describe(input_signature(path)) for path in (original, patched)]
     for name, (lo, hi) in (val_range or {}).items():
         if name not in ranges:
             raise SurgeonError(original, f"--val-range names '{name}', which is not an input of the model",
@@ -120,6 +186,10 @@ def verify(original: str | Path, patched: str | Path, *, iterations: int | None 
         if not (math.isfinite(lo) and math.isfinite(hi)) or lo > hi:
             raise SurgeonError(None, f"--val-range {name}:[{lo},{hi}] is not a finite range with lo <= hi")
     result = VerifyResult(str(original), str(patched), iterations, seed, opt_level, ranges)
+    if signatures[0] != signatures[1]:  # the same seeded inputs cannot be fed to both: nothing to compare
+        result.mismatch = Mismatch(0, "", f"the models' inputs differ: original takes {signatures[0]}; patched "
+                                          f"takes {signatures[1]}")
+        return result
 
     import onnxruntime
 
@@ -135,7 +205,8 @@ def verify(original: str | Path, patched: str | Path, *, iterations: int | None 
             options.graph_optimization_level = level
             if threads is not None:
                 options.intra_op_num_threads = threads
-            return lambda: onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+            source = _ort_source(path)
+            return lambda: onnxruntime.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 
         runners = [OnnxrtRunner(session(original), name="original"), OnnxrtRunner(session(patched), name="patched")]
         results = None
@@ -196,6 +267,21 @@ def _max_abs_diff(a: np.ndarray, b: np.ndarray) -> float:
         d = np.abs(a.astype(np.float64) - b.astype(np.float64))
     d = d[~np.isnan(d)]
     return float(d.max()) if d.size else (0.0 if np.array_equal(a, b, equal_nan=True) else math.inf)
+
+
+def _ort_source(path: str | Path) -> str | bytes:
+    """What to hand ONNX Runtime for `path`: the path, or the model's bytes when the path is not valid UTF-8
+    (ORT's Python binding takes UTF-8 paths only); such a model with external data cannot be opened at all."""
+    try:
+        str(path).encode("utf-8")
+        return str(path)
+    except UnicodeEncodeError:
+        from .io_check import external_locations
+
+        if external_locations(path):
+            raise SurgeonError(path, "the path is not valid UTF-8 and the model has external data: ONNX Runtime "
+                                     "cannot open it", "rename the file or its folder") from None
+        return Path(path).read_bytes()
 
 
 def _one_line(exc: BaseException) -> str:

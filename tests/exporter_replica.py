@@ -55,6 +55,13 @@ class Spec:
     batch: int = 1
     use_gathernd: bool = True
     seed: int = 1234
+    # BatchNorm parameters of the deformable branches at torch's initial values (weight 1, bias 0, running mean 0,
+    # running var 1), as in a BiRefNet built with random weights (make_birefnet.py): torch's exporter then keeps
+    # one tensor per distinct value and every other use reads it through an Identity node (in the real
+    # BiRefNet-lite export, 19 of the 20 deformable blocks' BatchNorms read their parameters that way). ORT folds
+    # the Identity away and fuses the BatchNorm into the Conv; a pass that takes such a parameter for a runtime
+    # input does not (what hid a split Conv's mismatch on the real 1024 graph, issue 11).
+    shared_bn: bool = False
 
     @property
     def feature_size(self) -> int:
@@ -74,13 +81,16 @@ SPECS: dict[str, Spec] = {
     # BiRefNet's tensor sizes at 1024: four scales (256, 128, 64, 32) and 64 gathered channels, as in BiRefNet's
     # decoder (its deformable convs gather the 64 `inter` channels; planes 64 instead of BiRefNet's 256 only
     # changes the Conv output, 16.8 MB instead of 67 MB at 256x256)
-    "birefnet64_1024": Spec(image_size=1024, stem_strides=(4,), channels=16, inter=64, planes=64, num_scales=4),
+    "birefnet64_1024": Spec(image_size=1024, stem_strides=(4,), channels=16, inter=64, planes=64, num_scales=4,
+                            shared_bn=True),
     # the same graph with 4 channels: every block tensor is 16x smaller
-    "birefnet4_1024": Spec(image_size=1024, stem_strides=(4,), channels=4, inter=4, planes=4, num_scales=4),
+    "birefnet4_1024": Spec(image_size=1024, stem_strides=(4,), channels=4, inter=4, planes=4, num_scales=4,
+                           shared_bn=True),
     # for CI on the software adapter: 1024 input, 4 channels, two scales (64, 32): the 7x7 block at 64x64 is
     # 256x smaller than birefnet64_1024's at 256x256 (16x fewer channels, 16x fewer points), so a 256x smaller
     # limit (1 MiB) gives it the same 4 chunks
-    "birefnet4_1024_small": Spec(image_size=1024, stem_strides=(4, 4), channels=4, inter=4, planes=4, num_scales=2),
+    "birefnet4_1024_small": Spec(image_size=1024, stem_strides=(4, 4), channels=4, inter=4, planes=4, num_scales=2,
+                                 shared_bn=True),
 }
 
 
@@ -158,6 +168,15 @@ class _Graph:
     def param(self, name: str, value: np.ndarray) -> str:
         self.named[name] = numpy_helper.from_array(np.asarray(value), name)
         return name
+
+    def shared_param(self, name: str, value: np.ndarray) -> str:
+        """A parameter as torch's exporter writes one whose value an earlier parameter already has: an Identity
+        of that earlier one, named like the parameter (see Spec.shared_bn)."""
+        for kept, tensor in self.named.items():
+            if tensor.dims == list(value.shape) and numpy_helper.to_array(tensor).tobytes() == value.tobytes():
+                self.nodes.append(helper.make_node("Identity", [kept], [name]))
+                return name
+        return self.param(name, value)
 
     def fused_param(self, value: np.ndarray) -> str:
         name = f"onnx::Conv_{len(self.fused)}"
@@ -285,8 +304,12 @@ def _aspp_branch(g: _Graph, spec: Spec, wts, x: str, prefix: str, k: int, hw: in
     rw = g.param(f"{prefix}.atrous_conv.regular_conv.weight",
                  wts.weight(f"{prefix}.atrous_conv.regular_conv", (spec.planes, cin, k, k)))
     v = deform_conv2d(g, spec, x, offset, mod, rw, k, pad, hw)
-    bn = [g.param(f"{prefix}.bn.{n}", a) for n, a in
-          zip(("weight", "bias", "running_mean", "running_var"), wts.bn(f"{prefix}.bn", spec.planes), strict=True)]
+    keys = ("weight", "bias", "running_mean", "running_var")
+    if spec.shared_bn:
+        bn = [g.shared_param(f"{prefix}.bn.{n}", np.full(spec.planes, v, np.float32))
+              for n, v in zip(keys, (1.0, 0.0, 0.0, 1.0), strict=True)]
+    else:
+        bn = [g.param(f"{prefix}.bn.{n}", a) for n, a in zip(keys, wts.bn(f"{prefix}.bn", spec.planes), strict=True)]
     v = g.op("BatchNormalization", [v, *bn], epsilon=BN_EPS, momentum=BN_MOMENTUM, training_mode=0)
     return g.op("Relu", [v])
 
@@ -353,7 +376,7 @@ def build(spec: Spec, weights=None) -> onnx.ModelProto:
     up = g.resize(logits, (spec.image_size, spec.image_size))
     g.nodes.append(helper.make_node("Sigmoid", [up], ["mask"]))
 
-    order = state_dict_order(spec)
+    order = [n for n in state_dict_order(spec) if n in g.named or not spec.shared_bn]
     assert sorted(order) == sorted(g.named), set(order) ^ set(g.named)
     size = spec.image_size
     graph = helper.make_graph(

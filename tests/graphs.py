@@ -291,6 +291,69 @@ def swin_mask_fp16(tokens: int = 10, window: int = 7, shift: int = 3, heads: int
     return model
 
 
+def wide_split(n: int = 32, size: int = 4, opset: int = 17) -> onnx.ModelProto:
+    """One Split of `x` [1, 3, 8, n*size] into `n` outputs along the last axis: a kernel that binds n + 1 storage
+    buffers (the smallest model that fails "Too many storage buffers in shader" on a device with fewer)."""
+    outs = [f"y{i}" for i in range(n)]
+    split = numpy_helper.from_array(np.full(n, size, dtype=np.int64), "sizes")
+    graph = helper.make_graph(
+        [helper.make_node("Split", ["x", "sizes"], outs, name="wide_split", axis=-1)], "wide_split",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, n * size])],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, [1, 3, 8, size]) for o in outs], [split])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="tests/graphs.py")
+    model.ir_version = 8
+    return model
+
+
+def legacy_patches(image: int = 1024, levels: tuple[int, ...] = (32, 64, 128, 256, 1024), channels: int = 4,
+                   seed: int = 0) -> onnx.ModelProto:
+    """BiRefNet's `get_patches_batch` as its code before November 2024 exported it (the 2024 ONNX files):
+
+        columns = torch.split(x[0], size_w, dim=-1)
+        patches = [p.unsqueeze(0) for c in columns for p in torch.split(c, size_h, dim=-2)]
+        torch.cat([torch.cat(patches, dim=1)], dim=0)
+
+    once per decoder level with BiRefNet's patch sizes for a 1024x1024 input (32, 64, 128, 256, 1024): Splits into
+    32, 16, 8, 4 and 1 outputs, Concats of 1024, 256, 64, 16 and 1 inputs of [1, 3, s, s], each followed, as in the
+    decoder, by a bilinear Resize (align_corners) to the level's size and a Conv (here a 1x1 one to `channels`,
+    instead of BiRefNet's decoder block). The real export's nodes are Gather, Split (its sizes an input made by
+    a Constant node, not an initializer), Unsqueeze, Concat, Resize. Checked against a real legacy export of
+    BiRefNet-lite 1024: the same Split widths and counts (33 x 32, 17 x 16, 9 x 8, 5 x 4, 2 x 1), the same wide
+    Concats (1024, 256, 64, 16 inputs, once each), the same chain Gather(axis 0) -> Split(axis -1) ->
+    Split(axis -2) -> Unsqueeze -> Concat(axis 1) -> Concat(axis 0, one input).
+    """
+    rng = np.random.default_rng(seed)
+    nodes, inits, const, node = _builder()
+    node("Gather", ["image", const("batch0", np.array(0, dtype=np.int64))], "x0", axis=0)
+    outputs = []
+    for level, s in enumerate(levels):
+        n = image // s
+        cols = [f"l{level}_col{c}" for c in range(n)]
+        sizes = node("Constant", [], f"l{level}_sizes",  # a Constant node, as torch exports it
+                     value=numpy_helper.from_array(np.full(n, s, dtype=np.int64)))
+        nodes.append(helper.make_node("Split", ["x0", sizes], cols, name=f"l{level}_split_w", axis=-1))
+        patches = []
+        for c, col in enumerate(cols):
+            rows = [f"l{level}_c{c}_row{r}" for r in range(n)]
+            nodes.append(helper.make_node("Split", [col, sizes], rows, name=f"l{level}_split_h{c}", axis=-2))
+            for r, row in enumerate(rows):
+                patches.append(node("Unsqueeze", [row, const(f"l{level}_axes{c}_{r}", np.array([0]))],
+                                    f"l{level}_patch{c}_{r}"))
+        cat = node("Concat", patches, f"l{level}_patches", axis=1)
+        batch = node("Concat", [cat], f"l{level}_batch", axis=0)
+        resized = node("Resize", [batch, "", "", const(f"l{level}_size", np.array([1, 3 * n * n, s, s]))],
+                       f"l{level}_resized", mode="linear", coordinate_transformation_mode="align_corners")
+        w = const(f"l{level}_w", (rng.standard_normal((channels, 3 * n * n, 1, 1)) / n).astype(np.float32))
+        outputs.append(node("Conv", [resized, w], f"out{level}", dilations=[1, 1], group=1, kernel_shape=[1, 1],
+                            pads=[0, 0, 0, 0], strides=[1, 1]))  # every attribute spelled out, as torch does
+    graph = helper.make_graph(
+        nodes, "legacy_patches", [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, image, image])],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="tests/graphs.py")
+    model.ir_version = 8
+    return onnx.shape_inference.infer_shapes(model, strict_mode=True)
+
+
 FIXTURES = {
     "gathernd_b2g2.onnx": lambda: exporter_like(B=2, G=2, H=5, W=6, C=3, P=7),
     "gathernd_refused.onnx": lambda: exporter_like(source=CLIP_BEFORE_GRID),

@@ -16,9 +16,9 @@ from deform_surgeon.budget import (
     analyze,
     execution_order,
     parse_size,
-    read_device_limits,
 )
 from deform_surgeon.cli import main
+from deform_surgeon.device import SPEC_DEFAULT_LIMITS, profile_from_file
 from deform_surgeon.errors import SurgeonError
 
 
@@ -88,25 +88,28 @@ def test_peak_follows_ort_order_and_sees_what_is_alive():
 
 def test_device_limits_file_round_trip(tmp_path):
     doc = {"runtime": "node", "adapter": {"limits": {"maxBufferSize": 2**30}},
-           "limits": {"maxBufferSize": 2**30, "maxStorageBufferBindingSize": 2**29}}
+           "limits": {"maxBufferSize": 2**30, "maxStorageBufferBindingSize": 2**29,
+                      "maxStorageBuffersPerShaderStage": 10}}
     path = tmp_path / "limits.json"
     path.write_text(json.dumps(doc))
-    assert read_device_limits(path) == {"max_buffer": 2**30, "max_binding": 2**29}
+    profile = profile_from_file(path)
+    assert (profile.max_buffer, profile.max_binding, profile.storage_buffers) == (2**30, 2**29, 10)
     path.write_text(json.dumps({"maxBufferSize": 12345}))
-    assert read_device_limits(path) == {"max_buffer": 12345}
+    profile = profile_from_file(path)  # a limit the file does not name is the spec's default
+    assert profile.max_buffer == 12345 and profile.limits == {**SPEC_DEFAULT_LIMITS, "maxBufferSize": 12345}
     path.write_text(json.dumps({"nothing": 1}))
-    with pytest.raises(SurgeonError, match="no maxBufferSize"):
-        read_device_limits(path)
+    with pytest.raises(SurgeonError, match="no WebGPU limits"):
+        profile_from_file(path)
     path.write_text("{not json")
     with pytest.raises(SurgeonError, match="not JSON"):
-        read_device_limits(path)
+        profile_from_file(path)
 
 
 def test_cli_exit_codes_table_and_json(tmp_path, capsys):
     model = FIXTURES / "decoder_gathernd.onnx"
     assert main(["budget", str(model)]) == 0
     out = capsys.readouterr().out
-    assert "nothing over maxBufferSize" in out and "OK:" in out and "WebGPU spec defaults" in out
+    assert "nothing over maxBufferSize" in out and "OK:" in out and "device profile 'spec-default'" in out
     js = tmp_path / "b.json"
     assert main(["budget", str(model), "--max-buffer", "150kB", "--max-binding", "60000", "--json", str(js)]) == 1
     out = capsys.readouterr().out
@@ -115,9 +118,9 @@ def test_cli_exit_codes_table_and_json(tmp_path, capsys):
     assert doc["limits"]["max_buffer"] == 150_000 and not doc["ok"] and doc["over_buffer"][0]["nbytes"] == 200_704
     limits = tmp_path / "limits.json"
     limits.write_text(json.dumps({"limits": {"maxBufferSize": 100_000, "maxStorageBufferBindingSize": 50_000}}))
-    assert main(["budget", str(model), "--device-limits", str(limits)]) == 1
-    assert f"device limits from {limits}" in capsys.readouterr().out
-    assert main(["budget", str(model), "--device-limits", str(limits), "--max-buffer", "1GiB"]) == 0
+    assert main(["budget", str(model), "--device-profile", str(limits)]) == 1
+    assert f"limits from {limits}" in capsys.readouterr().out
+    assert main(["budget", str(model), "--device-profile", str(limits), "--max-buffer", "1GiB"]) == 0
     capsys.readouterr()
 
 
@@ -141,3 +144,27 @@ def test_patch_cli_takes_max_buffer(tmp_path, capsys):
     assert any(n["pass_name"] == "split" and "split into 4 chunks" in n["reason"] for n in doc["nodes"])
     assert main(["inspect", str(FIXTURES / "decoder_gathernd.onnx"), "--max-buffer", "60000"]) == 0
     assert "split: 1 node(s) rewritten" in capsys.readouterr().out
+
+
+def test_patch_cli_takes_max_memory(tmp_path, capsys):
+    out = tmp_path / "p.onnx"
+    assert main(["patch", str(FIXTURES / "decoder_gathernd.onnx"), str(out), "--max-memory", "800kB",
+                 "--report", str(tmp_path / "r.json")]) == 0
+    text = capsys.readouterr().out
+    assert "--max-memory 800,000 B: peak of live activations" in text and "within the limit" in text
+    assert json.loads((tmp_path / "r.json").read_text())["options"]["max_memory"] == 800_000
+    assert main(["budget", str(out), "--max-memory", "800kB"]) == 0
+    assert "OK: peak of live activations" in capsys.readouterr().out
+    assert main(["budget", str(FIXTURES / "decoder_gathernd.onnx"), "--max-memory", "800kB"]) == 1
+    assert "FAIL: peak of live activations 1.3 MB (1.2 MiB) OVER --max-memory 800,000 B" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        main(["patch", str(FIXTURES / "decoder_gathernd.onnx"), str(out), "--max-memory", "lots"])
+    assert exc.value.code == 2 and "bad size 'lots'" in capsys.readouterr().err
+
+
+def test_the_peak_is_attributed_to_the_deform_blocks_live_at_it():
+    report = analyze(FIXTURES / "decoder_gathernd.onnx")
+    label, held = max(report.peak_blocks.items(), key=lambda kv: kv[1])
+    assert label.startswith("Conv 'Conv_1004'")  # the 7x7 block, as the largest live tensors say
+    assert sum(report.peak_blocks.values()) <= report.peak_bytes and held > report.peak_bytes // 2
+    assert all(t.block == label for t in report.peak_live)

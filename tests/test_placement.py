@@ -70,7 +70,7 @@ def _save(model: onnx.ModelProto, path: Path) -> Path:
 
 
 def sum_model(path: Path) -> Path:
-    """Sum of 4 inputs then an Add: Sum has no WebGPU kernel in either EP (RUNTIME_FACTS section 2)."""
+    """Sum of 4 inputs then an Add: Sum has no WebGPU kernel in either EP (docs/runtime-facts.md section 2)."""
     ins = [helper.make_tensor_value_info(f"x{i}", TensorProto.FLOAT, [2, 3]) for i in range(4)]
     nodes = [
         helper.make_node("Sum", [f"x{i}" for i in range(4)], ["s"], name="the_sum"),
@@ -314,7 +314,7 @@ def test_gathernd5_jsep_shader_failure_is_reported(tmp_path: Path) -> None:
 @pytest.mark.webgpu
 @pytest.mark.skipif(_SETUP is not None, reason=f"WebGPU runtimes not set up: {_SETUP}")
 def test_gathernd5_jsep_without_debug_is_still_a_failure(tmp_path: Path) -> None:
-    """RUNTIME_FACTS section 6: without ort.env.debug the run resolves; the uncaptured error must fail it."""
+    """docs/runtime-facts.md section 3: without ort.env.debug the run resolves; the uncaptured error must fail it."""
     p = measure_placement(
         gathernd5_model(tmp_path / "g.onnx"),
         runtime="browser",

@@ -144,6 +144,26 @@ def test_float_to_int_cast_of_a_possibly_nan_value_is_unbounded():
     assert "may be NaN" in span.source
 
 
+def test_a_nan_constant_bounds_nothing():
+    # Clip(x, NaN, 5) and Clip(x, 0, NaN): a NaN bound is no bound (ORT returns NaN or x there); the constant itself
+    # is the whole float range plus NaN, not the empty interval of its non-NaN values
+    nan = np.array(np.nan, np.float32)
+    nodes = [helper.make_node("Clip", ["x", "nan", "five"], ["c1"]),
+             helper.make_node("Clip", ["x", "zero", "nan"], ["c2"]),
+             helper.make_node("Add", ["x", "nans"], ["s"])]
+    model = build(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                  [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2]) for n in ("c1", "c2", "s")],
+                  [("nan", nan), ("five", np.array(5, np.float32)), ("zero", np.array(0, np.float32)),
+                   ("nans", np.array([np.nan, 1.0], np.float32))])
+    p, graph = prover(model)
+    t = graph.tensors()
+    const = p.bound(t["nan"]).whole
+    assert (const.lo, const.hi, const.nan) == (-math.inf, math.inf, True)
+    for name in ("c1", "c2", "s"):
+        span = p.bound(t[name]).whole
+        assert span.nan and not span.within(-1e30, 1e30), (name, span)
+
+
 def test_unmodelled_ops_give_the_whole_type_range_and_say_so():
     nodes = [helper.make_node("Mod", ["a", "b"], ["m"], name="mod")]
     model = build(nodes, [helper.make_tensor_value_info("a", I64, [3])], [helper.make_tensor_value_info("m", I64, [3])],

@@ -92,3 +92,48 @@ def test_an_accepted_chain_is_exact_at_the_float32_limits():
     f = np.array([[-2.0**24 - 2], [-2.0**23], [-1.5], [8.7], [2.0**24 + 2], [2.0**40]], np.float32)
     feeds = {"data": np.arange(30, dtype=np.float32).reshape(10, 3), "f": f}
     assert_bytes_equal(run_ort(model, feeds), run_ort(patched, feeds))
+
+
+# -- NaN, +-inf, +-1e30: every gather index stays in range --------------------------------------------------------
+EXTREMES = {"nan": np.nan, "+inf": np.inf, "-inf": -np.inf, "+1e30": 1e30, "-1e30": -1e30}
+_PATCHED: dict[str, onnx.ModelProto] = {}
+
+
+def _patched(name: str) -> onnx.ModelProto:
+    if name not in _PATCHED:
+        _PATCHED[name] = patch_in_memory(onnx.load(str(FIXTURES / name)))[0]
+    return _PATCHED[name]
+
+
+@pytest.mark.parametrize("name", ["decoder_gathernd.onnx", "decoder_gatherelements.onnx", "decoder_gathernd_fp16.onnx",
+                                  "decoder_gatherelements_fp16.onnx", "decoder_gathernd_b2g2.onnx"])
+@pytest.mark.parametrize("value", list(EXTREMES))
+def test_patched_fixtures_run_wherever_the_original_runs_for_nan_and_inf_inputs(name, value):
+    """NaN or +-inf in the image (or 1e30, an inf in fp16) makes the offsets NaN/inf. The original casts them to int64
+    and clips, so its indices stay in range; the float32 chain must keep them in range too (ORT CPU checks every
+    Gather index and fails the run otherwise), whether every pixel or 0.1% of them is extreme."""
+    original, patched = onnx.load(str(FIXTURES / name)), _patched(name)
+    (inp,) = original.graph.input
+    dtype = np.float16 if inp.type.tensor_type.elem_type == TensorProto.FLOAT16 else np.float32
+    shape = [d.dim_value for d in inp.type.tensor_type.shape.dim]
+    rng = np.random.default_rng(0)
+    for fraction in (1.0, 0.001):
+        x = rng.random(shape).astype(dtype)
+        with np.errstate(over="ignore"):
+            x[rng.random(shape) < fraction] = dtype(EXTREMES[value])
+        expected = run_ort(original, {inp.name: x})  # the original runs (its int64 Clip saturates anything)
+        got = run_ort(patched, {inp.name: x})  # raises on an out-of-range index
+        assert [g.shape for g in got] == [e.shape for e in expected]
+
+
+def test_a_nan_offset_gathers_where_the_original_does():
+    """A NaN offset: ORT CPU's int64 original reads index 0 (INT64_MIN clipped); the float chain maps NaN to the
+    Clip's lower bound, so both read the same element and the outputs are the same bytes."""
+    model = exporter_like(H=6, W=7, C=3, P=5, with_sum=False)
+    patched, _ = patch_in_memory(model)
+    offset = np.random.default_rng(1).uniform(-3, 3, (1, 1, 5, 2)).astype(np.float32)
+    offset[0, 0, 1, 0] = np.nan
+    offset[0, 0, 3, :] = np.nan
+    feeds = {"data": np.random.default_rng(2).random((1, 1, 6, 7, 3)).astype(np.float32), "offset": offset}
+    assert_bytes_equal(run_ort(model, feeds), run_ort(patched, feeds))
+    assert "GreaterOrEqual" in {n.op_type for n in patched.graph.node}

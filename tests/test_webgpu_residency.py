@@ -2,7 +2,8 @@
 ORT CPU, and give the *same bytes* as the original model on the same runtime.
 
 Runtimes: onnxruntime-node 1.30.0 (native WebGPU EP), onnxruntime-web 1.30.0 in headless Chromium with
-``ort.webgpu.min.mjs`` (native EP) and ``ort.min.mjs`` (JSEP), all on SwiftShader (see RUNTIME_FACTS.md).
+``ort.webgpu.min.mjs`` (native EP) and ``ort.min.mjs`` (JSEP), all on SwiftShader
+(`docs/runtime-facts.md`, cited here as "runtime facts N").
 
 (a) placement, read from ORT's verbose log: every original falls back to the CPU EP with Memcpy nodes; every
     patched model has no CPU node and no Memcpy, and ORT's whole optimised graph is on the GPU EP (on node this
@@ -11,7 +12,7 @@ Runtimes: onnxruntime-node 1.30.0 (native WebGPU EP), onnxruntime-web 1.30.0 in 
     matches ORT CPU within 1e-5 (Conv on a GPU is not byte-identical to Conv on the CPU, ~9e-7); and on every
     runtime where the original runs, patched and original outputs are byte-identical. The original GatherND
     form does not run on JSEP (rank-5 GatherND shader): that must be reported as a failure.
-(c) RUNTIME_FACTS 4b, JSEP's mid-run-upload hazard: a minimal graph that JSEP computes wrongly without any error,
+(c) runtime facts 3, JSEP's mid-run-upload hazard: a minimal graph that JSEP computes wrongly without any error,
     while the native EP is exact; the patched fixtures have no MemcpyFromHost at all, so they cannot hit it.
 
 fp16 fixtures are measured for placement only: SwiftShader has no ``shader-f16``, so session creation fails on
@@ -176,7 +177,7 @@ class Lab:
 
 
 def repro_model(path: Path) -> Path:
-    """RUNTIME_FACTS 4b: table float32[660,8]; two int64[560] index vectors, each Cast(to=int32) -- on the CPU
+    """runtime facts 3: table float32[660,8]; two int64[560] index vectors, each Cast(to=int32) -- on the CPU
     EP under JSEP, which has no int64 Cast -- feeding its own Gather(axis=0) on the GPU."""
     nodes = [
         helper.make_node("Cast", ["idx0"], ["i0"], name="cast0", to=TensorProto.INT32),
@@ -367,7 +368,7 @@ def test_patched_is_byte_identical_to_original_on_the_same_runtime(lab: Lab, nam
 
 
 def test_original_gathernd_form_fails_on_jsep_and_says_so(lab: Lab) -> None:
-    """RUNTIME_FACTS 2/6: JSEP's GatherND shader does not compile for rank-5 data; with ort.env.debug the run is
+    """runtime facts 2 and 3: JSEP's GatherND shader does not compile for rank-5 data; with ort.env.debug the run is
     rejected, and the failure must reach Placement.run instead of a wrong mask."""
     m = lab.measured("decoder_gathernd", "original", "browser/jsep")
     p = m.placement
@@ -384,8 +385,8 @@ def test_original_gathernd_form_fails_on_jsep_and_says_so(lab: Lab) -> None:
 
 
 def test_jsep_mid_run_upload_hazard_is_still_there(lab: Lab) -> None:
-    """RUNTIME_FACTS 4b, measured: JSEP runs the repro without any error and returns table[idx0] as the second
-    output. If this fails because JSEP got it right, onnxruntime-web fixed the hazard: update RUNTIME_FACTS."""
+    """runtime facts 3, measured: JSEP runs the repro without any error and returns table[idx0] as the second
+    output. If this fails because JSEP got it right, onnxruntime-web fixed the hazard: update docs/runtime-facts.md."""
     f = lab.repro_feeds
     want0, want1 = f["table"][f["idx0"]], f["table"][f["idx1"]]
     assert np.count_nonzero((want0 != want1).any(axis=1)) > 500  # the two gathers really differ
@@ -437,3 +438,40 @@ def test_cpu_fallback_is_inside_every_deform_block_and_gone_after_the_patch(lab:
     assert all(before[k][0] > 0 and before[k][1] > 0 for k in blocks), before
     assert before[OUTSIDE] == (0, 0), before[OUTSIDE]
     assert set(after.values()) == {(0, 0)}, after
+
+
+# ------------------------------------------------------------------------ NaN / inf offsets on the GPU (issue 12)
+def poisoned_model(path: Path) -> Path:
+    """exporter_like's gathers (no Sum: the outputs are the gathered values themselves) with offsets that are NaN,
+    +inf, -inf or 1e30 at a quarter of the sampling points each, at run time (an Add of a constant to the input)."""
+    import graphs
+
+    model = graphs.exporter_like(H=6, W=7, C=4, P=64, with_sum=False)
+    poison = np.zeros((1, 1, 64, 2), np.float32)
+    poison[0, 0, 0::4, 0] = np.nan
+    poison[0, 0, 1::4, 1] = np.inf
+    poison[0, 0, 2::4, :] = -np.inf
+    poison[0, 0, 3::4, 0] = 1e30
+    for node in model.graph.node:
+        node.input[:] = ["offset_poisoned" if i == "offset" else i for i in node.input]
+    model.graph.initializer.append(onnx.numpy_helper.from_array(poison, "poison"))
+    model.graph.node.insert(0, helper.make_node("Add", ["offset", "poison"], ["offset_poisoned"], name="poison"))
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, path)
+    return path
+
+
+@pytest.mark.parametrize("runtime_id", list(RUNTIMES))
+def test_nan_and_inf_offsets_gather_the_same_elements_on_the_gpu_as_on_ort_cpu(tmp_path: Path, runtime_id: str):
+    """The float chain's NaN guard (`Where(x >= lo, Clip(x), lo)`) on the real WebGPU EPs: the patched model stays
+    entirely on the GPU, and its gathered values are the bytes ORT CPU gathers (where an index out of range is an
+    error), so every index the GPU used is the in-range one ORT CPU used."""
+    original = poisoned_model(tmp_path / "poisoned.onnx")
+    patched = tmp_path / "poisoned.patched.onnx"
+    report = ds.patch(original, patched)
+    assert report.written and not report.refused
+    runtime, bundle, _ = RUNTIMES[runtime_id]
+    p = measure_placement(patched, runtime=runtime, bundle=bundle or "webgpu", timeout=TIMEOUT, run=True)
+    assert p.session_ok and p.cpu_nodes == 0 and p.memcpy == 0, _numbers(p)
+    assert p.run is not None and p.run["ok"], p.run
+    assert p.run["outputs"] and all(o["identical"] for o in p.run["outputs"].values()), p.run["outputs"]

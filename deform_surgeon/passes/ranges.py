@@ -316,7 +316,13 @@ class RangeProver:
         return tuple(int(d) for d in shape)
 
     def constant(self, tensor: gs.Tensor) -> np.ndarray | None:
-        """Values of a tensor that is an initializer or the output of a Constant node, else None."""
+        """Values of a tensor that is an initializer or the output of a Constant node (also through Identity
+        nodes: torch's exporter shares equal initializers and gives each user an Identity of the one it kept,
+        e.g. BiRefNet's BatchNorm parameters), else None."""
+        for _ in range(8):
+            if len(tensor.inputs) != 1 or tensor.inputs[0].op != "Identity" or not tensor.inputs[0].inputs:
+                break
+            tensor = tensor.inputs[0].inputs[0]
         if isinstance(tensor, gs.Constant):
             return np.asarray(tensor.values)
         if len(tensor.inputs) == 1 and tensor.inputs[0].op == "Constant":
@@ -395,10 +401,9 @@ class RangeProver:
             return Bound(dtype, span, parts, -1 if parts else None)
         with np.errstate(invalid="ignore"):
             nan = bool(np.isnan(values).any())
-            finite = values[~np.isnan(values)] if nan else values
-            if finite.size == 0:
-                return Bound(dtype, Span(math.inf, -math.inf, nan=True, source=source))
-            return Bound(dtype, Span(float(finite.min()), float(finite.max()), nan=nan, source=source))
+            if nan:  # NaN bounds nothing: a Clip or Min/Max with a NaN operand, or a Cast of NaN, is undefined
+                return Bound(dtype, Span(-math.inf, math.inf, nan=True, source=f"{source} (holds NaN)"))
+            return Bound(dtype, Span(float(values.min()), float(values.max()), source=source))
 
     def _in(self, node: gs.Node, i: int) -> Bound | None:
         if i >= len(node.inputs) or (node.inputs[i].name == "" and not isinstance(node.inputs[i], gs.Constant)):

@@ -17,8 +17,11 @@ Exactness, node by node, of the float32 chain against the int64 original (each c
   `u + c` is below 2^24 and exact; otherwise `u + c` is beyond +-2^22 on the side of u's sign, float32
   rounding is monotone and 2^22 is representable, so both versions clip to the same bound. An unbounded
   value may therefore only reach a Clip like that (at most one small constant added on the way).
-The one place the two can differ: where `F` is NaN, infinite or beyond int64, the original `Cast` to int64
-is undefined behaviour (ONNX Runtime CPU gives INT64_MIN on x86) while float32 clips +inf to `hi`. No
+- NaN: a float Clip of NaN is NaN, and `Cast(NaN -> int32)` is out of range (INT32_MIN on ORT CPU), so a Clip of
+  a value not proven within +-2^24 is written `Where(x >= lo, Clip(x), lo)`: the same for every non-NaN x, `lo`
+  for NaN (as ORT CPU's original: INT64_MIN clipped to lo). Every index stays in range for every input.
+The one place the two can differ: where `F` is infinite or beyond int64, the original `Cast` to int64 is
+undefined behaviour (ONNX Runtime CPU gives INT64_MIN on x86) while float32 clips +inf to `hi`. No
 meaningful offset gets there (it means a sampling point more than 9.2e18 pixels away).
 """
 
@@ -171,10 +174,21 @@ class NarrowIndexChains:
         if bounds[0] > bounds[1]:
             raise Refuse(f"Clip '{node.name}' has min > max")
         x = self.translate(ctx, node.inputs[0])
+        lo = ctx.const(f"{base}/lo_f32", np.array(bounds[0], np.float32))
         out = ctx.var(f"{base}/f32", np.float32, None)
-        ctx.node("Clip", f"{base}/f32", [x.tensor, ctx.const(f"{base}/lo_f32", np.array(bounds[0], np.float32)),
-                                         ctx.const(f"{base}/hi_f32", np.array(bounds[1], np.float32))], [out])
-        return Translated(out, BOUNDED)
+        ctx.node("Clip", f"{base}/f32", [x.tensor, lo, ctx.const(f"{base}/hi_f32", np.array(bounds[1], np.float32))],
+                 [out])
+        if x.form == BOUNDED:  # proven within +-2^24, so not NaN: the Clip alone is in range
+            return Translated(out, BOUNDED)
+        # An unbounded integral float may be NaN (a NaN or infinite offset, an fp16 overflow). The int64 original
+        # casts it to some int64 and clips that into [lo, hi]; a float Clip of NaN is NaN, and Cast(NaN -> int32)
+        # is INT32_MIN on ORT CPU, an out-of-range index. `x >= lo` is false exactly for NaN among the values
+        # below lo or NaN, so `Where(x >= lo, Clip(x), lo)` is Clip(x) for every non-NaN x and lo for NaN.
+        keep = ctx.var(f"{base}/not_nan", np.bool_, None)
+        ctx.node("GreaterOrEqual", f"{base}/not_nan", [x.tensor, lo], [keep])
+        safe = ctx.var(f"{base}/f32_nan_safe", np.float32, None)
+        ctx.node("Where", f"{base}/nan_safe", [keep, out, lo], [safe])
+        return Translated(safe, BOUNDED)
 
     def _arith(self, ctx: Context, node: gs.Node, t: gs.Tensor, base: str) -> Translated:
         a, b = (self.translate(ctx, i) for i in node.inputs[:2])

@@ -43,7 +43,7 @@ apart, a partial broadcast) is refused with the reason.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -218,32 +218,54 @@ def _resolve_reshape(in_shape: tuple[int, ...], target: np.ndarray, allowzero: i
     return tuple(out)
 
 
+@dataclass
+class SplitPlan:
+    """What `patch` learned about the blocks from the whole model, for the next run of the pass on a fresh lift.
+
+    Why: the pass sees only the deform regions, while two of its decisions depend on the whole model: how many
+    chunks a block needs for the peak of live tensors to fit `--max-memory` (budget's measure of the whole patched
+    model), and whether a split Conv is exact where ORT optimises the whole graph (a verification of the whole
+    patched model). `patch` measures them and runs the pass again with this plan.
+    """
+
+    min_chunks: dict[str, int] = field(default_factory=dict)  # Conv name -> chunks --max-memory asks for
+    keep_whole: dict[str, str] = field(default_factory=dict)  # Conv name -> why its chunks are not shown exact
+    chunks: dict[str, int] = field(default_factory=dict)  # Conv name -> chunks made (written by the pass)
+    checked: dict[tuple, str | None] = field(default_factory=dict)  # isolated Conv checks, by Conv and chunks
+
+
 class SplitBlocks:
-    """Split each deformable-conv block whose tensors exceed `--max-buffer` into the fewest row chunks that fit."""
+    """Split each deformable-conv block whose tensors exceed `--max-buffer` into the fewest row chunks that fit
+    (or into as many as `plan.min_chunks` asks for, for `--max-memory`)."""
 
     name = "split"
 
+    def __init__(self, plan: SplitPlan | None = None) -> None:
+        self.plan = plan if plan is not None else SplitPlan()
+
     def run(self, ctx: Context) -> list[Action]:
         limit = getattr(ctx.options, "max_buffer", None)
-        if limit is None:
+        if limit is None and not self.plan.min_chunks:
             return []
         shapes = Shapes(ctx)
         actions = []
         for block, why in self.find_blocks(ctx, shapes):
             biggest = self._largest(block, shapes)
-            if biggest is None or biggest[0] <= limit:
+            want = self.plan.min_chunks.get(block.conv.name, 1) if block.conv is not None else 1
+            over = biggest is not None and limit is not None and biggest[0] > limit
+            if not over and want <= 1:
                 continue  # nothing of this block is over the limit (or its size is unknown): leave it alone
             if why is None:
                 try:
-                    actions.append(self.rewrite(ctx, block, shapes, limit))
+                    actions.append(self.rewrite(ctx, block, shapes, limit, want))
                     continue
                 except Refuse as exc:
                     why = str(exc)
             name = block.conv.name if block.conv is not None else block.seeds[0].name
             op = block.conv.op if block.conv is not None else block.seeds[0].op
-            actions.append(Action(self.name, name, op, REFUSED,
-                                  f"block not split ({fmt_bytes(biggest[0])} tensor '{biggest[1]}' stays over the "
-                                  f"{fmt_bytes(limit)} limit): {why}"))
+            what = (f"{fmt_bytes(biggest[0])} tensor '{biggest[1]}' stays over the {fmt_bytes(limit)} limit"
+                    if over else f"--max-memory asked for {want} chunks")
+            actions.append(Action(self.name, name, op, REFUSED, f"block not split ({what}): {why}"))
         return actions
 
     # -- finding blocks ----------------------------------------------------------------------------------------
@@ -406,7 +428,9 @@ class SplitBlocks:
         block.layout, block.side = layout, side
 
     # -- the rewrite -------------------------------------------------------------------------------------------
-    def rewrite(self, ctx: Context, block: Block, shapes: Shapes, limit: int) -> Action:
+    def rewrite(self, ctx: Context, block: Block, shapes: Shapes, limit: int | None, want: int = 1) -> Action:
+        """Split `block` into the fewest row chunks whose tensors fit `limit` (None: no limit), and into at least
+        `want` chunks (what `--max-memory` asks for)."""
         self.layout(ctx, block, shapes)
         h = block.rows
         half = sorted({str(shapes.dtype(t)) for n in block.nodes for t in [*n.inputs, *n.outputs]
@@ -424,11 +448,11 @@ class SplitBlocks:
             if size is None:
                 raise Refuse(f"size of '{t.name}' is not known statically")
             per_row.append((size, t))
-        fit = min(limit * h // size for size, _ in per_row)
+        fit = h if limit is None else min(limit * h // size for size, _ in per_row)
         if fit < 1:
             size, t = max(per_row, key=lambda p: p[0])
             raise Refuse(f"one output row of '{t.name}' alone needs {fmt_bytes(size // h)}, more than the limit")
-        n = math.ceil(h / fit)
+        n = max(math.ceil(h / fit), min(want, h))
         base, extra = divmod(h, n)
         counts = [base + (1 if c < extra else 0) for c in range(n)]
         before_size, before_tensor = max(per_row, key=lambda p: p[0])  # the first in topological order
@@ -445,7 +469,18 @@ class SplitBlocks:
         sink, conv = block.sink, block.conv
         sink_size = shapes.nbytes(sink)
         tail = self._tail(ctx, conv, shapes)
-        why_whole = self._conv_split_refusal(ctx, block, tail, shapes, counts) if sink_size > limit else ""
+        # the Conv is split too when its whole input would be over the limit, or would undo a --max-memory split
+        # (the joined input is as large as the tensors the chunks were made to avoid)
+        over = limit is not None and sink_size > limit
+        why_whole = ""
+        if over or want > 1:
+            why_whole = self.plan.keep_whole.get(conv.name)
+            if why_whole is None:
+                key = (conv.name, tuple(counts))
+                if key not in self.plan.checked:
+                    self.plan.checked[key] = self._conv_split_refusal(ctx, block, tail, shapes, counts)
+                why_whole = self.plan.checked[key]
+        needs_verify = why_whole is None
         if why_whole is None:
             end = (tail[-1] if tail else conv).outputs[0]
             joined = [self._chunk_tail(ctx, conv, tail, shapes, c, chunk, rows)
@@ -454,23 +489,28 @@ class SplitBlocks:
                 node.outputs.clear()
             ctx.node("Concat", f"{conv.name}/split/join", joined, [end], {"axis": 2})
             carried = "".join(f" -> {node.op}" for node in tail)
+            because = "would be over the limit" if over else "would hold the whole block again (--max-memory)"
             verdict = (f"the Conv{carried} is split into the same chunks (its input '{sink.name}', "
-                       f"{fmt_bytes(sink_size)}, would be over the limit; checked byte-identical on ORT CPU for "
-                       "these shapes)")
+                       f"{fmt_bytes(sink_size)}, {because}); the chunks alone give the whole chain's bytes on ORT CPU "
+                       "(levels none and all), but ORT optimises a whole graph differently, so the whole patched "
+                       "model is verified before it is written")
         else:
             sink.inputs[0].outputs.clear()
             ctx.node("Concat", f"{conv.name}/split/join", chunks, [sink], {"axis": 2})
-            verdict = (f"Conv input '{sink.name}' ({fmt_bytes(sink_size)}) stays whole, within the limit"
-                       if sink_size <= limit else
-                       f"Conv input '{sink.name}' ({fmt_bytes(sink_size)}) stays whole and REMAINS OVER the limit: "
-                       f"{why_whole}")
+            verdict = (f"Conv input '{sink.name}' ({fmt_bytes(sink_size)}) stays whole"
+                       + (", within the limit" if not over else " and REMAINS OVER the limit")
+                       + (f": {why_whole}" if why_whole else ""))
         new_nodes = tuple(x.name for x in ctx.graph.nodes[first:])
+        self.plan.chunks[conv.name] = n
 
+        asked = f"; --max-memory asked for {want}" if want > 1 else ""
+        shown = fmt_bytes(limit) if limit else "(no --max-buffer)"
         reason = (f"split into {n} chunks of {'/'.join(str(x) for x in sorted(set(counts), reverse=True))} "
                   f"output rows (of {h}) along the sampling points ({len(block.seeds)} gathers, {len(block.nodes)} "
                   f"nodes per chunk): largest tensor {fmt_bytes(before_size)} ('{before_name}') -> "
-                  f"{fmt_bytes(after_size)} per chunk, limit {fmt_bytes(limit)}; {verdict}")
-        return Action(self.name, block.conv.name, block.conv.op, REWRITTEN, reason, new_nodes)
+                  f"{fmt_bytes(after_size)} per chunk, limit {shown}{asked}; "
+                  f"{verdict}")
+        return Action(self.name, block.conv.name, block.conv.op, REWRITTEN, reason, new_nodes, needs_verify)
 
     @staticmethod
     def _tail(ctx: Context, conv: gs.Node, shapes: Shapes) -> list[gs.Node]:

@@ -2,6 +2,7 @@
 //
 // Usage: node browser_harness.mjs --model M.onnx --out RESULT.json --bundle webgpu|jsep|all
 //          [--io DIR --run] [--user-data-dir DIR] [--chromium /usr/bin/chromium] [--external '["a.data"]']
+//          [--limits '{"maxStorageBuffersPerShaderStage": 8, ...}']  (the device profile to apply)
 //          [--jsep-debug 0|1]  (default 1 for the JSEP bundles jsep/all: ort.env.debug = true)
 //          [--watch-stdin]     (stop everything when stdin closes: the Python caller died)
 //
@@ -28,7 +29,7 @@ const BUNDLES = {
   all: { file: 'ort.all.min.mjs', debug: true }, // JSEP as well, plus webgl/wasm
 };
 
-// RUNTIME_FACTS section 6: without --enable-unsafe-webgpu there is no adapter in headless Chromium on Linux.
+// docs/runtime-facts.md section 6: without --enable-unsafe-webgpu there is no adapter in headless Chromium on Linux.
 const CHROMIUM_FLAGS = [
   '--headless',
   '--no-sandbox',
@@ -257,6 +258,8 @@ async function main() {
       // --jsep-debug 0 exists only to demonstrate the silent failure mode; the default is the safe setting.
       debug: args['jsep-debug'] === undefined ? bundle.debug : args['jsep-debug'] !== '0',
       run: Boolean(args.run),
+      // The device profile: the page requests its device with these limits and reports them as the adapter's.
+      limits: args.limits ? JSON.parse(args.limits) : null,
       externalData: external,
       inputs: args.run ? readInputsMeta(io) : [],
     };

@@ -2,7 +2,7 @@
 // creates a session on WebGPU with the verbose log on, optionally runs it, and returns a JSON-able result.
 //
 // Why hooks on GPUAdapter.requestDevice: on JSEP a WGSL compile failure surfaces only as an *uncaptured* WebGPU
-// error (RUNTIME_FACTS section 6), and session.run() still resolves. Listening for `uncapturederror` on every
+// error (docs/runtime-facts.md section 3), and session.run() still resolves. Listening for `uncapturederror` on every
 // device that the page creates (ORT's included) is the only way to see it as data rather than as a console line.
 
 import { bytesOfData, describeAdapter, errorText, typedFromBytes } from '/harness_shared.mjs';
@@ -30,6 +30,40 @@ function hookDevices() {
   };
 }
 
+// Limits where a smaller number is the better one: a device with a profile's limits has the larger of the two.
+const ALIGNMENTS = new Set(['minUniformBufferOffsetAlignment', 'minStorageBufferOffsetAlignment']);
+
+/**
+ * Makes the page behave like a device with the profile's limits (never beyond what the real adapter offers):
+ * `adapter.limits` reports them, so ORT sizes its work to them, and every `requestDevice` asks for exactly them,
+ * so WebGPU validation enforces them ("exceeds the maximum per-stage limit") as it would on a user's GPU.
+ * Returns the limits applied.
+ */
+function applyProfile(adapter, profile) {
+  const real = adapter.limits;
+  const applied = {};
+  for (const [key, value] of Object.entries(profile)) {
+    if (!(key in real)) continue;
+    const a = Number(real[key]);
+    applied[key] = ALIGNMENTS.has(key) ? Math.max(value, a) : Math.min(value, a);
+  }
+  const limitsGetter = Object.getOwnPropertyDescriptor(GPUAdapter.prototype, 'limits').get;
+  Object.defineProperty(GPUAdapter.prototype, 'limits', {
+    configurable: true,
+    get() {
+      const own = limitsGetter.call(this);
+      const view = {};
+      for (const key in own) view[key] = key in applied ? applied[key] : own[key];
+      return view;
+    },
+  });
+  const request = GPUAdapter.prototype.requestDevice;
+  GPUAdapter.prototype.requestDevice = function (descriptor = {}) {
+    return request.call(this, { ...descriptor, requiredLimits: { ...applied } });
+  };
+  return applied;
+}
+
 async function adapterInfo() {
   if (!('gpu' in navigator)) return { adapter: null, error: 'navigator.gpu is missing (WebGPU disabled?)' };
   const adapter = await navigator.gpu.requestAdapter();
@@ -44,13 +78,17 @@ async function fetchBytes(url) {
   return r.arrayBuffer();
 }
 
-/** cfg: {bundle, bundleFile, debug, run, externalData: [path], inputs: [{name, dtype, dims, file}]} */
+/** cfg: {bundle, bundleFile, debug, run, limits, externalData: [path], inputs: [{name, dtype, dims, file}]} */
 window.runHarness = async function runHarness(cfg) {
-  hookDevices();
-  const result = { session_ok: false, error: null, adapter: null, adapter_note: null, timings: {}, run: null, versions: {} };
+  const result = { session_ok: false, error: null, adapter: null, adapter_note: null, timings: {}, run: null, versions: {},
+    applied_limits: null };
   const probe = await adapterInfo();
   result.adapter = probe.adapter;
   if (probe.error) result.adapter_note = probe.error;
+  if (cfg.limits && probe.adapter) {
+    result.applied_limits = applyProfile(await navigator.gpu.requestAdapter(), cfg.limits);
+  }
+  hookDevices(); // after applyProfile: every device the page creates reports its errors
 
   progress(`importing /ort/${cfg.bundleFile}`);
   const ort = await import(`/ort/${cfg.bundleFile}`);

@@ -61,6 +61,14 @@ def register_cli(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the generated inputs (default 0)")
     p.add_argument(
+        "--device-profile",
+        default=None,
+        metavar="NAME|FILE.json",
+        help="the device the model must fit: spec-default (default: the WebGPU spec's limits, what a page gets "
+        "unless it asks for more), adapter (this machine's adapter), or a --device-limits-out file; nodes and "
+        "tensors beyond it are reported, and the browser page requests its device with these limits",
+    )
+    p.add_argument(
         "--device-limits-out",
         metavar="FILE.json",
         help="write the WebGPU adapter info and limits to FILE.json",
@@ -112,6 +120,14 @@ def run_placement_command(args: argparse.Namespace) -> int:
         _err("--timeout must be positive")
         return 2
 
+    from ..device import resolve_profile
+    from ..errors import SurgeonError
+
+    try:
+        profile = resolve_profile(args.device_profile)
+    except SurgeonError as e:
+        _err(e.one_line())
+        return 2
     results: list[Placement] = []
     for i, m in enumerate(models):
         label = ("original" if i == 0 else "patched") if args.compare else Path(m).name
@@ -125,6 +141,7 @@ def run_placement_command(args: argparse.Namespace) -> int:
                     seed=args.seed,
                     timeout=args.timeout,
                     progress=_Progress(label),
+                    profile=profile,
                     log_out=(
                         None if not args.log else (args.log if len(models) == 1 else f"{args.log}.{label}")
                     ),
@@ -182,6 +199,31 @@ def _adapter_line(a: dict[str, Any] | None) -> str:
     )
 
 
+def _profile_lines(p: Placement) -> list[str]:
+    """Which device profile was applied, and every node or tensor beyond it."""
+    if not p.device_profile:
+        return []
+    lim = p.device_profile["limits"]
+    how = "requested by the page" if p.applied_limits else "checked statically"
+    lines = [f"profile: {p.device_profile['name']} ({how}): maxStorageBuffersPerShaderStage "
+             f"{lim['maxStorageBuffersPerShaderStage']}, maxBufferSize {lim['maxBufferSize']}, "
+             f"maxStorageBufferBindingSize {lim['maxStorageBufferBindingSize']}"]
+    v = p.limit_violations
+    if not v:
+        lines.append("over device limits: none")
+        return lines
+    lines.append(f"OVER DEVICE LIMITS: {len(v)} (the model cannot run on a device with this profile; "
+                 "`deform-surgeon patch` fits the storage buffers, `--max-buffer` splits deform blocks over a size)")
+    for x in v[:10]:
+        if x["kind"] == "storage_buffers":
+            lines.append(f"  {x['op']} '{x['node']}' binds {x['count']} storage buffers > {x['limit']}")
+        else:
+            lines.append(f"  tensor '{x['tensor']}' ({x['producer']}) is {x['bytes']} bytes > {x['limit']}")
+    if len(v) > 10:
+        lines.append(f"  ... {len(v) - 10} more (--json FILE lists all)")
+    return lines
+
+
 def _where(p: Placement) -> str:
     return p.runtime if p.runtime == "node" else f"browser/{p.bundle}"
 
@@ -196,6 +238,7 @@ def format_placement(p: Placement) -> str:
     if p.error:
         lines.append(f"error:   {p.error}")
     lines.append(_adapter_line(p.adapter))
+    lines += _profile_lines(p)
     if p.placement_logged:
         per = ", ".join(f"{ep} {n}" for ep, n in p.nodes_by_provider.items())
         lines.append(f"nodes:   {p.total_nodes} ({per})")
@@ -276,6 +319,7 @@ def format_comparison(a: Placement, b: Placement) -> str:
         ("CPU nodes", str(a.cpu_nodes), str(b.cpu_nodes)),
         ("Memcpy nodes", str(a.memcpy), str(b.memcpy)),
         ("no WebGPU kernel", str(len(a.kernel_not_found)), str(len(b.kernel_not_found))),
+        ("over device limits", str(len(a.limit_violations)), str(len(b.limit_violations))),
     ]
     if a.run is not None or b.run is not None:
 

@@ -41,11 +41,15 @@ class Placement:
     timings: dict[str, float] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    device_profile: dict[str, Any] | None = None  # {name, source, limits} the model was checked against
+    applied_limits: dict[str, int] | None = None  # what the browser page requested its device with (None: node)
+    limit_violations: list[dict[str, Any]] = field(default_factory=list)  # nodes / tensors beyond the profile
 
     @property
     def ok(self) -> bool:
-        """True when the session was created and, if a run was asked for, the run succeeded."""
-        return self.session_ok and (self.run is None or bool(self.run.get("ok")))
+        """True when the session was created, no node exceeds the device profile and, if a run was asked for,
+        the run succeeded: a model with a node over the device's limits is not resident, whatever ORT placed."""
+        return self.session_ok and not self.limit_violations and (self.run is None or bool(self.run.get("ok")))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

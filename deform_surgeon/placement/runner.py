@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from ..device import DeviceProfile, resolve_profile
 from .logparse import CPU_EP, parse_ort_log
 from .result import Placement
 
@@ -202,7 +203,7 @@ def compare_outputs(
 ) -> dict[str, dict[str, Any]]:
     """Byte-for-byte comparison of every reference output, plus the largest absolute difference.
 
-    Bytes, not values: ``-0.0`` vs ``+0.0`` and NaN payloads are differences here (RUNTIME_FACTS section 5:
+    Bytes, not values: ``-0.0`` vs ``+0.0`` and NaN payloads are differences here (docs/runtime-facts.md section 5:
     zero tolerance is not bit identity). ``max_abs_diff`` is over positions where both values are finite;
     positions where exactly one side is non-finite (or both, but different) are counted in
     ``nonfinite_mismatch``.
@@ -316,8 +317,9 @@ def _sweep(marker: str) -> None:
 def _run_harness(
     cmd: list[str], env: dict[str, str], log_path: Path, timeout: float, progress: Progress, marker: str
 ) -> tuple[int | None, str | None, str]:
-    """Runs one harness; returns (exit code or None, error text for timeout/interrupt, last progress text)."""
+    """Runs one harness; returns (exit code or None, error text for timeout/interrupt, the progress steps)."""
     last = {"text": "starting"}
+    steps: list[str] = []
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             cmd,
@@ -336,6 +338,7 @@ def _run_harness(
                 if text.startswith("@@progress "):
                     text = text[len("@@progress ") :]
                     last["text"] = text
+                    steps.append(text)
                 if progress is not None:
                     progress(text)
 
@@ -344,11 +347,11 @@ def _run_harness(
         try:
             rc = proc.wait(timeout=timeout)
             reader.join(timeout=5)
-            return rc, None, last["text"]
+            return rc, None, steps
         except subprocess.TimeoutExpired:
             step = last["text"]
             _stop_group(proc)
-            return None, f"timed out after {timeout:g} s (last step: {step})", step
+            return None, f"timed out after {timeout:g} s (last step: {step})", steps
         finally:
             _stop_group(proc)
             _sweep(marker)
@@ -386,6 +389,7 @@ def measure_placement(
     log_out: str | os.PathLike[str] | None = None,
     jsep_debug: bool = True,
     feeds: dict[str, np.ndarray] | None = None,
+    profile: DeviceProfile | str | None = None,
 ) -> Placement:
     """Creates a session for ``model_path`` on a real WebGPU EP and reports where ORT placed every node.
 
@@ -394,7 +398,10 @@ def measure_placement(
     "jsep" or "all" (both JSEP). With ``run=True`` seeded inputs (or ``feeds``) are run there and on ORT CPU
     in Python and compared byte for byte; a run that reports any uncaptured WebGPU error counts as failed even
     if ``session.run()`` resolved. ``jsep_debug=False`` only exists to demonstrate JSEP's silent failure mode.
-    ``log_out`` keeps a copy of the raw ORT log. Raises FileNotFoundError / ValueError for bad input and
+    ``log_out`` keeps a copy of the raw ORT log. ``profile`` (default ``spec-default``) is the device the model
+    must fit: every node and tensor beyond its limits is reported in ``limit_violations`` (and the placement is
+    not ok); in the browser the page requests its device with the profile's limits, so a run fails where a
+    user's GPU with those limits fails. Raises FileNotFoundError / ValueError for bad input and
     :class:`SetupMissing` when the runtimes are not installed; runtime failures are returned, never raised.
     """
     t_start = time.monotonic()
@@ -414,8 +421,13 @@ def measure_placement(
     msg = missing_setup(runtime)
     if msg:
         raise SetupMissing(msg)
+    profile = resolve_profile(profile)
+    violations = limit_violations(model, profile, runtime, bundle)
 
     notes: list[str] = []
+    if runtime == "node":
+        notes.append(f"device profile '{profile.name}' checked statically: onnxruntime-node creates its own "
+                     "WebGPU device with the adapter's limits, so a run there shows the adapter's limits")
     tmp = Path(tempfile.mkdtemp(prefix="ds-placement-"))
     try:
         io_dir = tmp / "io"
@@ -432,11 +444,13 @@ def measure_placement(
         if runtime != "node":
             cmd += ["--bundle", str(bundle), "--chromium", str(CHROMIUM), "--user-data-dir",
                     str(tmp / "chromium-profile"), "--external", json.dumps(external_data_files(header)),
-                    "--jsep-debug", "1" if jsep_debug else "0"]
+                    "--jsep-debug", "1" if jsep_debug else "0", "--limits", json.dumps(profile.limits)]
         if run:
             cmd += ["--io", str(io_dir), "--run"]
         cmd.append("--watch-stdin")
-        rc, fail, _last = _run_harness(cmd, _harness_env(tmp), log_path, timeout, progress, marker=str(tmp))
+        rc, fail, steps = _run_harness(cmd, _harness_env(tmp), log_path, timeout, progress, marker=str(tmp))
+        # a run that timed out after the session was created: the session is reported as what it was
+        created = next((s for s in steps if s.startswith("session created in")), None) if fail else None
 
         raw: dict[str, Any] = {}
         if out_json.exists():
@@ -450,10 +464,12 @@ def measure_placement(
         error = raw.get("error")
         if fail:
             error = f"{fail}; {error}" if error else fail
+            if created:
+                error = f"{created}, then the run {fail}"
         elif not raw:
             tail = "\n".join(log_text.strip().splitlines()[-5:])
             error = f"harness exited with code {rc} and wrote no result: {tail}"
-        session_ok = bool(raw.get("session_ok")) and not fail
+        session_ok = (bool(raw.get("session_ok")) and not fail) or created is not None
 
         summary = parse_ort_log(log_text.splitlines())
         if raw.get("adapter_note"):
@@ -476,6 +492,11 @@ def measure_placement(
 
         timings = {k: float(v) for k, v in (raw.get("timings") or {}).items()}
         timings["total_s"] = time.monotonic() - t_start
+        if created and "session_create_s" not in timings:
+            try:
+                timings["session_create_s"] = float(created.split()[3])  # "session created in 2.34 s"
+            except (IndexError, ValueError):
+                pass
         return Placement(
             runtime=runtime,
             bundle=bundle,
@@ -498,9 +519,49 @@ def measure_placement(
             timings=timings,
             versions={k: str(v) for k, v in (raw.get("versions") or {}).items() if v is not None},
             notes=notes,
+            device_profile=profile.to_dict(),
+            applied_limits=raw.get("applied_limits"),
+            limit_violations=violations,
         )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def probe_adapter(timeout: float = 60.0) -> tuple[dict[str, Any] | None, str | None]:
+    """(adapter description, None) of the WebGPU adapter a Dawn instance in Node gets here, or (None, error)."""
+    msg = missing_setup("node")
+    if msg:
+        return None, msg
+    tmp = Path(tempfile.mkdtemp(prefix="ds-probe-"))
+    try:
+        r = subprocess.run(["node", str(PKG_DIR / "adapter_probe_node.mjs")], capture_output=True, text=True,
+                           env=_harness_env(tmp), cwd=str(PKG_DIR), timeout=timeout)
+        doc = json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else {}
+    except (subprocess.TimeoutExpired, ValueError, OSError) as e:
+        return None, f"adapter probe failed: {e}"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return doc.get("adapter"), doc.get("error") or (None if doc.get("adapter") else "no adapter")
+
+
+def limit_violations(model: Path, profile: DeviceProfile, runtime: str, bundle: str | None) -> list[dict[str, Any]]:
+    """Every node and tensor of `model` beyond `profile`'s limits, from the graph (`deform-surgeon budget`).
+
+    Why statically: ORT places nodes at session creation, but a kernel over the device's limits fails only when it
+    runs. Storage buffers per shader stage and maxBufferSize apply to every EP; maxStorageBufferBindingSize only to
+    JSEP (the native EP binds a larger buffer in segments)."""
+    from ..budget import analyze
+
+    report = analyze(model, profile.max_buffer, profile.max_binding, storage_buffers=profile.storage_buffers)
+    out: list[dict[str, Any]] = [
+        {"kind": "storage_buffers", "node": n.node, "op": n.op, "count": n.buffers,
+         "limit": f"maxStorageBuffersPerShaderStage {n.limit}"} for n in report.over_storage]
+    out += [{"kind": "buffer_size", "tensor": t.name, "producer": t.producer, "bytes": t.nbytes,
+             "limit": f"maxBufferSize {profile.max_buffer}"} for t in report.over_buffer]
+    if runtime == "browser" and bundle in ("jsep", "all"):
+        out += [{"kind": "binding_size", "tensor": t.name, "producer": t.producer, "bytes": t.nbytes,
+                 "limit": f"maxStorageBufferBindingSize {profile.max_binding}"} for t in report.over_binding]
+    return out
 
 
 def _model_op_histogram(model: Any) -> dict[str, int]:

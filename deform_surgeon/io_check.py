@@ -1,0 +1,222 @@
+"""Which files a command reads and writes, checked before any work: no write may land on a read.
+
+Why one module: `patch`, `inspect`, `verify`, `budget` and `batch` all write something (OUT, OUT's external data
+file `<OUT>.data`, a JSON report, a summary) and read something (the models and every external data file they
+name). A write target that is one of those inputs (by any spelling: `..`, a symlink, a hard link), that is
+another write target of the same command, or that is not a regular file (`/dev/null`, a FIFO, a folder) would
+destroy data or hang, and is refused here, before any work, as one line naming the file (exit 2).
+
+The external data files a model names are found by a scan of its protobuf wire format that reads the initializer
+headers and seeks over their bytes (a 190 MB model is scanned in milliseconds, where `onnx.load` takes a second).
+The scan only widens what is refused; `model_io.load_model` checks the references themselves afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from .errors import SurgeonError
+from .model_io import external_data_path
+
+# field numbers and wire types of onnx.proto (ModelProto.graph, GraphProto.initializer, TensorProto.external_data,
+# StringStringEntryProto.key/value)
+_MODEL_GRAPH, _GRAPH_INITIALIZER, _TENSOR_EXTERNAL_DATA, _ENTRY_KEY, _ENTRY_VALUE = 7, 5, 13, 1, 2
+_VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
+_SMALL = 1 << 20  # a message up to this size is read at once; longer ones are walked with seeks
+
+
+class _Truncated(Exception):
+    pass
+
+
+def _varint(fh) -> int:
+    shift = result = 0
+    while True:
+        b = fh.read(1)
+        if not b:
+            raise _Truncated
+        result |= (b[0] & 0x7F) << shift
+        if not b[0] & 0x80:
+            return result
+        shift += 7
+        if shift > 63:
+            raise _Truncated
+
+
+def _fields(fh, end: int) -> Iterable[tuple[int, int, int]]:
+    """(field number, wire type, value or length) of each field up to `end`; a length-delimited field's bytes
+    start at the current position and must be read or skipped by the caller."""
+    while fh.tell() < end:
+        key = _varint(fh)
+        number, wire = key >> 3, key & 7
+        if wire == _VARINT:
+            yield number, wire, _varint(fh)
+        elif wire == _I64:
+            fh.seek(8, os.SEEK_CUR)
+        elif wire == _I32:
+            fh.seek(4, os.SEEK_CUR)
+        elif wire == _LEN:
+            n = _varint(fh)
+            start = fh.tell()
+            yield number, wire, n
+            fh.seek(start + n)
+        else:
+            raise _Truncated
+
+
+def external_locations(model_path: str | Path) -> list[str]:
+    """The `location` of every external tensor among the main graph's initializers (the only place `load_model`
+    accepts external data), read from the file's wire format. A malformed file gives what was found before the
+    fault (`load_model` then refuses the file)."""
+    found: list[str] = []
+    try:
+        with open(model_path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            for number, wire, n in _fields(fh, size):
+                if number != _MODEL_GRAPH or wire != _LEN:
+                    continue
+                for g_number, g_wire, g_n in _fields(fh, fh.tell() + n):
+                    if g_number != _GRAPH_INITIALIZER or g_wire != _LEN:
+                        continue
+                    for t_number, t_wire, t_n in _fields(fh, fh.tell() + g_n):
+                        if t_number != _TENSOR_EXTERNAL_DATA or t_wire != _LEN or t_n > _SMALL:
+                            continue
+                        entry: dict[int, bytes] = {}
+                        end = fh.tell() + t_n
+                        for e_number, e_wire, e_n in _fields(fh, end):
+                            if e_wire == _LEN and e_n <= _SMALL:
+                                pos = fh.tell()
+                                entry[e_number] = fh.read(e_n)
+                                fh.seek(pos)
+                        if entry.get(_ENTRY_KEY) == b"location" and _ENTRY_VALUE in entry:
+                            found.append(entry[_ENTRY_VALUE].decode("utf-8", "replace"))
+    except (_Truncated, OSError):
+        pass
+    return sorted(set(found))
+
+
+def _keys(path: Path) -> set:
+    """Every identity of a path: its absolute spelling, its real path and, if it exists, its inode."""
+    keys: set = {os.path.abspath(path)}
+    try:
+        keys.add(str(path.resolve()))
+        st = path.stat()
+        keys.add((st.st_dev, st.st_ino))
+    except (OSError, RuntimeError):
+        pass
+    return keys
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def require_regular_input(path: str | Path) -> None:
+    """An input that exists must be a regular file: reading a FIFO or a device would hang or never end."""
+    try:
+        mode = Path(path).stat().st_mode
+    except OSError:
+        return  # missing: load_model names it
+    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        raise SurgeonError(path, f"is {_kind(mode)}, not a regular file", "give an .onnx file")
+
+
+class FilePlan:
+    """The files one command (or one batch) reads and writes; `read_model` and `write` refuse any overlap."""
+
+    def __init__(self) -> None:
+        self.reads: dict[object, str] = {}
+        self.writes: dict[object, tuple[str, Path]] = {}
+
+    def read_model(self, model_path: str | Path, label: str | None = None) -> list[Path]:
+        """Register a model and its external data files as read; returns those data files."""
+        path = Path(model_path)
+        require_regular_input(path)
+        if not path.is_file():
+            return []  # missing or a folder: load_model names the problem
+        label = label or f"the input model {path}"
+        for key in _keys(path):
+            self.reads.setdefault(key, label)
+        data = [path.parent / loc for loc in external_locations(path)]
+        for file in data:
+            for key in _keys(file):
+                self.reads.setdefault(key, f"an external data file of {path}")
+        return data
+
+    def read(self, path: str | Path, label: str) -> None:
+        """Register another file the command reads (e.g. a limits JSON)."""
+        for key in _keys(Path(path)):
+            self.reads.setdefault(key, label)
+
+    def write(self, role: str, target: str | Path) -> Path:
+        """Register `target` as written (as `role`, e.g. "OUT" or "--report"), or raise `SurgeonError`."""
+        target = Path(target)
+        try:
+            mode = target.stat().st_mode
+        except OSError:
+            mode = None
+        if mode is not None and not stat.S_ISREG(mode):
+            raise SurgeonError(target, f"{role} is {_kind(mode)}, not a regular file: it would be replaced by one",
+                               "give a new file name or a regular file")
+        keys = _keys(target)
+        for key in keys:
+            if key in self.reads:
+                what = self.reads[key]
+                if what.startswith("the input model"):
+                    raise SurgeonError(target, f"{role} is {what}", "choose another name; inputs are never modified")
+                raise SurgeonError(target, f"{role} would overwrite the input's data: it is {what}",
+                                   "choose another name; inputs are never modified")
+            if key in self.writes:
+                other, _ = self.writes[key]
+                raise SurgeonError(target, f"{role} is also {other}: one would overwrite the other",
+                                   "give each output its own name")
+        folder = target.parent
+        if not folder.exists():
+            raise SurgeonError(target, f"folder {folder} does not exist")
+        if not folder.is_dir():
+            raise SurgeonError(target, f"{folder} is not a folder, so {role} cannot be written there")
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise SurgeonError(target, f"folder {folder} is not writable")
+        for key in keys:
+            self.writes[key] = (role, target)
+        return target
+
+    def write_model(self, target: str | Path, external: bool, role: str = "OUT") -> None:
+        """An output model and, if the model keeps external data, its data file `<OUT>.data`."""
+        target = Path(target)
+        if target.is_dir():
+            raise SurgeonError(target, "output path is a folder; give a file name such as model.patched.onnx")
+        self.write(role, target)
+        if external:
+            self.write(f"{role}'s external data file", external_data_path(target))
+
+
+def check_io(models: Sequence[str | Path], out: str | Path | None = None,
+             others: Sequence[tuple[str, str | Path | None]] = (),
+             other_reads: Sequence[tuple[str, str | Path | None]] = ()) -> FilePlan:
+    """One command's files: refuse (one line, exit 2) any write target that is an input, another write target,
+    not a regular file, or in a folder that is missing or not writable. `out` is an output model (its data file
+    `<OUT>.data` is included when the first model keeps external data); `others` are (option, path) pairs such
+    as ("--report", "r.json"), None meaning not given."""
+    plan = FilePlan()
+    data = [plan.read_model(m) for m in models]
+    for label, path in other_reads:
+        if path is not None:
+            plan.read(path, label)
+    if out is not None:
+        plan.write_model(out, external=bool(data and data[0]))
+    for role, path in others:
+        if path is not None:
+            plan.write(role, path)
+    return plan
