@@ -161,6 +161,13 @@ class TypeTable(Mapping):
             self._done[name] = got
         return got
 
+    def elem_type(self, name: str) -> int:
+        """The element type alone (0 when unknown), without decoding the shape."""
+        proto = self._protos.get(name)
+        if proto is None:
+            return 0
+        return proto.data_type if isinstance(proto, onnx.TensorProto) else proto.type.tensor_type.elem_type
+
     def __contains__(self, name: object) -> bool:
         return name in self._protos
 
@@ -432,8 +439,13 @@ def _stubbed(graph: gs.Graph, weights: Weights | None) -> Iterator[None]:
 
 
 def _nbytes(t: onnx.TensorProto) -> int | None:
-    bits = _BITS.get(t.data_type)
-    return None if bits is None else (math.prod(t.dims) * bits + 7) // 8
+    return elem_nbytes(t.data_type, t.dims)
+
+
+def elem_nbytes(elem_type: int, shape) -> int | None:
+    """Bytes of a tensor of this element type and (static) shape; None for an element type of unknown size."""
+    bits = _BITS.get(elem_type)
+    return None if bits is None else (math.prod(shape) * bits + 7) // 8
 
 
 def _is_external(t: onnx.TensorProto) -> bool:

@@ -17,6 +17,7 @@ import onnx_graphsurgeon as gs
 
 from .device import DeviceProfile, resolve_profile
 from .errors import SurgeonError, VerificationError
+from .fold import fold_static
 from .io_check import check_io
 from .model_io import (
     Weights,
@@ -40,6 +41,7 @@ from .passes.sum_chain import ChainSum
 from .pipeline import REWRITTEN, Context, Options, run_passes
 from .region import Region, find_region, region_model, splice
 from .report import PatchReport, op_histogram
+from .slices import split_to_slices
 from .verify import DEFAULT_ITERATIONS, check_verify_options
 from .verify import verify as verify_models
 
@@ -70,17 +72,21 @@ def _fewer_gc_passes() -> Iterator[None]:
 
 
 def _run(model_path: str | Path, options: Options, plan: SplitPlan | None = None) -> Lifted:
-    """Load, check and prove/rewrite, never copying weights: checker and shape inference see a weight-less copy,
-    only the deform regions are lifted into a graph (see region.py), stored weights as lazy constants."""
+    """Load, check, fold what is static, prove/rewrite, never copying weights: checker and shape inference see a
+    weight-less copy, the static float16 computations are folded and float16 Splits become Slices on the whole
+    model (fold.py, slices.py), only the deform regions are lifted into a graph (see region.py), stored weights
+    as lazy constants."""
     model = load_model(model_path)
     weights = split_weights(model, Path(model_path).parent)
     types = check_and_infer(model, model_path, weights)
+    ops_before = op_histogram(model)
+    whole = fold_static(model, types, weights) + split_to_slices(model, types)  # whole-model steps, in place
     region = find_region(model, options.storage_buffers)
     sub = region_model(model, region, types, set(weights.tensors))
     graph = import_graph(sub, weights)
     ctx = Context(graph, types, options, reserved=region.names)
-    actions = run_passes(ctx, default_passes(plan))
-    return Lifted(model, weights, region, sub, graph, actions)
+    actions = whole + run_passes(ctx, default_passes(plan))
+    return Lifted(model, weights, region, sub, graph, actions, ops_before)
 
 
 @dataclass
@@ -91,6 +97,7 @@ class Lifted:
     sub: onnx.ModelProto
     graph: gs.Graph
     actions: list
+    ops_before: dict[str, int]  # of the model as loaded (`model` has its static float16 computations folded)
     _patched: tuple[onnx.ModelProto, onnx.ModelProto] | None = None
 
     def patched(self) -> tuple[onnx.ModelProto, onnx.ModelProto]:
@@ -174,7 +181,7 @@ def inspect(model_path: str | Path, *, allow_unproven: bool = False, sum_mode: s
     options = _options(allow_unproven, sum_mode, max_buffer, max_memory, device_profile)
     lifted, memory = _lift(model_path, options, SplitPlan())
     note = "; ".join(x for x in ("inspect: dry run, nothing written", memory) if x)
-    return PatchReport(str(model_path), None, False, vars(options), op_histogram(lifted.model),
+    return PatchReport(str(model_path), None, False, vars(options), lifted.ops_before,
                        op_histogram(lifted.patched()[0]), lifted.actions, note=note)
 
 
@@ -209,7 +216,7 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
     stage("prove")
     plan = SplitPlan()
     lifted, memory = _lift(model_path, options, plan)
-    model, weights, actions, before = lifted.model, lifted.weights, lifted.actions, op_histogram(lifted.model)
+    model, weights, actions, before = lifted.model, lifted.weights, lifted.actions, lifted.ops_before
     if output_path is not None:
         check_external_output(output_path, model_path, weights)
     report = PatchReport(str(model_path), None if output_path is None else str(output_path), False,

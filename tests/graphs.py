@@ -168,6 +168,129 @@ def no_deform() -> onnx.ModelProto:
     return model
 
 
+INT64_MAX = np.iinfo(np.int64).max
+
+
+def swin_mask_fp16(tokens: int = 10, window: int = 7, shift: int = 3, heads: int = 2,
+                   fp16: bool = True) -> onnx.ModelProto:
+    """The shifted-window attention mask of one Swin stage, as BiRefNet's Swin backbone exports it (TorchScript,
+    opset 17) and onnxconverter-common converts it to fp16 (`keep_io_types=True`, then the Cast fix of
+    `make_birefnet.py`: a `Cast(to=FLOAT)` whose output the converter typed float16 targets FLOAT16).
+
+    Stands for `/bb/layers.N/...` of the real BiRefNet-lite fp16 export, whose nodes are all static for its fixed
+    input size: the padded size `ceil(H / window) * window` (the features' Shape -> Gather -> Cast(int64) ->
+    Cast(FLOAT16) -> Div -> Ceil -> Cast(int64) -> Mul: a float16 division that rounds, absorbed by the Ceil),
+    `img_mask = zeros(1, Hp, Wp, 1)` (ConstantOfShape), the nine `img_mask[:, h, w, :] = cnt` (TorchScript's
+    index_put: per dimension a Range over Shape -> Gather -> Cast, Slice, Reshape; the index broadcast through
+    Add -> Shape -> ConstantOfShape -> Mul -> Equal -> Where -> Expand -> Unsqueeze -> Concat; the update
+    ConstantOfShape -> Expand -> Reshape; ScatterND), `window_partition` (Shape -> Gather -> Div -> Cast ->
+    Reshape -> Transpose -> Reshape), and `mask_windows.unsqueeze(1) - mask_windows.unsqueeze(2)` with its two
+    `masked_fill`s (Sub -> Equal -> Not -> Cast(bool) -> Where, Equal -> Cast(bool) -> Where -> Cast). The op
+    sequence was compared with the real export's `/bb/layers.0` (tests/test_fold.py says how). The only
+    non-static parts are the features `x` float32 [1, H, W, 4] whose shape the sizes come from, and the attention
+    the mask is added to: input `scores` float32 [windows, heads, N, N] (N = window^2), both cast to fp16 as the
+    converter's `keep_io_types` does, plus the mask, Softmax, cast back to float32.
+
+    `fp16=False` gives the fp32 export of the same graph (which ORT folds by itself).
+    """
+    nodes, inits, const, node = _builder()
+    f = TensorProto.FLOAT16 if fp16 else TensorProto.FLOAT
+    fnp = np.float16 if fp16 else np.float32
+    count = iter(range(10**6))
+
+    def c(value, dtype=np.int64) -> str:  # a Constant node, as TorchScript emits them
+        name = f"/bb/layers.0/Constant_{next(count)}_output_0"
+        nodes.append(helper.make_node("Constant", [], [name], name=name[:-9],
+                                      value=numpy_helper.from_array(np.array(value, dtype=dtype), name)))
+        return name
+
+    def n(op: str, inputs: list[str], **attrs) -> str:
+        k = next(count)
+        out = f"/bb/layers.0/{op}_{k}_output_0"
+        nodes.append(helper.make_node(op, inputs, [out], name=f"/bb/layers.0/{op}_{k}", **attrs))
+        return out
+
+    def cos(shape: str, value, dtype) -> str:
+        return n("ConstantOfShape", [shape], value=numpy_helper.from_array(np.array([value], dtype=dtype)))
+
+    # Hp = ceil(H / window) * window from the features' shape, in float as the export has it: Shape -> Gather ->
+    # Cast(int64) -> Cast(FLOAT; FLOAT16 after the fix) -> Div -> Ceil -> Cast(int64) -> Mul. In float16, H / 7
+    # is rounded (10 / 7 = 1.4287 instead of 1.428571); Ceil gives 2 either way.
+    features = n("Cast", ["x"], to=f)
+    padded = []
+    for d in (1, 2):
+        size = n("Cast", [n("Gather", [n("Shape", [features]), c(d)], axis=0)], to=TensorProto.INT64)
+        size = n("Cast", [n("Ceil", [n("Div", [n("Cast", [size], to=f), c(float(window), fnp)])])],
+                 to=TensorProto.INT64)
+        padded.append(n("Unsqueeze", [n("Mul", [size, c(window)]), c([0])]))
+    img = cos(n("Concat", [c([1]), *padded, c([1])], axis=0), 0.0, fnp)
+
+    # img_mask[:, h, w, :] = cnt for the nine regions (TorchScript's index_put -> ScatterND)
+    spans = [(0, -window), (-window, -shift), (-shift, INT64_MAX)]
+    cnt = 0
+    for h0, h1 in spans:
+        for w0, w1 in spans:
+            dims = [n("Range", [c(0), n("Cast", [n("Gather", [n("Shape", [img]), c(d)], axis=0)],
+                                         to=TensorProto.INT64), c(1)]) for d in range(4)]
+            dims[1] = n("Slice", [dims[1], c([h0]), c([h1]), c([0]), c([1])])
+            dims[2] = n("Slice", [dims[2], c([w0]), c([w1]), c([0]), c([1])])
+            idx = [n("Reshape", [dims[0], c([-1, 1, 1, 1])]), n("Reshape", [dims[1], c([-1, 1, 1])]),
+                   n("Reshape", [dims[2], c([-1, 1])]), dims[3]]
+            total = n("Add", [n("Add", [n("Add", [idx[0], idx[1]]), idx[2]]), idx[3]])
+            bshape = n("Shape", [total])
+            cols = []
+            for i in idx:
+                ones = cos(n("Shape", [bshape]), 1, np.int64)
+                where = n("Where", [n("Equal", [bshape, n("Mul", [ones, c(-1)])]), ones, bshape])
+                cols.append(n("Unsqueeze", [n("Expand", [i, where]), c([-1])]))
+            indices = n("Concat", cols, axis=-1)
+            region = n("Slice", [n("Slice", [img, c([h0]), c([h1]), c([1]), c([1])]), c([w0]), c([w1]), c([2]),
+                                 c([1])])
+            value = n("Expand", [cos(n("Shape", [region]), float(cnt), fnp), n("Shape", [region])])
+            tail = n("Slice", [n("Shape", [img]), c([4]), c([INT64_MAX]), c([0])])
+            update = n("Reshape", [value, n("Concat", [bshape, tail], axis=0)])
+            img = n("ScatterND", [img, indices, update])
+            cnt += 1
+
+    # window_partition(img_mask, window).view(-1, window * window)
+    sizes = [n("Gather", [n("Shape", [img]), c(d)], axis=0) for d in range(4)]
+    parts = [n("Cast", [n("Cast", [n("Div", [sizes[d], c(window)])], to=TensorProto.INT64)],
+               to=TensorProto.INT64) for d in (1, 2)]
+    shape6 = n("Concat", [n("Unsqueeze", [sizes[0], c([0])]), n("Unsqueeze", [parts[0], c([0])]), c([window]),
+                          n("Unsqueeze", [parts[1], c([0])]), c([window]), n("Unsqueeze", [sizes[3], c([0])])],
+               axis=0)
+    windows = n("Transpose", [n("Reshape", [img, shape6])], perm=[0, 1, 3, 2, 4, 5])
+    windows = n("Reshape", [windows, n("Concat", [c([-1]), c([window]), c([window]),
+                                                  n("Unsqueeze", [sizes[3], c([0])])], axis=0)])
+    windows = n("Reshape", [windows, c([-1, window * window])])
+    # attn_mask = mw.unsqueeze(1) - mw.unsqueeze(2); masked_fill(!= 0, -100.0); masked_fill(== 0, 0.0)
+    diff = n("Sub", [n("Unsqueeze", [windows, c([1])]), n("Unsqueeze", [windows, c([2])])])
+    filled = n("Where", [n("Cast", [n("Not", [n("Equal", [diff, c(0.0, fnp)])])], to=TensorProto.BOOL),
+                         c(-100.0, fnp), diff])
+    filled = n("Where", [n("Cast", [n("Equal", [diff, c(0.0, fnp)])], to=TensorProto.BOOL), c(0.0, fnp), filled])
+    mask = n("Cast", [filled], to=f)  # Cast(to=FLOAT) in the export; the converter typed it fp16, the fix agrees
+
+    # the attention it masks: attn.view(B_ // nW, nW, nH, N, N) + mask.unsqueeze(1).unsqueeze(0)
+    count_w = ((tokens + window - 1) // window) ** 2
+    N = window * window
+    scores = n("Cast", ["scores"], to=f)
+    masked = n("Add", [n("Reshape", [scores, c([1, count_w, heads, N, N])]),
+                       n("Unsqueeze", [n("Unsqueeze", [mask, c([1])]), c([0])])])
+    probs = n("Softmax", [n("Reshape", [masked, c([-1, heads, N, N])])], axis=-1)
+    nodes.append(helper.make_node("Cast", [probs], ["attn"], name="/bb/layers.0/blocks.1/Cast_out",
+                                  to=TensorProto.FLOAT))
+    graph = helper.make_graph(nodes, "swin_mask", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                                 [1, tokens, tokens, 4]),
+                                                   helper.make_tensor_value_info("scores", TensorProto.FLOAT,
+                                                                                 [count_w, heads, N, N])],
+                              [helper.make_tensor_value_info("attn", TensorProto.FLOAT, [count_w, heads, N, N])],
+                              inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="tests/graphs.py")
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
 def wide_split(n: int = 32, size: int = 4, opset: int = 17) -> onnx.ModelProto:
     """One Split of `x` [1, 3, 8, n*size] into `n` outputs along the last axis: a kernel that binds n + 1 storage
     buffers (the smallest model that fails "Too many storage buffers in shader" on a device with fewer)."""
