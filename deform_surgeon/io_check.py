@@ -225,7 +225,7 @@ class FilePlan:
         for key in keys:
             if key in self.reads:
                 what = self.reads[key]
-                if what.startswith("the input model"):
+                if what.startswith("the input"):  # a model (or a batch entry's input) itself
                     raise SurgeonError(target, f"{role} is {what}", "choose another name; inputs are never modified")
                 raise SurgeonError(target, f"{role} would overwrite the input's data: it is {what}",
                                    "choose another name; inputs are never modified")
