@@ -289,8 +289,9 @@ def main(argv: list[str] | None = None) -> int:
             stream.reconfigure(errors="backslashreplace")
     parser = build_parser()
     args = parser.parse_args(argv)
+    previous = None
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _terminate)  # like Ctrl-C: temporary files and workers are cleaned up
+        previous = signal.signal(signal.SIGTERM, _terminate)  # like Ctrl-C: temporaries and workers cleaned up
     try:
         return int(args.func(args))
     except BaseException as exc:
@@ -304,3 +305,6 @@ def main(argv: list[str] | None = None) -> int:
             print("deform-surgeon: interrupted", file=sys.stderr)
             return 130
         raise
+    finally:
+        if previous is not None:  # main() called in-process (tests, scripts) leaves the handler as it found it
+            signal.signal(signal.SIGTERM, previous)

@@ -79,14 +79,13 @@ def _ort_level(name: str):
     }[name]
 
 
-def default_val_ranges(model_path: str | Path, given: dict[str, tuple[float, float]] | None = None
-                       ) -> dict[str, tuple[float, float]]:
+def default_val_ranges(model_path: str | Path, given: dict[str, tuple[float, float]] | None = None,
+                       inputs: list | None = None) -> dict[str, tuple[float, float]]:
     """An explicit value range for every graph input: floats [0, 1), integers [0, 8] unless given."""
     import onnx
 
-
     ranges: dict[str, tuple[float, float]] = {}
-    for vi in input_signature(model_path):
+    for vi in inputs if inputs is not None else input_signature(model_path):
         elem = vi.type.tensor_type.elem_type
         is_float = elem in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
                             onnx.TensorProto.BFLOAT16)
@@ -95,10 +94,18 @@ def default_val_ranges(model_path: str | Path, given: dict[str, tuple[float, flo
 
 
 def input_signature(model_path: str | Path) -> list:
-    """The graph inputs a caller feeds (initializers excluded), as ValueInfoProtos."""
+    """The graph inputs a caller feeds (initializers excluded), as ValueInfoProtos, read without loading the
+    model where the file scans cleanly; a missing, unreadable or non-ONNX file is a one-line SurgeonError."""
+    from .io_check import scan_model
     from .model_io import load_model
 
-    model = load_model(model_path)  # a missing, unreadable or non-ONNX file is a one-line SurgeonError
+    found = scan_model(model_path) if Path(model_path).is_file() else None
+    if found is not None and found.complete:
+        try:
+            return found.feed_inputs()
+        except Exception:  # protobuf's DecodeError: load_model below names the problem
+            pass
+    model = load_model(model_path)  # raises the one-line SurgeonError of a bad file
     init = {i.name for i in model.graph.initializer}
     return [vi for vi in model.graph.input if vi.name not in init]
 
@@ -177,8 +184,9 @@ def verify(original: str | Path, patched: str | Path, *, iterations: int | None 
     seed = DEFAULT_SEED if seed is None else seed
     opt_level = "all" if opt_level is None else opt_level
     check_options(iterations, seed, opt_level, val_range, threads)
-    ranges = default_val_ranges(original, val_range)
-    signatures = [_describe(input_signature(path)) for path in (original, patched)]
+    inputs = [input_signature(path) for path in (original, patched)]
+    ranges = default_val_ranges(original, val_range, inputs[0])
+    signatures = [_describe(i) for i in inputs]
     for name, (lo, hi) in (val_range or {}).items():
         if name not in ranges:
             raise SurgeonError(original, f"--val-range names '{name}', which is not an input of the model",

@@ -81,7 +81,7 @@ class NarrowIndexChains:
             ctx.node("Cast", f"{node.name}/from_float", [got.tensor], [out], {"to": onnx.TensorProto.INT32})
             actions.append(Action(
                 self.name, node.name, node.op, REWRITTEN,
-                "int64 index chain computed in float32 (integral values exact below 2^24, saturating Clip) "
+                "int64 index chain computed in float32 (integral values exact below 2^24, saturating NaN-safe Clip) "
                 "and cast once to int32", tuple(n.name for n in ctx.graph.nodes[before:])))
         return actions
 
