@@ -176,7 +176,24 @@ def _verify_options_in_batch_manifest(d: Path):
     return ["batch", "m.toml", "--no-progress"], 2, "m.toml", r"\[defaults\]: option opt_level = 'max' should be one of"
 
 
-CASES = [_out_is_input_data, _report_is_input_data, _inspect_json_is_input_data, _budget_json_is_input_data,
+def _placement_json_is_the_model(d: Path):
+    copy_fixture("sum_only.onnx", d, "model.onnx")
+    return ["placement", "model.onnx", "--json", "model.onnx"], 2, "model.onnx", r"--json is the input model"
+
+
+def _placement_limits_out_is_dev_null(d: Path):
+    copy_fixture("sum_only.onnx", d, "model.onnx")
+    return (["placement", "model.onnx", "--device-limits-out", "/dev/null"], 2, "/dev/null",
+            r"--device-limits-out is a device, not a regular file")
+
+
+def _device_profile_missing(d: Path):
+    copy_fixture("sum_only.onnx", d, "model.onnx")
+    return ["patch", "model.onnx", "out.onnx", "--device-profile", "gpu.json"], 2, "gpu.json", r"no such"
+
+
+CASES = [_placement_json_is_the_model, _placement_limits_out_is_dev_null, _device_profile_missing,
+         _out_is_input_data, _report_is_input_data, _inspect_json_is_input_data, _budget_json_is_input_data,
          _verify_json_is_input_data, _report_is_outputs_data, _report_hard_link_to_input, _report_is_dev_null,
          _out_is_dev_null, _json_is_fifo, _data_symlink_leaves_the_folder, _fifo_input, _fifo_input_to_inspect,
          _fifo_input_to_verify, _negative_offset, _negative_offset_inspect, _val_range_not_numbers, _bad_int_option,

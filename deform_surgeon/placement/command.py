@@ -99,7 +99,7 @@ class _Progress:
 
 
 def _err(msg: str) -> None:
-    print(f"deform-surgeon placement: error: {msg}", file=sys.stderr)
+    print(f"deform-surgeon: error: {msg}", file=sys.stderr)
 
 
 def run_placement_command(args: argparse.Namespace) -> int:
@@ -120,10 +120,15 @@ def run_placement_command(args: argparse.Namespace) -> int:
         _err("--timeout must be positive")
         return 2
 
-    from ..device import resolve_profile
+    from ..device import PROFILE_NAMES, resolve_profile
     from ..errors import SurgeonError
+    from ..io_check import check_io
 
     try:
+        check_io(models, others=[("--json", args.json), ("--device-limits-out", args.device_limits_out),
+                                 ("--log", args.log)],
+                 other_reads=[(f"the --device-profile file {args.device_profile}", args.device_profile)]
+                 if args.device_profile and args.device_profile not in PROFILE_NAMES else [])
         profile = resolve_profile(args.device_profile)
     except SurgeonError as e:
         _err(e.one_line())
