@@ -255,3 +255,20 @@ def test_replica_placement_node_runtime(tmp_path):
     assert plain.session_ok and (plain.cpu_nodes, plain.memcpy) == (0, 0)
     assert after.session_ok and (after.cpu_nodes, after.memcpy) == (0, 0)
     assert after.nodes_by_provider == {"WebGpuExecutionProvider": after.total_nodes}
+
+
+@pytest.mark.webgpu
+def test_replica_placement_jsep(tmp_path):
+    """The default onnxruntime-web import (JSEP, headless Chromium, session creation): the same as on the native
+    EP, the fp16 replica's static nodes on the CPU EP before the patch, none after."""
+    from deform_surgeon.placement import measure_placement, missing_setup
+
+    missing = missing_setup()
+    if missing is not None:
+        pytest.skip(f"WebGPU runtimes not set up: {missing}")
+    fp16 = _save(swin_mask_fp16(), tmp_path / "swin_fp16.onnx")
+    patched = tmp_path / "swin_fp16.patched.onnx"
+    ds.patch(fp16, patched)
+    before, after = (measure_placement(p, runtime="browser", bundle="jsep") for p in (fp16, patched))
+    assert before.session_ok and before.cpu_nodes > 100 and before.memcpy > 0
+    assert after.session_ok and (after.cpu_nodes, after.memcpy) == (0, 0)
