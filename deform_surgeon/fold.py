@@ -7,8 +7,8 @@ Swin backbone the window-padding sizes (`Ceil` of a float constant), the shifted
 Runtime folds static computations itself when a session is created, but only with CPU kernels, and its CPU EP
 has none for most float16 arithmetic: in fp16 those nodes are never folded, and on a WebGPU EP the int64 shape
 nodes downstream of them then run on the CPU EP with Memcpy around them (real BiRefNet-lite 512 fp16: 2,456 CPU
-nodes, 164 Memcpy after the deform passes; its fp32 export: none). Folding them here makes the fp16 model as
-static as ORT makes the fp32 one.
+nodes, 164 Memcpy after the deform passes; its fp32 export: none; docs/runtime-facts.md, section 4). Folding them
+here makes the fp16 model as static as ORT makes the fp32 one.
 
 What is folded: a node is *static* when every input is an initializer (of at most `FOLD_LIMIT` bytes, not also a
 graph input), a Constant or a static node's output, or when it is a `Shape`/`Size` of a tensor whose shape shape
