@@ -7,8 +7,8 @@ Swin backbone the window-padding sizes (`Ceil` of a float constant), the shifted
 Runtime folds static computations itself when a session is created, but only with CPU kernels, and its CPU EP
 has none for most float16 arithmetic: in fp16 those nodes are never folded, and on a WebGPU EP the int64 shape
 nodes downstream of them then run on the CPU EP with Memcpy around them (real BiRefNet-lite 512 fp16: 2,456 CPU
-nodes, 164 Memcpy after the deform passes; its fp32 export: none). Folding them here makes the fp16 model as
-static as ORT makes the fp32 one.
+nodes, 164 Memcpy after the deform passes; its fp32 export: none; docs/runtime-facts.md, section 4). Folding them
+here makes the fp16 model as static as ORT makes the fp32 one.
 
 What is folded: a node is *static* when every input is an initializer (of at most `FOLD_LIMIT` bytes, not also a
 graph input), a Constant or a static node's output, or when it is a `Shape`/`Size` of a tensor whose shape shape
@@ -46,8 +46,9 @@ from .region import _subgraph_reads
 PASS = "fold"
 FOLD_LIMIT = 16 << 20  # bytes: no folded tensor is larger (BiRefNet-lite's largest Swin mask: 6.6 MB fp16 at 1024)
 REDUCED_FLOATS = {TensorProto.FLOAT16, TensorProto.BFLOAT16}
+CONTROL_FLOW = {"If", "Loop", "Scan", "SequenceMap"}  # the standard ops with graph attributes
 NEVER_STATIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
-                "Bernoulli", "Dropout", "If", "Loop", "Scan", "SequenceMap"}
+                "Bernoulli", "Dropout", *CONTROL_FLOW}
 SHAPE_OF = {"Shape", "Size"}  # read only their input's shape
 _SUBGRAPH = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 # the attributes through which a node can name a float16/bfloat16 type; widening rewrites them, or gives up
@@ -166,8 +167,9 @@ def _find_static(graph: onnx.GraphProto, types: TypeTable, weights: Weights, lim
     known = {t.name for t in graph.initializer if t.name not in overridable and t.name not in weights.tensors
              and (elem_nbytes(t.data_type, t.dims) or limit + 1) <= limit}
     for k, node in enumerate(found.nodes):
-        op, ins, outs = node.op_type, list(node.input), list(node.output)
-        nested = any(a.type in _SUBGRAPH for a in node.attribute)
+        op, ins, outs, domain = node.op_type, list(node.input), list(node.output), node.domain
+        custom = domain not in ("", "ai.onnx")
+        nested = (op in CONTROL_FLOW or custom) and any(a.type in _SUBGRAPH for a in node.attribute)
         reads = ins if not nested else [*ins, *_subgraph_reads(node)]
         found.ops.append(op)
         found.ins.append(ins)
@@ -179,7 +181,7 @@ def _find_static(graph: onnx.GraphProto, types: TypeTable, weights: Weights, lim
         for o in outs:
             if o:
                 found.producer[o] = k
-        if nested or op in NEVER_STATIC or node.domain not in ("", "ai.onnx") or \
+        if nested or custom or op in NEVER_STATIC or \
                 (op == "Identity" and ins and ins[0] in initializers):  # folding it would only copy a weight
             continue
         if op in SHAPE_OF:

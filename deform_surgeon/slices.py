@@ -4,7 +4,7 @@ Why: onnxruntime-web 1.30's JSEP (the default `import 'onnxruntime-web'`) has no
 each one runs on the CPU EP with Memcpy around it, and on JSEP a mid-run CPU->GPU upload is a correctness hazard
 (measured on the patched real BiRefNet-lite 512 fp16: the 24 Swin attention qkv Splits on the CPU EP with 96
 Memcpy; the same Splits of the fp32 export, and all of them on the native WebGPU EP, run on the GPU). JSEP and
-the native EP both have float16 Slice.
+the native EP both have float16 Slice (docs/runtime-facts.md, section 2).
 
 Exact because: a Split output is a contiguous range along one axis of its input, which is what a Slice with
 constant start and end copies; no arithmetic. Only Splits whose sizes are known (a constant `split` input or

@@ -189,7 +189,9 @@ def swin_mask_fp16(tokens: int = 10, window: int = 7, shift: int = 3, heads: int
     sequence was compared with the real export's `/bb/layers.0` (tests/test_fold.py says how). The only
     non-static parts are the features `x` float32 [1, H, W, 4] whose shape the sizes come from, and the attention
     the mask is added to: input `scores` float32 [windows, heads, N, N] (N = window^2), both cast to fp16 as the
-    converter's `keep_io_types` does, plus the mask, Softmax, cast back to float32.
+    converter's `keep_io_types` does, viewed by the mask's Shape as the real attention does, plus the mask,
+    Softmax, cast back to float32. Not replicated: each block's int64 padding/roll arithmetic
+    (`(window - W % window) % window`: Cast -> Cast -> Mod -> Sub), integer-only like the replica's Range chains.
 
     `fp16=False` gives the fp32 export of the same graph (which ORT folds by itself).
     """
@@ -274,8 +276,9 @@ def swin_mask_fp16(tokens: int = 10, window: int = 7, shift: int = 3, heads: int
     count_w = ((tokens + window - 1) // window) ** 2
     N = window * window
     scores = n("Cast", ["scores"], to=f)
-    masked = n("Add", [n("Reshape", [scores, c([1, count_w, heads, N, N])]),
-                       n("Unsqueeze", [n("Unsqueeze", [mask, c([1])]), c([0])])])
+    windows_count = n("Unsqueeze", [n("Gather", [n("Shape", [mask]), c(0)], axis=0), c([0])])  # nW = mask.shape[0]
+    view = n("Concat", [c([1]), windows_count, c([heads, N, N])], axis=0)
+    masked = n("Add", [n("Reshape", [scores, view]), n("Unsqueeze", [n("Unsqueeze", [mask, c([1])]), c([0])])])
     probs = n("Softmax", [n("Reshape", [masked, c([-1, heads, N, N])])], axis=-1)
     nodes.append(helper.make_node("Cast", [probs], ["attn"], name="/bb/layers.0/blocks.1/Cast_out",
                                   to=TensorProto.FLOAT))

@@ -10,6 +10,9 @@ none there (`test_replica_placement_*`).
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -18,8 +21,10 @@ from graphs import swin_mask_fp16
 from onnx import TensorProto, helper, numpy_helper
 
 import deform_surgeon as ds
+from deform_surgeon import fold
+from deform_surgeon.blocks import deform_blocks
 from deform_surgeon.fold import fold_static
-from deform_surgeon.model_io import check_and_infer, split_weights
+from deform_surgeon.model_io import check_and_infer, load_model, split_weights
 
 OPSET = [helper.make_opsetid("", 17)]
 
@@ -55,11 +60,13 @@ def test_replica_folds_to_the_attention_alone_and_verifies(tmp_path):
     report = ds.patch(src, out, verify=True)
     assert report.written and report.verification.identical
     ops = [n.op_type for n in onnx.load(str(out)).graph.node]
-    # what is left is the attention on the input: Cast, Reshape, Add of the stored mask, Reshape, Softmax, Cast
-    assert sorted(o for o in ops if o != "Constant") == ["Add", "Cast", "Cast", "Reshape", "Reshape", "Softmax"]
+    # what is left is the attention on the input (Cast, Reshape, Add of the stored mask, Reshape, Softmax, Cast)
+    # and the int64 view shape from the mask's (folded) Shape: Gather -> Unsqueeze -> Concat, which ORT folds itself
+    left = ["Add", "Cast", "Cast", "Concat", "Gather", "Reshape", "Reshape", "Softmax", "Unsqueeze"]
+    assert sorted(o for o in ops if o != "Constant") == left
     non_constant = sum(v for k, v in report.ops_before.items() if k != "Constant")
-    assert len(_folded(report)) == non_constant - 6 and not report.refused
-    [stored] = [a for a in _folded(report) if "stored" in a.reason]
+    assert len(_folded(report)) == non_constant - len(left) and not report.refused
+    [stored] = [a for a in _folded(report) if "stored" in a.reason and "(float16[" in a.reason]
     assert stored.reason.startswith("static for the model's input shapes: evaluated once on ORT CPU, the same "
                                     "wherever ORT's float16 fallback rounds; stored '")
     # the float16 H / 7 of the padded size rounds (10 / 7), and the Ceil reading it absorbs that
@@ -180,6 +187,54 @@ def test_external_data_and_stored_weights(tmp_path):
     assert "static_on_a_weight" in {n.name for n in patched.graph.node}
 
 
+def _static_cast_pattern(path) -> set[tuple[str, int, tuple[str, ...]]]:
+    """(producer op, Cast target, reader ops) of every Cast in the static float16 cone `fold` works on."""
+    model = load_model(path)
+    weights = split_weights(model, Path(path).parent)
+    types = check_and_infer(model, path, weights)
+    found = fold._find_static(model.graph, types, weights, fold.FOLD_LIMIT)
+    pattern = set()
+    for k in fold._cone(found, fold._tainted(found, types)):
+        if found.ops[k] == "Cast":
+            producer = found.producer.get(found.ins[k][0])
+            readers = tuple(sorted({found.ops[r] for o in found.outs[k] for r in found.readers.get(o, ())}))
+            pattern.add((found.ops[producer] if producer is not None else "input", found.nodes[k].attribute[0].i,
+                         readers))
+    return pattern
+
+
+def _deform_block_casts(path) -> set[tuple[str, int]]:
+    model = onnx.load(str(path), load_external_data=False)
+    owner = deform_blocks(model)
+    producer = {o: n.op_type for n in model.graph.node for o in n.output}
+    return {(producer.get(n.input[0], "input"), n.attribute[0].i) for n in model.graph.node
+            if n.op_type == "Cast" and n.name in owner}
+
+
+REAL_FP16 = os.environ.get("DEFORM_SURGEON_REAL_BIREFNET_FP16")
+
+
+@pytest.mark.skipif(not REAL_FP16, reason="set DEFORM_SURGEON_REAL_BIREFNET_FP16 to a real BiRefNet fp16 export "
+                                          "(make_birefnet.py) to compare")
+def test_the_fp16_replicas_have_the_real_exports_cast_pattern(tmp_path):
+    """Development check of what the fp16 replicas stand for, against the real BiRefNet-lite fp16 export (run with
+    DEFORM_SURGEON_REAL_BIREFNET_FP16=/tmp/birefnet/out/birefnet_lite_512_fp16.onnx; measured 2026-12-01: passes).
+    The Swin replica's static float16 cone has the real one's Casts: Gather -> Cast(INT64) -> Cast(FLOAT16) -> Div,
+    Ceil -> Cast(INT64) -> Mul, Not / Equal -> Cast(BOOL) -> Where, Where -> Cast(FLOAT16) -> Shape, Unsqueeze
+    (the Cast-fixed mask), ...; the real one has three more, all int64 -> int64 (each block's padding/roll
+    arithmetic). Inside every deform block, the decoder fp16 fixtures and the real export have the same single
+    Cast: Floor -> Cast(INT64). (They differ at the graph's edges: the fixtures were converted with
+    keep_io_types=False, so their input and output are float16 where the real file casts float32.)"""
+    real = _static_cast_pattern(REAL_FP16)
+    replica = _static_cast_pattern(_save(swin_mask_fp16(), tmp_path / "swin.onnx"))
+    assert replica <= real
+    assert {p for p in real if p[1] != TensorProto.INT64} == {p for p in replica if p[1] != TensorProto.INT64}
+    fixtures = Path(__file__).parent / "fixtures"
+    for name in ("decoder_gathernd_fp16", "decoder_gatherelements_fp16"):
+        assert _deform_block_casts(fixtures / f"{name}.onnx") == _deform_block_casts(REAL_FP16) == {
+            ("Floor", TensorProto.INT64)}
+
+
 @pytest.mark.webgpu
 def test_replica_placement_node_runtime(tmp_path):
     """On the real native WebGPU EP (onnxruntime-node, session creation): the fp16 replica puts its static
@@ -200,3 +255,20 @@ def test_replica_placement_node_runtime(tmp_path):
     assert plain.session_ok and (plain.cpu_nodes, plain.memcpy) == (0, 0)
     assert after.session_ok and (after.cpu_nodes, after.memcpy) == (0, 0)
     assert after.nodes_by_provider == {"WebGpuExecutionProvider": after.total_nodes}
+
+
+@pytest.mark.webgpu
+def test_replica_placement_jsep(tmp_path):
+    """The default onnxruntime-web import (JSEP, headless Chromium, session creation): the same as on the native
+    EP, the fp16 replica's static nodes on the CPU EP before the patch, none after."""
+    from deform_surgeon.placement import measure_placement, missing_setup
+
+    missing = missing_setup()
+    if missing is not None:
+        pytest.skip(f"WebGPU runtimes not set up: {missing}")
+    fp16 = _save(swin_mask_fp16(), tmp_path / "swin_fp16.onnx")
+    patched = tmp_path / "swin_fp16.patched.onnx"
+    ds.patch(fp16, patched)
+    before, after = (measure_placement(p, runtime="browser", bundle="jsep") for p in (fp16, patched))
+    assert before.session_ok and before.cpu_nodes > 100 and before.memcpy > 0
+    assert after.session_ok and (after.cpu_nodes, after.memcpy) == (0, 0)
