@@ -401,9 +401,10 @@ def test_a_split_conv_the_whole_model_disproves_is_kept_whole_and_said_so(tmp_pa
 
 
 def _block_signatures(model: onnx.ModelProto) -> set[tuple]:
-    """Per deform block (from its Floor forward to the Conv): the op counts of the sampling, where the Conv and
-    each op of its chain up to the first op that is not per-channel reads its other inputs from (initializer,
-    Constant, Identity of an initializer), and what reads the chain's end."""
+    """Per deform block (from its Floor forward to the Conv): the op counts of the sampling, the ops that make what
+    it reads from outside (offset conv, modulator, padded data), where the Conv and each op of its per-channel
+    chain read their other inputs from (initializer, Constant, Identity of an initializer), and what reads the
+    chain's end."""
     nodes = list(model.graph.node)
     producer = {o: n for n in nodes for o in n.output}
     readers: dict[str, list] = {}
@@ -416,6 +417,15 @@ def _block_signatures(model: onnx.ModelProto) -> set[tuple]:
         p = producer.get(name)
         return "init" if name in inits else "input" if p is None else (
             f"Identity({source(p.input[0])})" if p.op_type == "Identity" else p.op_type)
+
+    def feeder(name: str, depth: int) -> str:
+        """The ops that make a tensor the block reads from outside, `depth` steps back: the offset conv
+        (`Add(grid, Reshape(Conv))`), the modulator (`Reshape(Mul(Sigmoid(Conv)))`), the padded data."""
+        p = producer.get(name)
+        if p is None or depth == 0:
+            return ""
+        ins = [feeder(i, depth - 1) for i in p.input if source(i) not in ("init", "Identity(init)", "Constant")]
+        return f"{p.op_type}({','.join(ins)})"
 
     out = set()
     for floor in (n for n in nodes if n.op_type == "Floor"):
@@ -432,7 +442,10 @@ def _block_signatures(model: onnx.ModelProto) -> set[tuple]:
             chain.append(f"{n.op_type}[{','.join(source(i) for i in n.input if i != t)}]")
             t = n.output[0]
         ops = tuple(sorted(collections.Counter(n.op_type for n in seen.values()).items()))
-        out.add((ops, tuple(chain), tuple(sorted(n.op_type for n in readers.get(t, [])))))
+        made = {o for n in seen.values() for o in n.output}
+        feeds = tuple(sorted({feeder(i, 4) for n in seen.values() for i in n.input
+                              if i and i not in made and source(i) not in ("init", "Identity(init)", "Constant")}))
+        out.add((ops, feeds, tuple(chain), tuple(sorted(n.op_type for n in readers.get(t, [])))))
     return out
 
 

@@ -28,7 +28,16 @@ pattern in every chunk; one Concat joins the small outputs. Whether a Conv kerne
 products in the same order for fewer output pixels is the implementation's choice (ORT CPU's MLAS picks its K
 blocking from the number of output pixels), so that split is made only after a run of the real shapes on ORT
 CPU, at graph optimisation levels none and all, gives the whole Conv's bytes; otherwise the Conv input stays
-whole and the report says it REMAINS OVER the limit, with the measured difference.
+whole and the report says it REMAINS OVER the limit, with the measured difference. That run sees the Conv and its
+tail only, while ORT optimises the whole graph (fusions, NCHWc layout): the action is marked `needs_verify`, and
+`patch` writes it only after the whole patched model verified byte-identical, keeping the Conv whole otherwise
+(`SplitPlan.keep_whole`). On the real BiRefNet-lite export the BatchNorm's parameters are Identity nodes of
+initializers torch's exporter shared; the prover reads constants through them, so the tail includes the
+BatchNorm and each chunk fuses as the whole did.
+
+Chunks for `--max-memory`: `patch` measures the peak of live tensors of the whole patched model (budget) and asks
+this pass, through `SplitPlan.min_chunks`, for more chunks of the block holding it; the Conv is then split too,
+as its joined input would be as large as what the chunks avoid.
 
 Chunk count: the smallest `n` for which every chunk tensor, with `ceil(h / n)` rows, fits the limit; rows are
 spread evenly (chunk sizes differ by at most one row).
