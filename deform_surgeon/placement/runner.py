@@ -551,8 +551,8 @@ def limit_violations(model: Path, profile: DeviceProfile, runtime: str, bundle: 
     """Every node and tensor of `model` beyond `profile`'s limits, from the graph (`deform-surgeon budget`).
 
     Why statically: ORT places nodes at session creation, but a kernel over the device's limits fails only when it
-    runs. Storage buffers per shader stage and maxBufferSize apply to every EP; maxStorageBufferBindingSize only to
-    JSEP (the native EP binds a larger buffer in segments)."""
+    runs. Storage buffers per shader stage, maxBufferSize and maxStorageBufferBindingSize apply to every EP (the
+    native EP binds some larger buffers in segments, but its Conv fails on one: docs/runtime-facts.md section 7)."""
     from ..budget import analyze
 
     report = analyze(model, profile.max_buffer, profile.max_binding, storage_buffers=profile.storage_buffers)
@@ -561,9 +561,8 @@ def limit_violations(model: Path, profile: DeviceProfile, runtime: str, bundle: 
          "limit": f"maxStorageBuffersPerShaderStage {n.limit}"} for n in report.over_storage]
     out += [{"kind": "buffer_size", "tensor": t.name, "producer": t.producer, "bytes": t.nbytes,
              "limit": f"maxBufferSize {profile.max_buffer}"} for t in report.over_buffer]
-    if runtime == "browser" and bundle in ("jsep", "all"):
-        out += [{"kind": "binding_size", "tensor": t.name, "producer": t.producer, "bytes": t.nbytes,
-                 "limit": f"maxStorageBufferBindingSize {profile.max_binding}"} for t in report.over_binding]
+    out += [{"kind": "binding_size", "tensor": t.name, "producer": t.producer, "bytes": t.nbytes,
+             "limit": f"maxStorageBufferBindingSize {profile.max_binding}"} for t in report.over_binding]
     return out
 
 
