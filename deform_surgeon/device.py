@@ -43,8 +43,6 @@ SPEC_DEFAULT_LIMITS: dict[str, int] = {
     "maxComputeWorkgroupSizeZ": 64,
     "maxComputeWorkgroupsPerDimension": 65535,
 }
-# Limits where a smaller number is the better one (alignments): a device with a profile's limits has the larger.
-_ALIGNMENTS = {"minUniformBufferOffsetAlignment", "minStorageBufferOffsetAlignment"}
 SPEC_DEFAULT = "spec-default"
 ADAPTER = "adapter"
 PROFILE_NAMES = (SPEC_DEFAULT, ADAPTER)
@@ -149,18 +147,6 @@ def _limits_of(doc: object) -> dict[str, int]:
             if key in SPEC_DEFAULT_LIMITS and key not in out and isinstance(v, int | float) \
                     and not isinstance(v, bool) and v > 0:
                 out[key] = int(v)
-    return out
-
-
-def clamp(profile: DeviceProfile, adapter_limits: dict[str, int]) -> dict[str, int]:
-    """The limits a device can be requested with: the profile's, never beyond what the adapter offers."""
-    out = {}
-    for key, v in profile.limits.items():
-        a = adapter_limits.get(key)
-        if a is None:
-            out[key] = v
-        else:
-            out[key] = max(v, a) if key in _ALIGNMENTS else min(v, a)
     return out
 
 

@@ -3,7 +3,7 @@
 `graphs.swin_mask_fp16()` stands for the real BiRefNet-lite fp16 export's Swin attention-mask and shape subgraphs
 (`/bb/layers.N/...`; its docstring says which ops, in which order, and which Casts). CI cannot build the real
 model (no torch, no BiRefNet source in the test path); in development the replica's op sequence was compared with
-the real `/tmp/birefnet/out/birefnet_lite_512_fp16.onnx` (`../shared/tools/make_birefnet.py`), and like the
+a real BiRefNet-lite 512 fp16 export (built from BiRefNet's code with random weights), and like the
 real model its fp16 form puts hundreds of nodes on the CPU EP of the WebGPU runtimes while its fp32 form puts
 none there (`test_replica_placement_*`).
 """
