@@ -491,7 +491,9 @@ def measure_placement(
 
         run_info: dict[str, Any] | None = None
         if run:
-            run_info = _finish_run(raw.get("run"), io_dir, model, feeds or {}, session_ok, error, seed)
+            # a run that outlived the timeout failed, even if its result landed while the harness was being stopped
+            raw_run = None if fail else raw.get("run")
+            run_info = _finish_run(raw_run, io_dir, model, feeds or {}, session_ok, error, seed)
 
         timings = {k: float(v) for k, v in (raw.get("timings") or {}).items()}
         timings["total_s"] = time.monotonic() - t_start
