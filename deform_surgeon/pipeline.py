@@ -47,7 +47,7 @@ class Options:
 
     allow_unproven: bool = False
     sum_mode: str = "chain"  # chain | tree | none
-    max_buffer: int | None = None  # bytes; split deform blocks whose tensors exceed it (None: no split)
+    max_buffer: int | None = None  # bytes; split deform blocks and band Convs/Resizes over it (None: no split)
     max_memory: int | None = None  # bytes; chunk deform blocks until budget's peak of live tensors fits (None: no)
     device_profile: str = "spec-default"  # the name of the device profile the model is fitted to
     storage_buffers: int | None = 8  # that profile's maxStorageBuffersPerShaderStage (None: no fitting)

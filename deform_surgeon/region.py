@@ -68,9 +68,12 @@ def _subgraph_names(node: onnx.NodeProto, names: set[str]) -> None:
     names.discard("")
 
 
-def find_region(model: onnx.ModelProto, max_storage_buffers: int | None = None) -> Region:
+def find_region(model: onnx.ModelProto, max_storage_buffers: int | None = None,
+                oversize: set[str] | None = None) -> Region:
     """The region of `model` the passes need (see the module docstring); with `max_storage_buffers`, also every
-    node whose kernel would bind more storage buffers than that (the fit pass rewrites them where they stand)."""
+    node whose kernel would bind more storage buffers than that (the fit pass rewrites them where they stand);
+    with `oversize` (tensor names over `--max-buffer`), also the nodes that make or read them, and the tails of
+    the Convs among those (the bands pass computes them in bands or groups)."""
     graph = model.graph
     nodes = list(graph.node)
     ins = [list(n.input) for n in nodes]  # plain lists: protobuf field access is the cost on 19,000 nodes
@@ -100,6 +103,12 @@ def find_region(model: onnx.ModelProto, max_storage_buffers: int | None = None) 
             continue
         if max_storage_buffers is not None and storage_buffers(op, ins[k], outs[k]) > max_storage_buffers:
             region.add(k)
+            continue
+        if oversize and k not in has_subgraph and not oversize.isdisjoint(ins[k] + outs[k]):
+            region.add(k)
+            region.update(_tail(k, ops, outs, consumers) if op == "Conv" else ())
+            if op == "Resize" and ins[k] and producer.get(ins[k][0]) is not None:  # its groups may be made by a
+                region.add(producer[ins[k][0]])  # Conv of fewer output channels (bands.py)
             continue
         if op not in ANCHORS | LOCAL:
             continue

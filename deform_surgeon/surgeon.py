@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
@@ -20,6 +21,7 @@ from .errors import SurgeonError, VerificationError
 from .fold import fold_static
 from .io_check import check_io
 from .model_io import (
+    TypeTable,
     Weights,
     check_and_infer,
     check_external_output,
@@ -32,6 +34,7 @@ from .model_io import (
     split_weights,
     stubbed_copy,
 )
+from .passes.bands import BandOversize
 from .passes.fit import FitStorageBuffers
 from .passes.gather_elements import LowerGatherElements
 from .passes.gathernd import LowerGatherND
@@ -53,9 +56,10 @@ MEMORY_ROUNDS = 6  # --max-memory: at most this many re-chunkings after the firs
 
 
 def default_passes(plan: SplitPlan | None = None) -> list:
-    """The passes `patch` runs, in order (to a fixed point)."""
+    """The passes `patch` runs, in order (to a fixed point); the split and bands passes share `plan`."""
+    plan = plan if plan is not None else SplitPlan()
     return [LowerGatherND(), LowerGatherElements(), NarrowIndexChains(), ChainSum(), FitStorageBuffers(),
-            SplitBlocks(plan)]
+            SplitBlocks(plan), BandOversize(plan)]
 
 
 @contextmanager
@@ -81,12 +85,30 @@ def _run(model_path: str | Path, options: Options, plan: SplitPlan | None = None
     types = check_and_infer(model, model_path, weights)
     ops_before = op_histogram(model)
     whole = fold_static(model, types, weights) + split_to_slices(model, types)  # whole-model steps, in place
-    region = find_region(model, options.storage_buffers)
+    region = find_region(model, options.storage_buffers, _oversize(types, options.max_buffer))
     sub = region_model(model, region, types, set(weights.tensors))
     graph = import_graph(sub, weights)
     ctx = Context(graph, types, options, reserved=region.names)
     actions = whole + run_passes(ctx, default_passes(plan))
     return Lifted(model, weights, region, sub, graph, actions, ops_before)
+
+
+def _oversize(types: TypeTable, limit: int | None) -> set[str]:
+    """The tensors whose inferred static size is over `limit` bytes (none without a limit)."""
+    if limit is None:
+        return set()
+    big = set()
+    for name in types:
+        elem, shape = types[name]
+        if shape and all(isinstance(d, int) for d in shape) and elem in _ITEMSIZE and \
+                math.prod(shape) * _ITEMSIZE[elem] > limit:
+            big.add(name)
+    return big
+
+
+_ITEMSIZE = {t: np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t)).itemsize for t in (
+    onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.INT64,
+    onnx.TensorProto.INT32, onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.BOOL)}
 
 
 @dataclass

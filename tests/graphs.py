@@ -357,6 +357,61 @@ def legacy_patches(image: int = 1024, levels: tuple[int, ...] = (32, 64, 128, 25
     return onnx.shape_inference.infer_shapes(model, strict_mode=True)
 
 
+def decoder_tail(image: int = 64, feat: int = 32, channels: int = 16, dec: int = 32, ipt: tuple[int, int] = (24, 8),
+                 seed: int = 0) -> onnx.ModelProto:
+    """The end of BiRefNet's decoder, where its largest ordinary tensors live (at 1024x1024: a 320 MiB Concat of
+    the ASPP branches read by a 1x1 Conv, a 384 MiB Resize and a 480 MiB channel Concat read by the last 1x1 Conv,
+    a 256 MiB 3x3 Conv output read by a 3x3 Conv), at a small size:
+
+        feat -> 5 branches (1x1/3x3 Conv, Relu; global pool -> Conv -> Relu -> Resize) -> Concat(axis 1)
+             -> 1x1 Conv -> Relu -> 3x3 Conv -> Resize (bilinear, align_corners, sizes from Shape) --+
+        image -> 3x3 Conv -> 3x3 Conv (the image-patch branch, ipt_blk1) ------------------------- Concat(axis 1)
+             -> 1x1 Conv -> mask
+
+    Checked against a real BiRefNet-lite 1024 export (current and legacy code): the same ops in the same order
+    from dec_att's Concat to the output ('/decoder/decoder_block1/dec_att/Concat_1' -> conv1 -> Relu -> conv_out
+    -> '/decoder/Resize_7' with sizes Concat(Slice(Shape), Constant) -> '/decoder/Concat_29' with ipt_blk1's conv1
+    -> conv_out -> conv_out1), kernels, pads and Resize attributes as there; channel counts are smaller
+    (`channels` per ASPP branch, `dec` out of the decoder block, `ipt` out of the two image-branch Convs).
+    """
+    rng = np.random.default_rng(seed)
+    nodes, inits, const, node = _builder()
+    c = channels
+
+    def conv(x: str, out: str, cin: int, cout: int, k: int, dilation: int = 1) -> str:
+        w = const(f"{out}_w", (rng.standard_normal((cout, cin, k, k)) / (cin * k)).astype(np.float32))
+        b = const(f"{out}_b", rng.standard_normal(cout).astype(np.float32))
+        pad = dilation * (k // 2)
+        return node("Conv", [x, w, b], out, dilations=[dilation, dilation], group=1, kernel_shape=[k, k],
+                    pads=[pad] * 4, strides=[1, 1])
+
+    branches = [node("Relu", [conv("feat", "aspp1", c, c, 1)], "aspp1_relu")]
+    for d in (1, 2, 3):
+        branches.append(node("Relu", [conv("feat", f"aspp_d{d}", c, c, 3, d)], f"aspp_d{d}_relu"))
+    pooled = node("Relu", [conv(node("GlobalAveragePool", ["feat"], "gap"), "gap_conv", c, c, 1)], "gap_relu")
+    branches.append(node("Resize", [pooled, "", "", const("gap_size", np.array([1, c, feat, feat]))], "gap_up",
+                         mode="linear", coordinate_transformation_mode="align_corners"))
+    att = node("Concat", branches, "att_cat", axis=1)
+    dec_out = conv(node("Relu", [conv(att, "att_conv1", 5 * c, c, 1)], "att_relu"), "dec_conv_out", c, dec, 3)
+    shape = node("Shape", [dec_out], "dec_shape")
+    nc = node("Slice", [shape, const("s0", np.array([0])), const("s2", np.array([2])), const("s_ax", np.array([0]))],
+              "dec_nc")
+    sizes = node("Concat", [nc, const("hw", np.array([image, image]))], "dec_sizes", axis=0)
+    up = node("Resize", [dec_out, "", "", sizes], "dec_up", mode="linear",
+              coordinate_transformation_mode="align_corners", cubic_coeff_a=-0.75, nearest_mode="floor")
+    patches = conv(conv("image", "ipt_conv1", 3, ipt[0], 3), "ipt_conv_out", ipt[0], ipt[1], 3)
+    cat = node("Concat", [up, patches], "out_cat", axis=1)
+    conv(cat, "mask", dec + ipt[1], 1, 1)
+    graph = helper.make_graph(
+        nodes, "decoder_tail",
+        [helper.make_tensor_value_info("feat", TensorProto.FLOAT, [1, c, feat, feat]),
+         helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, image, image])],
+        [helper.make_tensor_value_info("mask", TensorProto.FLOAT, [1, 1, image, image])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="tests/graphs.py")
+    model.ir_version = 8
+    return onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+
+
 FIXTURES = {
     "gathernd_b2g2.onnx": lambda: exporter_like(B=2, G=2, H=5, W=6, C=3, P=7),
     "gathernd_refused.onnx": lambda: exporter_like(source=CLIP_BEFORE_GRID),

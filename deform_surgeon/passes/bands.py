@@ -1,0 +1,395 @@
+"""Compute an ordinary Conv in row bands, and a Resize in channel groups, so that no tensor exceeds `--max-buffer`.
+
+Why: outside its deform blocks (the split pass's work) BiRefNet ends at full resolution. At 1024x1024 its decoder
+makes a 480 MiB channel Concat (the upsampled features and the image-patch branch) read by the last 1x1 Conv, the
+384 MiB Resize feeding it, a 320 MiB Concat of the ASPP branches at 256x256 read by a 1x1 Conv, and a 256 MiB Conv
+output read by a 3x3 Conv. A WebGPU buffer over the device's `maxBufferSize` (or bound over
+`maxStorageBufferBindingSize`) is an error when the kernel runs (docs/runtime-facts.md section 7).
+
+What, and why each is exact:
+
+* **Resize in channel groups.** A Resize over the limit whose output only Concats on the channel axis read, with
+  scale 1 on the batch and channel axes, is computed per group of channels from a Slice of its input, and the
+  groups replace its output among the Concats' inputs (the groups' `sizes` are constants of the inferred shape).
+  Where a Conv of one group makes the Resize's input, each group's input is that Conv for the group's output
+  channels instead of a Slice (see `_channel_source`: it keeps ORT's NCHWc path).
+  Each output element is interpolated from its own channel with weights that depend on the spatial sizes only,
+  and a Concat of the groups is the whole output element for element; but at level `all` ORT may run the whole
+  Resize in its NCHWc layout with a kernel of its own (measured: 3-channel groups of a 6-channel Resize differ
+  by 3e-8 there and nowhere else), so this too is `needs_verify` (below).
+* **Conv in row bands.** A Conv whose input X is over the limit, read by that Conv alone, is computed for output
+  rows `[o0, o1)` at a time from the rows of X those outputs read (the kernel's halo included; zero padding only
+  where the original pads, beyond X's edges), and one Concat on the rows joins the bands. X is never made whole:
+  per band its rows come from its producer, a channel Concat (slices of each input, concatenated) or a Conv
+  (computed in turn for those rows from a slice of its own input, through the per-channel ops between the two).
+  The per-channel ops after the banded Conv (bias Add, BatchNormalization, Relu) are carried per band, so ORT's
+  Conv fusions see the same pattern in every band. Each output pixel reads the same values as before, but whether
+  a Conv kernel sums them in the same order for fewer output rows is the implementation's choice: the action is
+  marked `needs_verify`, `patch` writes it only after the whole patched model verified byte-identical, and
+  undoes it otherwise (`SplitPlan.keep_whole`, shared with the split pass).
+
+Bands: the fewest equal bands (sizes differ by at most one row) for which every band tensor fits the limit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from ..pipeline import REFUSED, REWRITTEN, Action, Context
+from .split import (
+    ELEMENTWISE_UNARY,
+    TAIL_OPS,
+    Refuse,
+    Shapes,
+    SplitBlocks,
+    SplitPlan,
+    broadcast,
+    fmt_bytes,
+)
+
+
+@dataclass(frozen=True)
+class Window:
+    """How a Conv's output rows read its input rows (along H only; W is left as it is)."""
+
+    kernel: int
+    stride: int
+    dilation: int
+    pad_top: int
+    pad_bottom: int
+
+    @classmethod
+    def of(cls, conv: gs.Node, in_shape: tuple[int, ...], w_shape: tuple[int, ...] | None) -> Window:
+        kernel = list(conv.attrs.get("kernel_shape") or (w_shape[2:] if w_shape else []))
+        auto_pad = conv.attrs.get("auto_pad", "NOTSET")
+        auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+        pads = list(conv.attrs.get("pads") or [0] * 2 * len(kernel))
+        if len(in_shape) != 4 or len(kernel) != 2 or auto_pad not in ("NOTSET", "VALID") or \
+                (auto_pad == "VALID" and any(pads)):
+            raise Refuse(f"Conv '{conv.name}' is not a 2-D Conv with explicit pads (auto_pad {auto_pad}, "
+                         f"kernel {kernel})")
+        strides = list(conv.attrs.get("strides") or [1, 1])
+        dilations = list(conv.attrs.get("dilations") or [1, 1])
+        return cls(int(kernel[0]), int(strides[0]), int(dilations[0]), int(pads[0]), int(pads[2]))
+
+    def rows_read(self, o0: int, o1: int, height: int) -> tuple[int, int, int, int]:
+        """(first, end) input rows that output rows [o0, o1) read within [0, height), and the zero rows to pad
+        above and below them."""
+        a = o0 * self.stride - self.pad_top
+        b = (o1 - 1) * self.stride - self.pad_top + (self.kernel - 1) * self.dilation + 1
+        first, end = max(a, 0), min(b, height)
+        return first, end, first - a, b - end
+
+    def band_attrs(self, conv: gs.Node, top: int, bottom: int) -> dict:
+        attrs = dict(conv.attrs)
+        pads = list(conv.attrs.get("pads") or [0, 0, 0, 0])
+        attrs["pads"] = [top, pads[1], bottom, pads[3]]
+        attrs.pop("auto_pad", None)
+        return attrs
+
+
+def _bands(rows: int, n: int) -> list[tuple[int, int]]:
+    base, extra = divmod(rows, n)
+    out, r0 = [], 0
+    for k in range(n):
+        r1 = r0 + base + (1 if k < extra else 0)
+        out.append((r0, r1))
+        r0 = r1
+    return out
+
+
+def _axis(node: gs.Node, rank: int) -> int:
+    return int(node.attrs.get("axis", 0)) % rank
+
+
+class BandOversize:
+    """Resize in channel groups and Conv in row bands wherever a tensor outside the deform blocks is over
+    `--max-buffer` (see the module docstring)."""
+
+    name = "bands"
+
+    def __init__(self, plan: SplitPlan | None = None) -> None:
+        self.plan = plan if plan is not None else SplitPlan()
+
+    def run(self, ctx: Context) -> list[Action]:
+        limit = ctx.options.max_buffer
+        if limit is None:
+            return []
+        shapes = Shapes(ctx)
+        outside = {id(t) for t in ctx.graph.outputs}
+        actions: list[Action] = []
+        resizes = [n for n in ctx.graph.nodes if n.op == "Resize" and (shapes.nbytes(n.outputs[0]) or 0) > limit]
+        for node in resizes:
+            actions.append(self._attempt(node, lambda n=node: self._groups(ctx, n, shapes, limit, outside)))
+        convs = [n for n in ctx.graph.nodes if n.op == "Conv" and n.inputs and
+                 (shapes.nbytes(n.inputs[0]) or 0) > limit and self._feeding(ctx, n.inputs[0], shapes) is not None]
+        for node in convs:
+            actions.append(self._attempt(node, lambda n=node: self._bands(ctx, n, shapes, limit, outside)))
+        return actions
+
+    def _attempt(self, node: gs.Node, rewrite) -> Action:
+        try:
+            return rewrite()
+        except Refuse as exc:
+            return Action(self.name, node.name, node.op, REFUSED, str(exc))
+
+    # -- Resize in channel groups -------------------------------------------------------------------------------
+    def _groups(self, ctx: Context, node: gs.Node, shapes: Shapes, limit: int, outside: set[int]) -> Action:
+        out, x = node.outputs[0], node.inputs[0]
+        size, os_, xs = shapes.nbytes(out), shapes.shape(out), shapes.shape(x)
+        head = f"output '{out.name}' ({fmt_bytes(size)}) stays over the {fmt_bytes(limit)} limit"
+        if id(out) in outside:
+            raise Refuse(f"{head}: it is read outside the rewritten part or is a graph output")
+        readers = list(out.outputs)
+        if not readers or any(r.op != "Concat" or _axis(r, len(os_)) != 1 for r in readers):
+            raise Refuse(f"{head}: it is read by {', '.join(sorted({r.op for r in readers}))}, not only by Concats "
+                         "on the channel axis")
+        mode = node.attrs.get("coordinate_transformation_mode", "half_pixel")
+        mode = mode.decode() if isinstance(mode, bytes) else mode
+        if xs is None or len(xs) != 4 or tuple(os_[:2]) != tuple(xs[:2]) or mode == "tf_crop_and_resize" or \
+                "axes" in node.attrs or node.attrs.get("keep_aspect_ratio_policy", "stretch") not in ("stretch",
+                                                                                                       b"stretch"):
+            raise Refuse(f"{head}: not a 4-D Resize with scale 1 on the batch and channel axes and no roi, axes or "
+                         "aspect-ratio policy")
+        ins = list(node.inputs) + [gs.Variable.empty()] * (4 - len(node.inputs))
+        roi, scales, sizes = ins[1], ins[2], ins[3]
+        why = self.plan.keep_whole.get(node.name)
+        if why is not None:
+            raise Refuse(f"{head}: {why}")
+        if sizes.name:
+            known = ctx.prover.constant(sizes)
+            if known is not None and [int(v) for v in known.reshape(-1)] != list(os_):
+                raise Refuse(f"{head}: its sizes {known.tolist()} are not its inferred shape {list(os_)}")
+        elif scales.name:
+            values = ctx.prover.constant(scales)
+            if values is None or values.size != 4 or values[0] != 1 or values[1] != 1:
+                raise Refuse(f"{head}: its scales are not constant with 1 on the batch and channel axes")
+        else:
+            raise Refuse(f"{head}: it has neither scales nor sizes")
+        channels = xs[1]
+        n = math.ceil(size / limit)
+        if n > channels:
+            raise Refuse(f"{head}: one channel alone is {fmt_bytes(size // channels)}")
+        groups = _bands(channels, n)
+        dtype = shapes.dtype(out)
+        maker, source = self._channel_source(ctx, x, node, outside)
+        first = len(ctx.graph.nodes)
+        parts = []
+        for k, (c0, c1) in enumerate(groups):
+            base = f"{node.name}/group{k}"
+            part_in = ctx.var(f"{x.name}/channels{c0}_{c1}", shapes.dtype(x), (xs[0], c1 - c0, *xs[2:]))
+            if source is not None:  # the Conv making the input, for these output channels only
+                w, b = source
+                ctx.node("Conv", f"{maker.name}/group{k}",
+                         [maker.inputs[0], ctx.const(f"{maker.inputs[1].name}/group{k}", w[c0:c1]),
+                          *([ctx.const(f"{maker.inputs[2].name}/group{k}", b[c0:c1])] if b is not None else [])],
+                         [part_in], dict(maker.attrs))
+            else:
+                ctx.node("Slice", f"{base}/slice", [x, ctx.const(f"{base}/starts", np.array([c0], np.int64)),
+                                                    ctx.const(f"{base}/ends", np.array([c1], np.int64)),
+                                                    ctx.const(f"{base}/axes", np.array([1], np.int64))], [part_in])
+            group_sizes = (ctx.const(f"{base}/sizes", np.array([os_[0], c1 - c0, *os_[2:]], np.int64))
+                           if sizes.name else sizes)
+            part = ctx.var(f"{out.name}/group{k}", dtype, (os_[0], c1 - c0, *os_[2:]))
+            ctx.node("Resize", base, [part_in, roi, scales, group_sizes] if sizes.name else [part_in, roi, scales],
+                     [part], dict(node.attrs))
+            parts.append(part)
+        for r in readers:
+            joined = [p for t in r.inputs for p in (parts if t is out else [t])]
+            r.inputs.clear()
+            r.inputs.extend(joined)
+        node.outputs.clear()
+        widths = "/".join(str(w) for w in sorted({c1 - c0 for c0, c1 in groups}, reverse=True))
+        largest = max(shapes.nbytes(p) or 0 for p in parts)
+        return Action(self.name, node.name, node.op, REWRITTEN,
+                      f"computed in {n} channel groups of {widths} channels (of {channels}): output '{out.name}' "
+                      f"{fmt_bytes(size)} -> {fmt_bytes(largest)} per group, limit {fmt_bytes(limit)}; each group "
+                      + (f"reads the output of Conv '{maker.name}' computed for its channels only"
+                         if source is not None else f"reads a Slice of its channels of '{x.name}'")
+                      + f"; the groups take its place in {', '.join(repr(r.name) for r in readers)} (Concat on the "
+                      "channel axis); "
+                      "each element is interpolated from its own channel with the same weights (they depend on "
+                      "the spatial sizes only), but ORT's NCHWc layout (level all) runs a Resize of whole channel "
+                      "blocks with a kernel of its own, so the whole patched model is verified before it is written",
+                      tuple(x.name for x in ctx.graph.nodes[first:]), needs_verify=True)
+
+    @staticmethod
+    def _channel_source(ctx: Context, x: gs.Tensor, resize: gs.Node, outside: set[int]
+                        ) -> tuple[gs.Node | None, tuple | None]:
+        """The Conv making `x` and its (weights, bias) when the groups can be made by that Conv's output-channel
+        groups instead of Slices of its output.
+
+        Why: at level `all` ORT CPU keeps a Conv's output in its NCHWc layout and runs a Resize reading it with its
+        own NCHWc kernel; a Slice between them brings the data back to NCHW and the plain Resize kernel rounds
+        differently (measured on the decoder-tail replica: 3e-8). A Conv of fewer output channels feeds each
+        group's Resize as the whole Conv fed the whole Resize. Only for a Conv of one group read by this Resize
+        and by Shape nodes (the exporter's `sizes`)."""
+        if len(x.inputs) != 1 or id(x) in outside:
+            return None, None
+        maker = x.inputs[0]
+        if maker.op != "Conv" or int(maker.attrs.get("group", 1)) != 1 or len(maker.outputs) != 1 or \
+                any(r is not resize and r.op != "Shape" for r in x.outputs):
+            return None, None
+        w = ctx.prover.constant(maker.inputs[1])
+        b = ctx.prover.constant(maker.inputs[2]) if len(maker.inputs) > 2 and maker.inputs[2].name else None
+        if w is None or (len(maker.inputs) > 2 and maker.inputs[2].name and b is None):
+            return None, None
+        return maker, (w, b)
+
+    # -- Conv in row bands --------------------------------------------------------------------------------------
+    def _bands(self, ctx: Context, conv: gs.Node, shapes: Shapes, limit: int, outside: set[int]) -> Action:
+        x = conv.inputs[0]
+        size, xs = shapes.nbytes(x), shapes.shape(x)
+        head = f"input '{x.name}' ({fmt_bytes(size)}) stays over the {fmt_bytes(limit)} limit"
+        why = self.plan.keep_whole.get(conv.name)
+        if why is not None:
+            raise Refuse(f"{head}: {why}")
+        window = Window.of(conv, xs, shapes.shape(conv.inputs[1]))
+        y_shape = shapes.shape(conv.outputs[0])
+        if y_shape is None or len(y_shape) != 4 or y_shape[2] < 2:
+            raise Refuse(f"{head}: the Conv's output shape is not known as [N, M, H, W] with H >= 2")
+        chain, producer = self._feeding(ctx, x, shapes)
+        for t in [x, *(n.outputs[0] for n in chain), *(producer.outputs if chain else ())]:
+            if id(t) in outside or len(t.outputs) != 1:
+                raise Refuse(f"{head}: '{t.name}' is also read elsewhere (or outside the rewritten part), so it "
+                             "would be needed whole anyway")
+        inner = Window.of(producer, shapes.shape(producer.inputs[0]), shapes.shape(producer.inputs[1])) \
+            if producer.op == "Conv" else None
+        sources = [producer.inputs[0]] if inner else list(producer.inputs)
+        for s in sources:
+            if (shapes.nbytes(s) or 0) > limit:
+                raise Refuse(f"{head}: {producer.op} '{producer.name}' reads '{s.name}' "
+                             f"({fmt_bytes(shapes.nbytes(s))}), itself over the limit")
+        tail = SplitBlocks._tail(ctx, conv, shapes)
+        rows_out, rows_x = y_shape[2], xs[2]
+
+        def row_bytes(t: gs.Tensor) -> int:
+            s = shapes.shape(t)
+            return (shapes.nbytes(t) or 0) // s[2]
+
+        def plan(n: int) -> tuple[list, int]:
+            bands, worst = [], 0
+            for o0, o1 in _bands(rows_out, n):
+                x0, x1, top, bottom = window.rows_read(o0, o1, rows_x)
+                reads = inner.rows_read(x0, x1, shapes.shape(sources[0])[2]) if inner and x1 > x0 else None
+                if x1 <= x0 or (inner and reads[1] <= reads[0]):
+                    raise Refuse(f"{head}: output rows {o0}..{o1 - 1} of {n} bands would read nothing but the "
+                                 "zero padding")
+                worst = max(worst, row_bytes(x) * (x1 - x0), *[row_bytes(t) * (o1 - o0) for t in
+                                                              [conv.outputs[0]] + [t.outputs[0] for t in tail]])
+                if reads:
+                    worst = max(worst, row_bytes(sources[0]) * (reads[1] - reads[0]))
+                bands.append((o0, o1, x0, x1, top, bottom, reads))
+            return bands, worst
+
+        n = 2
+        bands, worst = plan(n)
+        while worst > limit and n < rows_out:
+            n += 1
+            bands, worst = plan(n)
+        if worst > limit:
+            raise Refuse(f"{head}: even one output row per band needs {fmt_bytes(worst)}")
+
+        first = len(ctx.graph.nodes)
+        end = (tail[-1] if tail else conv).outputs[0]
+        joined = []
+        for k, (o0, o1, x0, x1, top, bottom, reads) in enumerate(bands):
+            tag = f"band{k}"
+            if inner is None:  # a channel Concat: the rows of each of its inputs
+                pieces = [self._rows(ctx, s, x0, x1, shapes) for s in sources]
+                x_band = ctx.var(f"{x.name}/{tag}", shapes.dtype(x), (*xs[:2], x1 - x0, xs[3]))
+                ctx.node("Concat", f"{producer.name}/{tag}", pieces, [x_band], {"axis": 1})
+            else:  # a Conv (and the per-channel ops after it) computed for these rows in turn
+                r0, r1, ptop, pbottom = reads
+                x_band = self._through(ctx, [producer, *chain], self._rows(ctx, sources[0], r0, r1, shapes),
+                                       inner.band_attrs(producer, ptop, pbottom), tag, x1 - x0, shapes)
+            joined.append(self._through(ctx, [conv, *tail], x_band, window.band_attrs(conv, top, bottom), tag,
+                                        o1 - o0, shapes))
+        for node in [conv, *tail]:
+            node.outputs.clear()
+        ctx.node("Concat", f"{conv.name}/bands/join", joined, [end], {"axis": 2})
+
+        counts = "/".join(str(c) for c in sorted({b[1] - b[0] for b in bands}, reverse=True))
+        fed = (f"the rows of each input of Concat '{producer.name}'" if inner is None else
+               f"Conv '{producer.name}'{''.join(f' -> {c.op}' for c in chain)} computed for those rows from "
+               f"the rows of '{sources[0].name}' it reads")
+        carried = "".join(f" -> {t.op}" for t in tail)
+        return Action(self.name, conv.name, conv.op, REWRITTEN,
+                      f"computed in {n} row bands of {counts} output rows (of {rows_out}): input '{x.name}' "
+                      f"({fmt_bytes(size)}) was over the {fmt_bytes(limit)} limit; each band reads its rows of it "
+                      f"(with the kernel's halo) from {fed}; largest band tensor "
+                      f"{fmt_bytes(worst)}; the Conv{carried} runs per band and one Concat joins the bands; each "
+                      "output pixel reads the same values, but the summation order of a Conv kernel on fewer rows "
+                      "is the implementation's choice, so the whole patched model is verified before it is written",
+                      tuple(t.name for t in ctx.graph.nodes[first:]), needs_verify=True)
+
+    def _feeding(self, ctx: Context, x: gs.Tensor, shapes: Shapes) -> tuple[list[gs.Node], gs.Node] | None:
+        """The node X's bands can be computed from (a channel Concat, or a Conv through per-channel ops) and those
+        ops in order, or None when X is made otherwise (not this pass's pattern: a deform block's join, for one)."""
+        chain: list[gs.Node] = []
+        t = x
+        while len(t.inputs) == 1:
+            node = t.inputs[0]
+            if node.op == "Concat" and not chain and _axis(node, len(shapes.shape(t))) == 1 and \
+                    all(shapes.shape(i) is not None and len(shapes.shape(i)) == 4 for i in node.inputs):
+                return chain, node
+            if node.op == "Conv" and len(node.outputs) == 1:
+                return list(reversed(chain)), node
+            data = self._per_channel(ctx, node, shapes)
+            if data is None:
+                return None
+            chain.append(node)
+            t = data
+        return None
+
+    @staticmethod
+    def _per_channel(ctx: Context, node: gs.Node, shapes: Shapes) -> gs.Tensor | None:
+        """The data input of an op that computes each element of its output from the element at the same place of
+        that input and constants broadcast along the rows (bias Add, BatchNormalization, Relu, ...), else None."""
+        if node.op not in TAIL_OPS or len(node.outputs) != 1 or not node.inputs:
+            return None
+        if node.op in ELEMENTWISE_UNARY or node.op == "BatchNormalization":
+            data = node.inputs[0]
+            return data if all(ctx.prover.constant(i) is not None for i in node.inputs[1:] if i.name) else None
+        shape = shapes.shape(node.outputs[0])
+        varying = [i for i in node.inputs if ctx.prover.constant(i) is None]
+        if shape is None or len(varying) != 1 or shapes.shape(varying[0]) != shape:
+            return None
+        for side in node.inputs:
+            if side is varying[0]:
+                continue
+            value = ctx.prover.constant(side)
+            if broadcast([shape, value.shape]) != shape or (
+                    value.ndim >= len(shape) - 2 and value.shape[value.ndim - len(shape) + 2] != 1):
+                return None
+        return varying[0]
+
+    def _rows(self, ctx: Context, t: gs.Tensor, r0: int, r1: int, shapes: Shapes) -> gs.Tensor:
+        s = shapes.shape(t)
+        if (r0, r1) == (0, s[2]):
+            return t
+        base = f"{t.name}/rows{r0}_{r1}"
+        part = ctx.var(base, shapes.dtype(t), (*s[:2], r1 - r0, *s[3:]))
+        ctx.node("Slice", base, [t, ctx.const(f"{base}/starts", np.array([r0], np.int64)),
+                                 ctx.const(f"{base}/ends", np.array([r1], np.int64)),
+                                 ctx.const(f"{base}/axes", np.array([2], np.int64))], [part])
+        return part
+
+    @staticmethod
+    def _through(ctx: Context, nodes: list[gs.Node], x: gs.Tensor, first_attrs: dict, tag: str, rows: int,
+                 shapes: Shapes) -> gs.Tensor:
+        """`x` (the rows of the first node's data input) through copies of `nodes`, a Conv with `first_attrs` and
+        then per-channel ops, each reading its predecessor's output: `[N, M, rows, W]`."""
+        current, replaced = x, nodes[0].inputs[0]
+        for k, n in enumerate(nodes):
+            out = n.outputs[0]
+            s = shapes.shape(out)
+            y = ctx.var(f"{out.name}/{tag}", shapes.dtype(out), (*s[:2], rows, *s[3:]))
+            inputs = [current if i is replaced else i for i in n.inputs]
+            ctx.node(n.op, f"{n.name}/{tag}", inputs, [y], first_attrs if k == 0 else dict(n.attrs))
+            current, replaced = y, out
+        return current

@@ -1,0 +1,205 @@
+"""Bands pass: ordinary tensors over --max-buffer (BiRefNet's decoder tail) are computed in row bands (Conv) and
+channel groups (Resize), verified byte-identical on the whole model before anything is written."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from conftest import assert_bytes_equal, patch_in_memory
+from graphs import decoder_tail
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+from deform_surgeon import patch
+from deform_surgeon.budget import analyze
+from deform_surgeon.pipeline import REFUSED, REWRITTEN
+
+KiB = 1024
+LEVELS = {"all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL, "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL}
+
+
+def run(model: onnx.ModelProto | str, feeds: dict, level: str = "all") -> list[np.ndarray]:
+    so = ort.SessionOptions()
+    so.graph_optimization_level = LEVELS[level]
+    data = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+    return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def feeds_for(model: onnx.ModelProto, seed: int = 0, integers: bool = False) -> dict:
+    rng = np.random.default_rng(seed)
+    out = {}
+    for vi in model.graph.input:
+        shape = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+        out[vi.name] = (rng.integers(-3, 4, shape) if integers else rng.standard_normal(shape)).astype(np.float32)
+    return out
+
+
+def bands_actions(actions) -> list:
+    return [a for a in actions if a.pass_name == "bands"]
+
+
+def over(model: onnx.ModelProto | str, limit: int) -> list[str]:
+    return [t.name for t in analyze(model, max_buffer=limit, max_binding=2**62).over_buffer]
+
+
+# ------------------------------------------------------------------------------------ BiRefNet's decoder tail
+def test_decoder_tail_fits_the_limit_and_is_byte_identical(tmp_path):
+    """The replica of BiRefNet's decoder tail at 300 KiB: the 512 KiB Resize in channel groups, the three Convs
+    reading 320-640 KiB inputs in row bands; the whole model is verified before writing, nothing is over."""
+    src, out, limit = tmp_path / "tail.onnx", tmp_path / "tail.patched.onnx", 300 * KiB
+    onnx.save(decoder_tail(), src)
+    assert sorted(over(str(src), limit)) == ["att_cat", "dec_up", "ipt_conv1", "out_cat"]
+    report = patch(src, out, max_buffer=limit)
+    acts = {a.node: a for a in bands_actions(report.actions)}
+    assert sorted(acts) == ["Conv_att_conv1", "Conv_ipt_conv_out", "Conv_mask", "Resize_dec_up"]
+    assert all(a.action == REWRITTEN and a.needs_verify for a in acts.values())
+    assert all("verified byte-identical before writing" in a.reason for a in acts.values())
+    assert "2 channel groups of 16 channels (of 32)" in acts["Resize_dec_up"].reason
+    assert "reads the output of Conv 'Conv_dec_conv_out' computed for its channels only" in \
+        acts["Resize_dec_up"].reason
+    assert "from Conv 'Conv_ipt_conv1' computed for those rows" in acts["Conv_ipt_conv_out"].reason
+    assert "the Conv -> Relu runs per band" in acts["Conv_att_conv1"].reason
+    assert report.written and over(str(out), limit) == []
+    model = onnx.load(src)
+    for seed in (0, 1):
+        feeds = feeds_for(model, seed)
+        for level in LEVELS:
+            assert_bytes_equal(run(model, feeds, level), run(str(out), feeds, level))
+    # a second patch finds nothing over the limit and changes nothing
+    again = patch(out, tmp_path / "again.onnx", max_buffer=limit)
+    assert not again.changed and not again.refused and not (tmp_path / "again.onnx").exists()
+
+
+def test_without_max_buffer_the_tail_is_left_alone(tmp_path):
+    src = tmp_path / "tail.onnx"
+    onnx.save(decoder_tail(), src)
+    report = patch(src, tmp_path / "out.onnx")
+    assert not bands_actions(report.actions) and not report.changed
+
+
+def test_a_band_not_shown_exact_on_the_whole_model_is_undone(tmp_path):
+    """What `patch` does when the whole patched model differs: it keeps those nodes whole (the plan's
+    keep_whole, here given up front as the fallback gives it), says why, and writes the rest."""
+    from deform_surgeon.passes.split import SplitPlan
+    from deform_surgeon.surgeon import _lift, _options
+
+    src = tmp_path / "tail.onnx"
+    onnx.save(decoder_tail(), src)
+    why = "not shown exact on the whole model: (test)"
+    plan = SplitPlan(keep_whole={"Conv_mask": why, "Resize_dec_up": why})
+    lifted, _ = _lift(src, _options(False, None, 300 * KiB), plan)
+    acts = {a.node: a for a in bands_actions(lifted.actions)}
+    assert acts["Conv_mask"].action == REFUSED and acts["Conv_mask"].reason.endswith(why)
+    assert acts["Resize_dec_up"].action == REFUSED and "'dec_up' (524,288 B) stays over" in acts["Resize_dec_up"].reason
+    assert acts["Conv_att_conv1"].action == REWRITTEN
+
+
+def test_groups_from_a_slice_when_the_conv_output_is_read_elsewhere(tmp_path):
+    """When the Conv before the Resize is also read elsewhere (here: a second graph output), the groups read
+    Slices of its output. Whatever ORT's level-all layout makes of that, what is written is byte-identical."""
+    model = decoder_tail()
+    model.graph.output.append(helper.make_tensor_value_info("dec_conv_out", TensorProto.FLOAT, [1, 32, 32, 32]))
+    src, out = tmp_path / "tail2.onnx", tmp_path / "tail2.patched.onnx"
+    onnx.save(model, src)
+    report = patch(src, out, max_buffer=300 * KiB)
+    act = next(a for a in bands_actions(report.actions) if a.node == "Resize_dec_up")
+    assert "reads a Slice of its channels of 'dec_conv_out'" in act.reason or act.action == REFUSED
+    feeds = feeds_for(model)
+    for level in LEVELS:
+        assert_bytes_equal(run(model, feeds, level), run(str(out), feeds, level))
+
+
+# -------------------------------------------------------------------------------------- refusals, with reasons
+def _concat_conv(inputs: list[tuple[str, int]], hw: int = 16, extra_reader: bool = False, stride: int = 1
+                 ) -> onnx.ModelProto:
+    """Inputs [1, c, hw, hw] -> Concat(axis 1) -> 3x3 Conv (pads 1) -> y (and the Concat also a graph output)."""
+    c = sum(ch for _, ch in inputs)
+    w = numpy_helper.from_array(np.ones((2, c, 3, 3), np.float32), "w")
+    nodes = [helper.make_node("Concat", [n for n, _ in inputs], ["cat"], name="cat", axis=1),
+             helper.make_node("Conv", ["cat", "w"], ["y"], name="conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1],
+                              strides=[stride, stride])]
+    outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    if extra_reader:
+        outs.append(helper.make_tensor_value_info("cat", TensorProto.FLOAT, [1, c, hw, hw]))
+    ins = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, ch, hw, hw]) for n, ch in inputs]
+    graph = helper.make_graph(nodes, "concat_conv", ins, outs, [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return onnx.shape_inference.infer_shapes(model, strict_mode=True)
+
+
+def test_refused_when_the_input_is_needed_whole_anyway():
+    _, actions = patch_in_memory(_concat_conv([("a", 4), ("b", 4)], extra_reader=True), max_buffer=4 * KiB)
+    (act,) = bands_actions(actions)
+    assert act.action == REFUSED and "'cat' is also read elsewhere" in act.reason
+
+
+def test_refused_when_a_concat_input_is_itself_over_the_limit():
+    _, actions = patch_in_memory(_concat_conv([("a", 12), ("b", 2)]), max_buffer=10 * KiB)
+    (act,) = bands_actions(actions)
+    assert act.action == REFUSED and "Concat 'cat' reads 'a' (12,288 B), itself over the limit" in act.reason
+
+
+# --------------------------------------------------------------------------- the band geometry, for any window
+def _conv_chain(cin: int, hw: int, first: tuple, second: tuple, seed: int) -> onnx.ModelProto:
+    """x -> Conv(first) -> Conv(second) -> y, integer weights (any summation order gives the same bytes, so the
+    comparison checks which values each band reads, not how a kernel rounds)."""
+    rng = np.random.default_rng(seed)
+    nodes, inits, c = [], [], cin
+    for k, (kernel, stride, dilation, pad_top, pad_bottom, cout) in enumerate((first, second)):
+        inits.append(numpy_helper.from_array(rng.integers(-2, 3, (cout, c, kernel, kernel)).astype(np.float32),
+                                             f"w{k}"))
+        nodes.append(helper.make_node("Conv", ["x" if k == 0 else "h", f"w{k}"], ["h" if k == 0 else "y"],
+                                      name=f"conv{k}", kernel_shape=[kernel, kernel], strides=[stride, 1],
+                                      dilations=[dilation, 1], pads=[pad_top, 1, pad_bottom, 1]))
+        c = cout
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, cin, hw, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return onnx.shape_inference.infer_shapes(model, strict_mode=True)
+
+
+window = st.tuples(st.sampled_from([1, 2, 3, 5]), st.sampled_from([1, 2]), st.sampled_from([1, 2]),
+                   st.integers(0, 2), st.integers(0, 2), st.integers(2, 6))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(first=window, second=window, hw=st.integers(12, 40), fraction=st.sampled_from([2, 3, 5]),
+       seed=st.integers(0, 99))
+def test_bands_read_exactly_the_rows_the_conv_reads(first, second, hw, fraction, seed):
+    model = _conv_chain(3, hw, first, second, seed)
+    h = next(vi for vi in model.graph.value_info if vi.name == "h")
+    h_shape = [d.dim_value for d in h.type.tensor_type.shape.dim]
+    y_rows = (h_shape[2] + second[3] + second[4] - ((second[0] - 1) * second[2] + 1)) // second[1] + 1
+    if h_shape[2] < 1 or y_rows < 2:
+        return  # the Convs have no room to band
+    h_bytes, x_bytes = 4 * int(np.prod(h_shape)), 4 * 3 * hw * 6
+    limit = max(x_bytes, h_bytes // fraction)
+    if h_bytes <= limit:
+        return  # the Conv's input is not over any limit its own input fits
+    patched, actions = patch_in_memory(model, max_buffer=limit)
+    (act,) = bands_actions(actions)
+    feeds = feeds_for(model, seed, integers=True)
+    if act.action == REFUSED:
+        assert "even one output row per band needs" in act.reason or "nothing but the zero padding" in act.reason
+        return
+    assert "row bands" in act.reason
+    for level in LEVELS:
+        assert_bytes_equal(run(model, feeds, level), run(patched, feeds, level))
+    whole = {t.name for t in model.graph.initializer} | {"y"}  # weights, and the joined output (as before)
+    assert [t for t in over(patched, limit) if t not in whole] == []
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_concat_bands_with_halo_and_stride(stride):
+    model = _concat_conv([("a", 4), ("b", 3)], hw=20, stride=stride)
+    patched, actions = patch_in_memory(model, max_buffer=7 * KiB)
+    (act,) = bands_actions(actions)
+    assert act.action == REWRITTEN, act.reason
+    feeds = feeds_for(model, 3, integers=True)
+    for level in LEVELS:
+        assert_bytes_equal(run(model, feeds, level), run(patched, feeds, level))
