@@ -307,15 +307,18 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
     except VerificationError as exc:
         if not isinstance(exc.__cause__, _Unshown):
             raise
-        why = (f"not shown exact on the whole model: with its row chunks the whole patched model was checked on ORT "
-               f"CPU and {exc.__cause__}, although the chunks alone gave the Conv's bytes")
+        why = (f"not shown exact on the whole model: with {'it' if len(unproven) == 1 else 'these'} (the rewrites not "
+               f"exact by construction: {', '.join(sorted({a.pass_name for a in unproven}))}) the whole patched "
+               f"model was checked on ORT CPU and {exc.__cause__}")
         plan.keep_whole.update({a.node: why for a in unproven})
         report.verification = None
         lifted, memory = _lift(model_path, options, plan, rounds=0)
         patched, region = lifted.patched()
         report.actions, report.ops_after = lifted.actions, op_histogram(patched)
-        report.note = "; ".join(x for x in (f"{len(unproven)} Conv split(s) undone: not shown exact on the whole "
-                                            "model (see their lines)", memory) if x)
+        kinds = ", ".join(f"{sum(a.pass_name == k for a in unproven)} {k}" for k in sorted({a.pass_name for a in
+                                                                                              unproven}))
+        report.note = "; ".join(x for x in (f"{len(unproven)} rewrite(s) undone ({kinds}): not shown exact on the "
+                                            "whole model (see their lines)", memory) if x)
         check_spliced(patched, region, output_path, weights)
         save_model_atomic(patched, output_path, verify=_verify if verify else None, weights=weights)
     report.written = True

@@ -391,7 +391,7 @@ def test_a_split_conv_the_whole_model_disproves_is_kept_whole_and_said_so(tmp_pa
     assert report.written and split.action == REWRITTEN and not split.needs_verify
     assert "stays whole and REMAINS OVER the limit: not shown exact on the whole model" in split.reason
     assert "it differed from the original (output 'y'" in split.reason
-    assert "1 Conv split(s) undone" in report.note
+    assert "1 rewrite(s) undone (1 split)" in report.note
     assert (report.verification is not None and report.verification.identical) == verify
     patched = onnx.load(str(out))
     assert [n.name for n in patched.graph.node if n.op_type == "Conv"] == [split.node]  # whole
