@@ -203,3 +203,22 @@ def test_concat_bands_with_halo_and_stride(stride):
     feeds = feeds_for(model, 3, integers=True)
     for level in LEVELS:
         assert_bytes_equal(run(model, feeds, level), run(patched, feeds, level))
+
+
+# ------------------------------------------------------------------------------------- on the WebGPU runtimes
+@pytest.mark.webgpu
+@pytest.mark.parametrize("runtime,bundle", [("node", None), ("browser", "webgpu"), ("browser", "jsep")])
+def test_the_banded_tail_stays_on_the_gpu_and_matches_ort_cpu(tmp_path, runtime, bundle):
+    """The bands and groups are Slice / Concat / Conv / Resize: every node has a kernel on both WebGPU EPs, so
+    the patched tail runs with 0 CPU nodes and 0 Memcpy, its output within the GPU's Conv tolerance of ORT CPU."""
+    from deform_surgeon.placement import measure_placement, missing_setup
+
+    if missing_setup() is not None:
+        pytest.skip(f"WebGPU runtimes not set up: {missing_setup()}")
+    src, out = tmp_path / "tail.onnx", tmp_path / "tail.patched.onnx"
+    onnx.save(decoder_tail(), src)
+    assert patch(src, out, max_buffer=300 * KiB).written
+    p = measure_placement(out, runtime, bundle, run=True, timeout=300)
+    assert p.session_ok and p.cpu_nodes == 0 and p.memcpy == 0, (p.error, p.cpu_ops)
+    assert p.run["ok"], p.run["error"]
+    assert max(o["max_abs_diff"] for o in p.run["outputs"].values()) < 1e-4
