@@ -358,7 +358,7 @@ def legacy_patches(image: int = 1024, levels: tuple[int, ...] = (32, 64, 128, 25
 
 
 def decoder_tail(image: int = 64, feat: int = 32, channels: int = 16, dec: int = 32, ipt: tuple[int, int] = (24, 8),
-                 seed: int = 0) -> onnx.ModelProto:
+                 seed: int = 0, current: bool = False) -> onnx.ModelProto:
     """The end of BiRefNet's decoder, where its largest ordinary tensors live (at 1024x1024: a 320 MiB Concat of
     the ASPP branches read by a 1x1 Conv, a 384 MiB Resize and a 480 MiB channel Concat read by the last 1x1 Conv,
     a 256 MiB 3x3 Conv output read by a 3x3 Conv), at a small size:
@@ -373,6 +373,11 @@ def decoder_tail(image: int = 64, feat: int = 32, channels: int = 16, dec: int =
     -> '/decoder/Resize_7' with sizes Concat(Slice(Shape), Constant) -> '/decoder/Concat_29' with ipt_blk1's conv1
     -> conv_out -> conv_out1), kernels, pads and Resize attributes as there; channel counts are smaller
     (`channels` per ASPP branch, `dec` out of the decoder block, `ipt` out of the two image-branch Convs).
+    `current=True` is the current code's form: the image branch cuts the image into 2x2 patches stacked on the
+    channels (Reshape -> Transpose -> Reshape) with the patch size read by `Shape -> Gather -> Div -> Cast` of the
+    upsampled decoder output (as '/decoder/Shape_20' reads '/decoder/Resize_7_output_0'), then resizes them with
+    sizes from their own `Shape`: ONNX's data propagation stops at the Casts, so the image branch's shapes are
+    unknown to shape inference up to its first Conv's output, as in the real export.
     """
     rng = np.random.default_rng(seed)
     nodes, inits, const, node = _builder()
@@ -399,13 +404,39 @@ def decoder_tail(image: int = 64, feat: int = 32, channels: int = 16, dec: int =
     sizes = node("Concat", [nc, const("hw", np.array([image, image]))], "dec_sizes", axis=0)
     up = node("Resize", [dec_out, "", "", sizes], "dec_up", mode="linear",
               coordinate_transformation_mode="align_corners", cubic_coeff_a=-0.75, nearest_mode="floor")
-    patches = conv(conv("image", "ipt_conv1", 3, ipt[0], 3), "ipt_conv_out", ipt[0], ipt[1], 3)
+    source, side = "image", image
+    if current:  # image2patches: b c (g h) (g w) -> b (c g g) h w, h = H_up // 2 through Div and Casts
+        def scalar(name: str, value: int) -> str:
+            return node("Constant", [], name, value=numpy_helper.from_array(np.array(value, np.int64)))
+
+        half = node("Cast", [node("Cast", [node("Div", [node("Gather", [node("Shape", [up], "up_shape"),
+                                                                        scalar("up_axis", 2)], "up_h", axis=0),
+                                                        scalar("two", 2)], "up_half"),
+                                            ], "up_half_f", to=TensorProto.FLOAT)], "up_half_i", to=TensorProto.INT64)
+        dim = node("Unsqueeze", [half, const("unsq0", np.array([0]))], "half_dim")
+        split = node("Concat", [const("p_lead", np.array([1, 3, 2])), dim, const("p_two", np.array([2])), dim],
+                     "p_shape", axis=0)
+        grid = node("Transpose", [node("Reshape", ["image", split], "p_grid")], "p_swap", perm=[0, 1, 2, 4, 3, 5])
+        count = node("Cast", [node("Div", [node("Cast", [dim], "half_f", to=TensorProto.FLOAT),  # the 2 patches
+                                           node("Cast", [node("Div", [dim, const("p_one", np.array([2]))], "quarter")],
+                                                "quarter_f", to=TensorProto.FLOAT)], "count_f")],
+                     "count", to=TensorProto.INT64)
+        channels = node("Mul", [const("p_three", np.array([3])), node("Mul", [count, count], "count2")], "p_ch")
+        flat = node("Concat", [const("p_c", np.array([1])), channels, dim, dim], "p_flat_shape", axis=0)
+        patches_in = node("Reshape", [grid, flat], "p_patches")
+        nc = node("Slice", [node("Shape", [patches_in], "p_shape_of"), const("q0", np.array([0])),
+                            const("q2", np.array([2])), const("q_ax", np.array([0]))], "p_nc")
+        source = node("Resize", [patches_in, "", "", node("Concat", [nc, const("p_hw", np.array([image, image]))],
+                                                           "p_sizes", axis=0)],
+                      "img_up", mode="linear", coordinate_transformation_mode="align_corners", cubic_coeff_a=-0.75,
+                      nearest_mode="floor")
+    patches = conv(conv(source, "ipt_conv1", 12 if current else 3, ipt[0], 3), "ipt_conv_out", ipt[0], ipt[1], 3)
     cat = node("Concat", [up, patches], "out_cat", axis=1)
     conv(cat, "mask", dec + ipt[1], 1, 1)
     graph = helper.make_graph(
         nodes, "decoder_tail",
         [helper.make_tensor_value_info("feat", TensorProto.FLOAT, [1, c, feat, feat]),
-         helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, image, image])],
+         helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, side, side])],
         [helper.make_tensor_value_info("mask", TensorProto.FLOAT, [1, 1, image, image])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="tests/graphs.py")
     model.ir_version = 8

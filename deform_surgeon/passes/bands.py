@@ -63,11 +63,13 @@ class Window:
     pad_bottom: int
 
     @classmethod
-    def of(cls, conv: gs.Node, in_shape: tuple[int, ...], w_shape: tuple[int, ...] | None) -> Window:
+    def of(cls, conv: gs.Node, in_shape: tuple[int, ...] | None, w_shape: tuple[int, ...] | None) -> Window:
         kernel = list(conv.attrs.get("kernel_shape") or (w_shape[2:] if w_shape else []))
         auto_pad = conv.attrs.get("auto_pad", "NOTSET")
         auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
         pads = list(conv.attrs.get("pads") or [0] * 2 * len(kernel))
+        if in_shape is None:
+            raise Refuse(f"the input shape of Conv '{conv.name}' is not known statically")
         if len(in_shape) != 4 or len(kernel) != 2 or auto_pad not in ("NOTSET", "VALID") or \
                 (auto_pad == "VALID" and any(pads)):
             raise Refuse(f"Conv '{conv.name}' is not a 2-D Conv with explicit pads (auto_pad {auto_pad}, "
@@ -144,7 +146,8 @@ class BandOversize:
         head = f"output '{out.name}' ({fmt_bytes(size)}) stays over the {fmt_bytes(limit)} limit"
         if id(out) in outside:
             raise Refuse(f"{head}: it is read outside the rewritten part or is a graph output")
-        readers = list(out.outputs)
+        sizers = [r for r in out.outputs if r.op == "Shape"]  # need its shape only: a constant after the split
+        readers = [r for r in out.outputs if r.op != "Shape"]
         if not readers or any(r.op != "Concat" or _axis(r, len(os_)) != 1 for r in readers):
             raise Refuse(f"{head}: it is read by {', '.join(sorted({r.op for r in readers}))}, not only by Concats "
                          "on the channel axis")
@@ -202,6 +205,11 @@ class BandOversize:
             joined = [p for t in r.inputs for p in (parts if t is out else [t])]
             r.inputs.clear()
             r.inputs.extend(joined)
+        for r in sizers:  # Shape(out)[start:end] is known statically: the Shape becomes a Constant of it
+            start, end = int(r.attrs.get("start", 0)), r.attrs.get("end")
+            value = np.array(os_[start:None if end is None else int(end)], np.int64)
+            r.op, r.attrs = "Constant", {"value": ctx.const(f"{r.name}/value", value)}
+            r.inputs.clear()
         node.outputs.clear()
         widths = "/".join(str(w) for w in sorted({c1 - c0 for c0, c1 in groups}, reverse=True))
         largest = max(shapes.nbytes(p) or 0 for p in parts)
@@ -211,7 +219,9 @@ class BandOversize:
                       + (f"reads the output of Conv '{maker.name}' computed for its channels only"
                          if source is not None else f"reads a Slice of its channels of '{x.name}'")
                       + f"; the groups take its place in {', '.join(repr(r.name) for r in readers)} (Concat on the "
-                      "channel axis); "
+                      "channel axis)"
+                      + (f", and its {len(sizers)} Shape reader(s) become Constants of its static shape" if sizers
+                         else "") + "; "
                       "each element is interpolated from its own channel with the same weights (they depend on "
                       "the spatial sizes only), but ORT's NCHWc layout (level all) runs a Resize of whole channel "
                       "blocks with a kernel of its own, so the whole patched model is verified before it is written",
@@ -257,6 +267,8 @@ class BandOversize:
             if id(t) in outside or len(t.outputs) != 1:
                 raise Refuse(f"{head}: '{t.name}' is also read elsewhere (or outside the rewritten part), so it "
                              "would be needed whole anyway")
+        if producer.op == "Conv" and shapes.shape(producer.inputs[0]) is None:
+            self._derive_input(producer, shapes)
         inner = Window.of(producer, shapes.shape(producer.inputs[0]), shapes.shape(producer.inputs[1])) \
             if producer.op == "Conv" else None
         sources = [producer.inputs[0]] if inner else list(producer.inputs)
@@ -326,6 +338,23 @@ class BandOversize:
                       "output pixel reads the same values, but the summation order of a Conv kernel on fewer rows "
                       "is the implementation's choice, so the whole patched model is verified before it is written",
                       tuple(t.name for t in ctx.graph.nodes[first:]), needs_verify=True)
+
+    @staticmethod
+    def _derive_input(conv: gs.Node, shapes: Shapes) -> None:
+        """The input shape of a Conv of stride 1 from its output and weight shapes, where inference lost it (the
+        current BiRefNet's image-patch Resize takes its sizes from Shape -> Gather, which ONNX's data propagation
+        does not follow). With stride 1 each output size determines the input size exactly."""
+        out, w = shapes.shape(conv.outputs[0]), shapes.shape(conv.inputs[1])
+        strides = list(conv.attrs.get("strides") or [1, 1])
+        if out is None or w is None or len(out) != 4 or strides != [1, 1] or \
+                conv.attrs.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):
+            return
+        pads = list(conv.attrs.get("pads") or [0, 0, 0, 0])
+        dil = list(conv.attrs.get("dilations") or [1, 1])
+        h = out[2] - pads[0] - pads[2] + (w[2] - 1) * dil[0]
+        width = out[3] - pads[1] - pads[3] + (w[3] - 1) * dil[1]
+        shapes.learn(conv.inputs[0], (out[0], w[1] * int(conv.attrs.get("group", 1)), h, width),
+                     shapes.dtype(conv.outputs[0]))
 
     def _feeding(self, ctx: Context, x: gs.Tensor, shapes: Shapes) -> tuple[list[gs.Node], gs.Node] | None:
         """The node X's bands can be computed from (a channel Concat, or a Conv through per-channel ops) and those

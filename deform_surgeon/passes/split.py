@@ -164,6 +164,12 @@ class Shapes:
     def nbytes(self, t: gs.Tensor) -> int | None:
         return nbytes(self.shape(t), self.dtype(t))
 
+    def learn(self, t: gs.Tensor, shape: tuple[int, ...], dtype: np.dtype | None) -> None:
+        """Record what a pass derived about a tensor inference left unknown (e.g. a Conv's input from its output)."""
+        self._shape[id(t)] = tuple(shape)
+        if self.dtype(t) is None:
+            self._dtype[id(t)] = dtype
+
     def _infer_dtype(self, t: gs.Tensor) -> np.dtype | None:
         d = self.ctx.prover.dtype(t)
         if d is not None or len(t.inputs) != 1:
