@@ -91,8 +91,10 @@ def test_interrupted_setup_leaves_no_partial_install(sig: signal.Signals, tmp_pa
     if runtimes.node_problem():
         pytest.skip(runtimes.node_problem())
     cache = tmp_path / "cache"
+    # SIGINT as a terminal delivers it, even when pytest itself runs in the background (where it is ignored)
     proc = subprocess.Popen([sys.executable, "-m", "deform_surgeon", "setup"], stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "XDG_CACHE_HOME": str(cache)})
+                            env={**os.environ, "XDG_CACHE_HOME": str(cache)},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 60
         while not list(cache.glob("deform-surgeon/.runtimes-*.partial-*/package-lock.json")):

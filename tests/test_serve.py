@@ -178,8 +178,10 @@ needs_runtimes = pytest.mark.skipif(runtimes.runtimes_dir() is None, reason="run
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_stops_cleanly_on_a_signal(sig: signal.Signals, tmp_path: Path) -> None:
     env = {**os.environ, "TMPDIR": str(tmp_path)}
+    # SIGINT as a terminal delivers it, even when pytest itself runs in the background (where it is ignored)
     proc = subprocess.Popen([sys.executable, "-m", "deform_surgeon", "serve", str(ORIGINAL)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         line = proc.stdout.readline()
         assert line.startswith("serving http://127.0.0.1:"), line + proc.stderr.read()
