@@ -12,7 +12,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
@@ -27,6 +26,7 @@ from .model_io import (
     check_external_output,
     check_spliced,
     copy_atomic,
+    elem_nbytes,
     export_graph,
     import_graph,
     load_model,
@@ -100,15 +100,9 @@ def _oversize(types: TypeTable, limit: int | None) -> set[str]:
     big = set()
     for name in types:
         elem, shape = types[name]
-        if shape and all(isinstance(d, int) for d in shape) and elem in _ITEMSIZE and \
-                math.prod(shape) * _ITEMSIZE[elem] > limit:
+        if shape and all(isinstance(d, int) for d in shape) and (elem_nbytes(elem, shape) or 0) > limit:
             big.add(name)
     return big
-
-
-_ITEMSIZE = {t: np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t)).itemsize for t in (
-    onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.INT64,
-    onnx.TensorProto.INT32, onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.BOOL)}
 
 
 @dataclass

@@ -47,7 +47,7 @@ from .split import (
     Shapes,
     SplitBlocks,
     SplitPlan,
-    broadcast,
+    along_rows,
     fmt_bytes,
 )
 
@@ -104,6 +104,15 @@ def _bands(rows: int, n: int) -> list[tuple[int, int]]:
     return out
 
 
+def _slice(ctx: Context, base: str, t: gs.Tensor, start: int, end: int, axis: int, out: gs.Tensor) -> gs.Tensor:
+    """`out` = `t[start:end]` along `axis`, by one Slice with constant bounds (a float Slice has a kernel on both
+    WebGPU EPs)."""
+    ctx.node("Slice", base, [t, ctx.const(f"{base}/starts", np.array([start], np.int64)),
+                             ctx.const(f"{base}/ends", np.array([end], np.int64)),
+                             ctx.const(f"{base}/axes", np.array([axis], np.int64))], [out])
+    return out
+
+
 def _axis(node: gs.Node, rank: int) -> int:
     return int(node.attrs.get("axis", 0)) % rank
 
@@ -127,10 +136,12 @@ class BandOversize:
         resizes = [n for n in ctx.graph.nodes if n.op == "Resize" and (shapes.nbytes(n.outputs[0]) or 0) > limit]
         for node in resizes:
             actions.append(self._attempt(node, lambda n=node: self._groups(ctx, n, shapes, limit, outside)))
-        convs = [n for n in ctx.graph.nodes if n.op == "Conv" and n.inputs and
-                 (shapes.nbytes(n.inputs[0]) or 0) > limit and self._feeding(ctx, n.inputs[0], shapes) is not None]
-        for node in convs:
-            actions.append(self._attempt(node, lambda n=node: self._bands(ctx, n, shapes, limit, outside)))
+        convs = [(n, self._feeding(ctx, n.inputs[0], shapes)) for n in ctx.graph.nodes
+                 if n.op == "Conv" and n.inputs and (shapes.nbytes(n.inputs[0]) or 0) > limit]
+        for node, feeders in convs:
+            if feeders is not None:  # else not this pass's pattern (a deform block's join, for one): not reported
+                actions.append(self._attempt(node, lambda n=node, f=feeders: self._bands(ctx, n, f, shapes, limit,
+                                                                                            outside)))
         return actions
 
     def _attempt(self, node: gs.Node, rewrite) -> Action:
@@ -192,9 +203,7 @@ class BandOversize:
                           *([ctx.const(f"{maker.inputs[2].name}/group{k}", b[c0:c1])] if b is not None else [])],
                          [part_in], dict(maker.attrs))
             else:
-                ctx.node("Slice", f"{base}/slice", [x, ctx.const(f"{base}/starts", np.array([c0], np.int64)),
-                                                    ctx.const(f"{base}/ends", np.array([c1], np.int64)),
-                                                    ctx.const(f"{base}/axes", np.array([1], np.int64))], [part_in])
+                _slice(ctx, f"{base}/slice", x, c0, c1, 1, part_in)
             group_sizes = (ctx.const(f"{base}/sizes", np.array([os_[0], c1 - c0, *os_[2:]], np.int64))
                            if sizes.name else sizes)
             part = ctx.var(f"{out.name}/group{k}", dtype, (os_[0], c1 - c0, *os_[2:]))
@@ -251,7 +260,8 @@ class BandOversize:
         return maker, (w, b)
 
     # -- Conv in row bands --------------------------------------------------------------------------------------
-    def _bands(self, ctx: Context, conv: gs.Node, shapes: Shapes, limit: int, outside: set[int]) -> Action:
+    def _bands(self, ctx: Context, conv: gs.Node, feeders: tuple[list[gs.Node], gs.Node], shapes: Shapes,
+               limit: int, outside: set[int]) -> Action:
         x = conv.inputs[0]
         size, xs = shapes.nbytes(x), shapes.shape(x)
         head = f"input '{x.name}' ({fmt_bytes(size)}) stays over the {fmt_bytes(limit)} limit"
@@ -262,7 +272,7 @@ class BandOversize:
         y_shape = shapes.shape(conv.outputs[0])
         if y_shape is None or len(y_shape) != 4 or y_shape[2] < 2:
             raise Refuse(f"{head}: the Conv's output shape is not known as [N, M, H, W] with H >= 2")
-        chain, producer = self._feeding(ctx, x, shapes)
+        chain, producer = feeders
         for t in [x, *(n.outputs[0] for n in chain), *(producer.outputs if chain else ())]:
             if id(t) in outside or len(t.outputs) != 1:
                 raise Refuse(f"{head}: '{t.name}' is also read elsewhere (or outside the rewritten part), so it "
@@ -391,9 +401,7 @@ class BandOversize:
         for side in node.inputs:
             if side is varying[0]:
                 continue
-            value = ctx.prover.constant(side)
-            if broadcast([shape, value.shape]) != shape or (
-                    value.ndim >= len(shape) - 2 and value.shape[value.ndim - len(shape) + 2] != 1):
+            if not along_rows(shape, ctx.prover.constant(side).shape):
                 return None
         return varying[0]
 
@@ -402,11 +410,7 @@ class BandOversize:
         if (r0, r1) == (0, s[2]):
             return t
         base = f"{t.name}/rows{r0}_{r1}"
-        part = ctx.var(base, shapes.dtype(t), (*s[:2], r1 - r0, *s[3:]))
-        ctx.node("Slice", base, [t, ctx.const(f"{base}/starts", np.array([r0], np.int64)),
-                                 ctx.const(f"{base}/ends", np.array([r1], np.int64)),
-                                 ctx.const(f"{base}/axes", np.array([2], np.int64))], [part])
-        return part
+        return _slice(ctx, base, t, r0, r1, 2, ctx.var(base, shapes.dtype(t), (*s[:2], r1 - r0, *s[3:])))
 
     @staticmethod
     def _through(ctx: Context, nodes: list[gs.Node], x: gs.Tensor, first_attrs: dict, tag: str, rows: int,

@@ -122,6 +122,13 @@ def broadcast(shapes: list[tuple[int, ...]]) -> tuple[int, ...] | None:
     return tuple(out)
 
 
+def along_rows(shape: tuple[int, ...], side: tuple[int, ...]) -> bool:
+    """True when a constant of shape `side` broadcasts to `shape` ([N, C, H, ...]) without varying along H: the
+    same value for every row, so an op with it (a bias Add, a scale Mul) can be carried per row chunk."""
+    return broadcast([shape, side]) == shape and (len(side) < len(shape) - 2 or
+                                                  side[len(side) - len(shape) + 2] == 1)
+
+
 def reshape_rows(out_shape: tuple[int, ...], rows: Rows, h: int, in_shape: tuple[int, ...]) -> Rows | None:
     """The rows of a reshape's input, given the rows of its output (row-major order is kept by a reshape)."""
     above = math.prod(out_shape[: rows.axis]) * rows.outer
@@ -546,10 +553,8 @@ class SplitBlocks:
             side = [i for i in n.inputs if i is not t and i.name]
             if any(ctx.prover.constant(i) is None for i in side):
                 break
-            if n.op != "BatchNormalization" and any(
-                    broadcast([shape, s.shape]) != shape or (len(s.shape) >= len(shape) - 2 and
-                                                             s.shape[len(s.shape) - len(shape) + 2] != 1)
-                    for s in (ctx.prover.constant(i) for i in side)):
+            if n.op != "BatchNormalization" and not all(along_rows(shape, ctx.prover.constant(i).shape)
+                                                         for i in side):
                 break
             tail.append(n)
             t = n.outputs[0]
