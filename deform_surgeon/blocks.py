@@ -1,70 +1,196 @@
-"""Which nodes belong to which deformable-conv block, found from the graph's structure.
+"""The deformable-conv blocks of a model, found once from its structure: the one block finder.
 
-Why: placement numbers matter per deform block ("is anything of this block still on the CPU?"), and exported
-models do not always carry scoped names (the committed fixtures use short ones), so blocks are found by their
-shape instead: every deformable conv starts its sampling at a `Floor` of the sampling coordinates and ends in
-the `Conv` that consumes the sampled values. A block is everything reachable forward from such a Floor before
-that Conv, plus the value-moving ops that feed it (Pad/Reshape/Transpose of the data, the grid + offset Add).
-The block is labelled by its Conv's name, which a patch never changes, so original and patched line up.
+Why from structure: exported models do not always carry scoped names (the committed fixtures use short ones), so
+a block is found by its shape. deform-conv2d-onnx-exporter starts every deformable conv's sampling at a `Floor`
+of the sampling coordinates and ends it in the `Conv` that consumes the sampled values:
+
+- `sampling`: every node forward of the Floor, through anything but heavy ops, from which the Conv is reached
+  (the index arithmetic, the gathers, the bilinear weights, the weighted sum, the im2col-style reshape);
+- `conv` and `tail`: that Conv and the per-channel ops right after it (bias Add, BatchNormalization, Relu);
+- `feeders`: what computes the sampling's inputs, walked backward up to heavy ops (the offset and mask paths from
+  their Convs, the grid Add, shape computations) and, for the sampled data, its value-moving ops (Pad, Reshape,
+  Transpose) only, so that the previous layer is not taken for part of this one.
+
+The region the passes see, the budget's and placement's per-block tables all read these blocks, so a node has the
+same block everywhere. A block is labelled by its Conv's name, which a patch never changes (a split Conv's chunks
+are named `<conv>/chunk<k>`), so an original model and its patched form line up.
 """
 
 from __future__ import annotations
 
 import re
 from collections import defaultdict
+from dataclasses import dataclass
 
 import onnx
 
-_SAMPLERS = {"GatherND", "GatherElements", "Gather"}
-_FEEDERS = {"Pad", "Reshape", "Transpose", "Flatten", "Cast", "Unsqueeze", "Squeeze", "Identity", "Constant"}
+from .ops import CONTROL_FLOW, EXPORTED_SAMPLERS, HEAVY, SAMPLERS, SAMPLING_START, TAIL_OPS, TAIL_STEPS
 
-
+FORWARD_LIMIT = 2000  # nodes forward of one start before it is taken for something other than a deform block
+_DATA_PATH = {"Pad", "Reshape", "Transpose", "Flatten", "Cast", "Unsqueeze", "Squeeze", "Identity", "Constant"}
+_WALK_STOPS = {"Pad", "Shape"}  # a backward walk takes these and does not go past them (their input is a layer's)
+_SUBGRAPH = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 _SPLIT_CHUNK = re.compile(r"/chunk\d+$")
+_UNNAMED = re.compile(r"^(onnx::|t_\d)")  # the exporter's generated initializer names
+
+
+class GraphIndex:
+    """A graph's nodes as plain lists (protobuf field access is the cost on 19,000 nodes), with their producers,
+    consumers and the nodes that hold subgraphs."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self.nodes = list(model.graph.node)
+        self.ops = [n.op_type for n in self.nodes]
+        self.ins = [list(n.input) for n in self.nodes]
+        self.outs = [list(n.output) for n in self.nodes]
+        self.consumers: dict[str, list[int]] = defaultdict(list)
+        self.producer: dict[str, int] = {}
+        for k, names in enumerate(self.ins):
+            for i in names:
+                self.consumers[i].append(k)
+        for k, names in enumerate(self.outs):
+            for o in names:
+                self.producer[o] = k
+        self.consumers.pop("", None)
+        self.producer.pop("", None)
+        self.initializers = {t.name for t in model.graph.initializer}
+        self.nested = {k for k, n in enumerate(self.nodes)
+                       if (self.ops[k] in CONTROL_FLOW or n.domain not in ("", "ai.onnx"))
+                       and any(a.type in _SUBGRAPH for a in n.attribute)}
+
+    def name(self, k: int) -> str:
+        """A node's name, or its first output's for an unnamed node."""
+        return self.nodes[k].name or self.outs[k][0]
+
+    def tail(self, conv: int) -> tuple[int, ...]:
+        """The per-channel ops right after `conv`, each the only reader of the one before."""
+        tail, k = [], conv
+        for _ in range(TAIL_STEPS):
+            names = [o for o in self.outs[k] if o]
+            if len(names) != 1 or len(self.consumers.get(names[0], ())) != 1:
+                break
+            k = self.consumers[names[0]][0]
+            if self.ops[k] not in TAIL_OPS:
+                break
+            tail.append(k)
+        return tuple(tail)
+
+
+@dataclass(frozen=True)
+class DeformBlock:
+    """One deformable conv (see the module docstring); node sets are indices into `GraphIndex.nodes`."""
+
+    label: str
+    start: int
+    conv: int | None
+    sampling: frozenset[int]
+    tail: tuple[int, ...]
+    feeders: frozenset[int]
+
+    @property
+    def nodes(self) -> frozenset[int]:
+        return self.sampling | self.feeders | set(self.tail) | ({self.conv} if self.conv is not None else set())
 
 
 def block_conv_name(name: str) -> str:
-    """The name a block is labelled by: the split pass names its row-chunk Convs `<conv>/chunk<k>`, and the
-    block keeps its original Conv's name, so a split model lines up with the unsplit one."""
+    """The name a block is labelled by: a split Conv's chunks keep their original Conv's name before `/chunk<k>`."""
     return _SPLIT_CHUNK.sub("", name)
 
 
+def find_blocks(index: GraphIndex) -> list[DeformBlock]:
+    """Every deform block, in graph order of its start. A start is a `Floor`, or an exported sampler that no Floor
+    reaches; its forward walk must reach a sampler and stay under `FORWARD_LIMIT` nodes."""
+    found: dict[str, tuple[int, int | None, set[int]]] = {}  # label -> start, conv, sampling
+    covered: set[int] = set()
+    for k, op in enumerate(index.ops):
+        if (op != SAMPLING_START and op not in EXPORTED_SAMPLERS) or k in covered or k in index.nested:
+            continue
+        walk = _forward(index, k)
+        if walk is None or not any(index.ops[n] in SAMPLERS for n in walk):
+            continue
+        covered |= walk
+        convs = sorted(n for n in walk if index.ops[n] == "Conv")
+        conv = convs[0] if convs else None
+        sampling = _reaching(index, walk, conv) if conv is not None else walk
+        label = _label(index, conv) if conv is not None else f"{op} '{index.name(k)}'"
+        if label in found:  # a second Floor (or sampler) of the same deformable conv
+            found[label][2].update(sampling)
+        else:
+            found[label] = (k, conv, set(sampling))
+    return [DeformBlock(label, start, conv, frozenset(sampling), index.tail(conv) if conv is not None else (),
+                        _feeders(index, frozenset(sampling)))
+            for label, (start, conv, sampling) in found.items()]
+
+
+def _label(index: GraphIndex, conv: int) -> str:
+    """`Conv '<name>'`, with its weight's name when the exporter kept the module's (`Conv 'Conv_1004'` alone says
+    little; `(decoder_blocks.0.dec_att.aspp_deforms.2.atrous_conv.weight)` says which layer)."""
+    weight = index.ins[conv][1] if len(index.ins[conv]) > 1 else ""
+    named = weight in index.initializers and not _UNNAMED.match(weight)
+    return f"Conv '{block_conv_name(index.name(conv))}'" + (f" ({weight})" if named else "")
+
+
 def deform_blocks(model: onnx.ModelProto) -> dict[str, str]:
-    """Map node name -> block label (`Conv 'name'`) for every node of every deformable-conv block."""
-    nodes = list(model.graph.node)
-    producer = {o: n for n in nodes for o in n.output}
-    consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
-    for n in nodes:
-        for i in n.input:
-            consumers[i].append(n)
-    order = {id(n): k for k, n in enumerate(nodes)}
+    """Map node name -> block label for every node of every deform block (the first block wins a shared node)."""
+    index = GraphIndex(model)
     owner: dict[str, str] = {}
-    for floor in (n for n in nodes if n.op_type == "Floor"):
-        region: dict[int, onnx.NodeProto] = {}
-        convs: list[onnx.NodeProto] = []
-        stack = [floor]
-        while stack:
-            n = stack.pop()
-            if id(n) in region:
-                continue
-            region[id(n)] = n
-            for o in n.output:
-                for c in consumers[o]:
-                    (convs if c.op_type == "Conv" else stack).append(c)
-        if not any(n.op_type in _SAMPLERS for n in region.values()):
-            continue  # a Floor that samples nothing (e.g. a size computation)
-        feeders = [producer[i] for n in region.values() for i in n.input if i in producer]
-        while feeders:
-            f = feeders.pop()
-            grid_add = f.op_type == "Add" and any(o in floor.input for o in f.output)
-            if id(f) in region or not (f.op_type in _FEEDERS or grid_add):
-                continue
-            region[id(f)] = f
-            feeders.extend(producer[i] for i in f.input if i in producer)
-        first = min(convs, key=lambda c: order[id(c)]) if convs else None
-        label = f"Conv '{block_conv_name(first.name)}'" if first is not None else f"Floor '{floor.name}'"
-        for n in region.values():
-            owner.setdefault(n.name, label)
+    for block in find_blocks(index):
+        for k in sorted(block.nodes):
+            owner.setdefault(index.name(k), block.label)
     return owner
+
+
+def _forward(index: GraphIndex, start: int) -> set[int] | None:
+    """`start` and the nodes forward of it, through anything but heavy ops, and the Convs where the walk stops."""
+    seen = {start}
+    stack = [start]
+    while stack:
+        k = stack.pop()
+        for o in index.outs[k]:
+            for c in index.consumers.get(o, ()):
+                if c in seen or c in index.nested:
+                    continue
+                if index.ops[c] in HEAVY and index.ops[c] != "Conv":
+                    continue
+                seen.add(c)
+                if len(seen) > FORWARD_LIMIT:
+                    return None
+                if index.ops[c] != "Conv":
+                    stack.append(c)
+    return seen
+
+
+def _reaching(index: GraphIndex, walk: set[int], conv: int) -> set[int]:
+    """The nodes of `walk` from which `conv` is reached inside the walk (the Conv excluded)."""
+    keep: set[int] = set()
+    stack = [i for i in index.ins[conv] if i]
+    while stack:
+        k = index.producer.get(stack.pop())
+        if k is None or k in keep or k not in walk or index.ops[k] == "Conv":
+            continue
+        keep.add(k)
+        stack.extend(i for i in index.ins[k] if i)
+    return keep
+
+
+def _feeders(index: GraphIndex, sampling: frozenset[int]) -> frozenset[int]:
+    """What computes the sampling's inputs (module docstring): up to heavy ops, only value movers for the data."""
+    out: set[int] = set()
+    stack: list[tuple[str, bool]] = []
+    for k in sampling:
+        data_slot = 0 if index.ops[k] in SAMPLERS else -1
+        stack.extend((i, slot == data_slot) for slot, i in enumerate(index.ins[k]) if i)
+    while stack:
+        name, data = stack.pop()
+        p = index.producer.get(name)
+        if p is None or p in out or p in sampling or p in index.nested or index.ops[p] in HEAVY:
+            continue
+        if data and index.ops[p] not in _DATA_PATH:
+            continue
+        out.add(p)
+        if index.ops[p] not in _WALK_STOPS:
+            stack.extend((i, data) for i in index.ins[p] if i)
+    return frozenset(out)
 
 
 _ORT_CAST_PREFIX = "InsertedPrecisionFreeCast_"  # ORT's casts around CPU fp16 islands, named after their tensor

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from .blocks import block_conv_name
+from .blocks import deform_blocks
 from .device import SPEC_DEFAULT_LIMITS
 from .device import storage_buffers as bindings
 from .errors import SurgeonError
@@ -41,15 +41,6 @@ SPEC_MAX_BINDING = SPEC_DEFAULT_LIMITS["maxStorageBufferBindingSize"]
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 _SIZE = re.compile(r"^\s*(?P<num>\d+(?:\.\d+)?)\s*(?P<unit>[a-zA-Z]*)\s*$")
-
-# Ops the sampled values of a deformable conv pass through between their gather and the Conv that consumes them.
-_BLOCK_FORWARD = {"Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Mul", "Add", "Sub", "Div", "Sum",
-                  "Cast", "Identity", "Concat", "Slice", "Gather", "Expand", "Max", "Min", "Neg"}
-_ANY_SLOT = {"Mul", "Add", "Sub", "Div", "Sum", "Max", "Min", "Concat"}
-_GATHERS = {"GatherND", "GatherElements", "Gather"}
-_BACKWARD_STOP = {"Conv", "Resize", "MatMul", "Gemm", "ConvTranspose"}
-_MAX_WALK = 400
-
 
 def parse_size(text: str | int) -> int:
     """Bytes from `268435456`, `256MiB`, `256 MiB`, `0.25GiB`, `800MB` (kB/MB/GB decimal, KiB/MiB/GiB binary)."""
@@ -219,81 +210,6 @@ class BudgetReport:
         if len(self.over_storage) > limit_rows:
             lines.append(f"  ... {len(self.over_storage) - limit_rows} more (--json FILE lists all)")
         return lines
-
-
-def deform_blocks(model: onnx.ModelProto) -> dict[str, str]:
-    """Node name -> label of the deformable-conv block it belongs to.
-
-    A block is found from each gather (GatherND / GatherElements as exported, Gather after lowering), forward
-    through the elementwise and shape ops of the exporter's pattern to the first Conv (the deformable conv's
-    weights), plus the nodes computing the gather's inputs and the weights, back to the offset/modulator Convs.
-    """
-    nodes = list(model.graph.node)
-    producer = {o: n for n in nodes for o in n.output if o}
-    consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
-    for n in nodes:
-        for i in n.input:
-            if i:
-                consumers[i].append(n)
-    inits = {i.name for i in model.graph.initializer}
-    label: dict[str, str] = {}
-    for g in (n for n in nodes if n.op_type in _GATHERS):
-        if g.name in label:
-            continue
-        cone, convs, stack, seen = [], [], [g], set()
-        while stack and len(cone) < _MAX_WALK:
-            n = stack.pop()
-            if id(n) in seen:
-                continue
-            seen.add(id(n))
-            cone.append(n)
-            for out in n.output:
-                for c in consumers.get(out, []):
-                    if c.op_type == "Conv" and c.input[0] == out:
-                        convs.append(c)
-                    elif c.op_type in _BLOCK_FORWARD and (c.op_type in _ANY_SLOT or c.input[0] == out):
-                        stack.append(c)  # sampled values flow on; a shape or index input is not followed
-        if len({c.name for c in convs}) != 1:
-            continue
-        conv = convs[0]
-        weight = conv.input[1] if len(conv.input) > 1 else ""
-        name = conv.name or conv.output[0]
-        named = weight in inits and not re.match(r"^(onnx::|t_\d)", weight)
-        text = f"Conv '{block_conv_name(name)}'" + (f" ({weight})" if named else "")
-        members = _reaching(cone, conv)
-        for n in list(members.values()):
-            members.update(_backward(n, producer, skip_data=n.op_type in _GATHERS, limit=_MAX_WALK))
-        for n in members.values():
-            label.setdefault(n.name or n.output[0], text)
-        label.setdefault(name, text)
-    return label
-
-
-def _reaching(cone: list[onnx.NodeProto], conv: onnx.NodeProto) -> dict[int, onnx.NodeProto]:
-    """Nodes of `cone` from which `conv` is reachable inside the cone."""
-    inside = {o: n for n in cone for o in n.output}
-    keep = {}
-    stack = [conv.input[0]]
-    while stack:
-        t = stack.pop()
-        n = inside.get(t)
-        if n is None or id(n) in keep:
-            continue
-        keep[id(n)] = n
-        stack.extend(i for i in n.input if i)
-    return keep
-
-
-def _backward(node: onnx.NodeProto, producer: dict, skip_data: bool, limit: int) -> dict[int, onnx.NodeProto]:
-    out, stack = {}, [i for k, i in enumerate(node.input) if i and not (skip_data and k == 0)]
-    while stack and len(out) < limit:
-        p = producer.get(stack.pop())
-        if p is None or id(p) in out or p.op_type in _BACKWARD_STOP:
-            continue
-        out[id(p)] = p
-        if p.op_type != "Pad":
-            stack.extend(i for i in p.input if i)
-    return out
 
 
 def analyze(model_or_path: onnx.ModelProto | str | Path, max_buffer: int = SPEC_MAX_BUFFER,

@@ -4,12 +4,12 @@ Why: a BiRefNet-scale model has about 19,000 nodes, of which the deform blocks a
 them into onnx-graphsurgeon, cleaning up, sorting and exporting them again cost about three times the plain
 `onnx.load` + `onnx.save` of the model, while every pass only ever looks at the blocks.
 
-What: the region is every node reachable forward from a pass's anchors (`Floor` of the sampling coordinates, the
-gathers) up to and including the Conv that consumes the sampled values and the per-channel ops right after it
-(bias Add, BatchNormalization, activation: the split pass carries its chunks through them), every `Sum`, plus the
-nodes that compute their inputs, walked backward a few steps through anything but heavy ops. The region becomes a
-model of its own: tensors it reads from outside are its graph inputs (typed from the whole model's shape
-inference), tensors read outside it or by the graph's outputs are its graph outputs.
+What: the region is every deform block's sampling, its Conv and the per-channel ops right after it (bias Add,
+BatchNormalization, activation: the split pass carries its chunks through them), as `blocks.find_blocks` finds
+them, every `Sum` and exported gather, plus the nodes that compute their inputs, walked backward a few steps
+through anything but heavy ops. The region becomes a model of its own: tensors it reads from outside are its
+graph inputs (typed from the whole model's shape inference), tensors read outside it or by the graph's outputs
+are its graph outputs.
 
 Why that is exact: the passes see the region's outside inputs as tensors they know nothing about but type and
 shape, so whatever they prove on the region holds for any values those tensors take, in particular the real ones;
@@ -27,19 +27,15 @@ from dataclasses import dataclass, field
 
 import onnx
 
+from .blocks import GraphIndex, find_blocks
 from .device import storage_buffers
 from .model_io import copy_fields, stub
-from .passes.split import TAIL_OPS
+from .ops import EXPORTED_SAMPLERS, HEAVY, SAMPLING_START
 
-ANCHORS = {"Floor", "GatherND", "GatherElements"}  # walked forward to their Conv
+ANCHORS = {SAMPLING_START, *EXPORTED_SAMPLERS}  # a deform block's start (blocks.py), or a sampler outside one
 LOCAL = {"Sum"}  # rewritten where they stand
-FORWARD_LIMIT = 2000  # nodes forward of one anchor before it is taken for something other than a deform block
 BACKWARD_STEPS = 6
-HEAVY = {"Conv", "ConvTranspose", "MatMul", "Gemm", "Attention", "MultiHeadAttention", "LSTM", "GRU", "RNN",
-         "Resize", "If", "Loop", "Scan"}
-TAIL_STEPS = 4  # per-channel ops after a Conv that the split pass may carry its chunks through (TAIL_OPS)
 _SUBGRAPH = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-_CONTROL_FLOW = {"If", "Loop", "Scan", "SequenceMap"}  # the standard ops with graph attributes
 
 
 @dataclass
@@ -75,45 +71,29 @@ def find_region(model: onnx.ModelProto, max_storage_buffers: int | None = None,
     with `oversize` (tensor names over `--max-buffer`), also the nodes that make or read them, and the tails of
     the Convs among those (the bands pass computes them in bands or groups)."""
     graph = model.graph
-    nodes = list(graph.node)
-    ins = [list(n.input) for n in nodes]  # plain lists: protobuf field access is the cost on 19,000 nodes
-    outs = [list(n.output) for n in nodes]
-    ops = [n.op_type for n in nodes]
-    consumers: dict[str, list[int]] = defaultdict(list)
-    producer: dict[str, int] = {}
-    for k, names_in in enumerate(ins):
-        for i in names_in:
-            consumers[i].append(k)
-    for k, names_out in enumerate(outs):
-        for o in names_out:
-            producer[o] = k
-    consumers.pop("", None)
-    producer.pop("", None)
-    names = {n.name for n in nodes} | consumers.keys() | producer.keys()
+    index = GraphIndex(model)
+    nodes, ops, ins, outs, producer = index.nodes, index.ops, index.ins, index.outs, index.producer
+    has_subgraph = index.nested
+    names = {n.name for n in nodes} | index.consumers.keys() | producer.keys()
     names.update(t.name for t in graph.initializer)
     names.update(t.name for t in graph.input)
-    has_subgraph = {k for k, n in enumerate(nodes) if (ops[k] in _CONTROL_FLOW or n.domain not in ("", "ai.onnx"))
-                    and any(a.type in _SUBGRAPH for a in n.attribute)}
     for k in has_subgraph:  # a generated name must not shadow a name of an If/Loop body either (SSA)
         _subgraph_names(nodes[k], names)
 
     region: set[int] = set()
+    for block in find_blocks(index):
+        region |= block.sampling | {block.start} | set(block.tail)
+        region.update(() if block.conv is None else (block.conv,))
     for k, op in enumerate(ops):
-        if k in region:
-            continue
-        if max_storage_buffers is not None and storage_buffers(op, ins[k], outs[k]) > max_storage_buffers:
+        if op in ANCHORS | LOCAL:
+            region.add(k)  # an anchor outside any block still has its own rewrite (a Sum; a GatherND proof)
+        elif max_storage_buffers is not None and storage_buffers(op, ins[k], outs[k]) > max_storage_buffers:
             region.add(k)
-            continue
-        if oversize and k not in has_subgraph and not oversize.isdisjoint(ins[k] + outs[k]):
+        elif oversize and k not in has_subgraph and not oversize.isdisjoint(ins[k] + outs[k]):
             region.add(k)
-            region.update(_tail(k, ops, outs, consumers) if op == "Conv" else ())
+            region.update(index.tail(k) if op == "Conv" else ())
             if op == "Resize" and ins[k] and producer.get(ins[k][0]) is not None:  # its groups may be made by a
                 region.add(producer[ins[k][0]])  # Conv of fewer output channels (bands.py)
-            continue
-        if op not in ANCHORS | LOCAL:
-            continue
-        reached = _forward(k, ops, outs, consumers, has_subgraph) if op in ANCHORS else {k}
-        region.update(reached if reached is not None else {k})
     frontier = set(region)
     for _ in range(BACKWARD_STEPS):
         step = set()
@@ -160,40 +140,6 @@ def _subgraph_reads(node: onnx.NodeProto) -> set[str]:
                 reads.update(_subgraph_reads(n))
             reads.update(o.name for o in g.output)
     return reads
-
-
-def _forward(start: int, ops: list[str], outs: list[list[str]], consumers: dict[str, list[int]],
-             has_subgraph: set[int]) -> set[int] | None:
-    """Nodes forward of `start` up to the Convs reading them (and those Convs' per-channel tails)."""
-    seen = {start}
-    stack = [start]
-    while stack:
-        k = stack.pop()
-        for o in outs[k]:
-            for c in consumers.get(o, ()):
-                if c in seen or c in has_subgraph:
-                    continue
-                seen.add(c)
-                if len(seen) > FORWARD_LIMIT:
-                    return None
-                if ops[c] == "Conv":
-                    seen.update(_tail(c, ops, outs, consumers))
-                elif ops[c] not in HEAVY:
-                    stack.append(c)
-    return seen
-
-
-def _tail(conv: int, ops: list[str], outs: list[list[str]], consumers: dict[str, list[int]]) -> list[int]:
-    tail, k = [], conv
-    for _ in range(TAIL_STEPS):
-        names = [o for o in outs[k] if o]
-        if len(names) != 1 or len(consumers.get(names[0], ())) != 1:
-            break
-        k = consumers[names[0]][0]
-        if ops[k] not in TAIL_OPS:
-            break
-        tail.append(k)
-    return tail
 
 
 def region_model(model: onnx.ModelProto, region: Region, types: dict, stored: set[str]) -> onnx.ModelProto:

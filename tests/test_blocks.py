@@ -6,7 +6,7 @@ from pathlib import Path
 
 import onnx
 import pytest
-from conftest import FIXTURES, patch_in_memory
+from helpers import FIXTURES, patch_in_memory
 
 from deform_surgeon.blocks import block_of, deform_blocks
 from deform_surgeon.placement.command import OUTSIDE, per_block
@@ -20,7 +20,8 @@ def test_every_sampler_and_sum_belongs_to_one_of_eight_blocks_that_survive_the_p
     samplers = [n for n in model.graph.node if n.op_type in ("GatherND", "GatherElements", "Sum")]
     assert samplers and all(n.name in owner for n in samplers)
     assert len(set(owner.values())) == 8
-    assert not any(n.op_type == "Conv" and n.name in owner for n in model.graph.node)  # the block ends at its Conv
+    convs = {n.name for n in model.graph.node if n.op_type == "Conv" and n.name in owner}
+    assert {label.split(" (")[0] for label in owner.values()} == {f"Conv '{c}'" for c in convs}  # its own Conv
     patched, _ = patch_in_memory(model)
     after = deform_blocks(patched)
     assert set(after.values()) == set(owner.values())
@@ -47,3 +48,18 @@ def test_per_block_counts_cpu_nodes_and_memcpy(tmp_path: Path):
     assert counts[owner[sums[0].name]] == (1, 1) and counts[owner[sums[1].name]] == (1, 0)
     assert counts[OUTSIDE] == (1, 1)
     assert sum(c for c, _ in counts.values()) == 3 and len(counts) == 9
+
+
+def test_budget_and_placement_read_the_same_blocks():
+    """One block finder: every tensor budget attributes to a block is made by a node of that block in placement's
+    table, before and after a patch, so the two tables join on the label."""
+    from deform_surgeon.budget import analyze
+
+    model = onnx.load(str(FIXTURES / "decoder_gathernd_1024.onnx"))
+    for m in (model, patch_in_memory(model)[0]):
+        owner = deform_blocks(m)
+        producer = {o: n.name for n in m.graph.node for o in n.output}
+        report = analyze(m, max_buffer=1, max_binding=1, top=10**6)
+        attributed = [t for t in report.largest if t.block is not None]
+        assert attributed and all(owner[producer[t.name]] == t.block for t in attributed)
+        assert {t.block for t in attributed} == set(owner.values())

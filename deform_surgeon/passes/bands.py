@@ -39,10 +39,9 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from ..ops import ELEMENTWISE_UNARY, TAIL_OPS
 from ..pipeline import REFUSED, REWRITTEN, Action, Context
 from .split import (
-    ELEMENTWISE_UNARY,
-    TAIL_OPS,
     Refuse,
     Shapes,
     SplitBlocks,

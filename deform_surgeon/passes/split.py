@@ -58,17 +58,11 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from ..ops import ELEMENTWISE_NARY, ELEMENTWISE_UNARY, SHAPE_OPS, TAIL_OPS
 from ..pipeline import REFUSED, REWRITTEN, Action, Context
 
-# Ops a chunk is carried through. Elementwise ops compute each output element from the elements at the same
-# (broadcast) position only; shape ops move elements without changing them.
-ELEMENTWISE_UNARY = {"Cast", "Identity", "Relu", "Neg", "Abs", "Floor", "Ceil", "Sigmoid", "Tanh", "Exp",
-                     "Sqrt", "Reciprocal", "Erf", "Sign", "Round"}
-ELEMENTWISE_NARY = {"Add", "Sub", "Mul", "Div", "Sum", "Max", "Min", "Pow"}
-SHAPE_OPS = {"Reshape", "Squeeze", "Unsqueeze", "Flatten"}
-SEEDS = {"Gather", "GatherND"}
-CARRIED = ELEMENTWISE_UNARY | ELEMENTWISE_NARY | SHAPE_OPS | {"Transpose"}
-TAIL_OPS = ELEMENTWISE_UNARY | ELEMENTWISE_NARY | {"BatchNormalization"}  # what a split Conv's chunks go on through
+SEEDS = {"Gather", "GatherND"}  # the samplers as the gathernd / gather_elements passes leave them
+CARRIED = ELEMENTWISE_UNARY | ELEMENTWISE_NARY | SHAPE_OPS | {"Transpose"}  # what a chunk is carried through
 MAX_BLOCK_NODES = 400
 
 
