@@ -60,7 +60,7 @@ class Spec:
     # one tensor per distinct value and every other use reads it through an Identity node (in the real
     # BiRefNet-lite export, 19 of the 20 deformable blocks' BatchNorms read their parameters that way). ORT folds
     # the Identity away and fuses the BatchNorm into the Conv; a pass that takes such a parameter for a runtime
-    # input does not (what hid a split Conv's mismatch on the real 1024 graph, issue 11).
+    # input does not (what once hid a split Conv's mismatch on the real 1024 graph).
     shared_bn: bool = False
 
     @property

@@ -1,4 +1,4 @@
-"""The holes an adversarial run found (issue 12), as a table: each case must end with its exit code, ONE stderr line
+"""The holes an adversarial run found, as a table: each case must end with its exit code, ONE stderr line
 naming the file and the problem, no traceback, the inputs' bytes unchanged and nothing left behind.
 
 Every case prepares files in an empty folder (the working directory) and returns the command line, the exit code,
@@ -21,8 +21,8 @@ import graphs
 import numpy as np
 import onnx
 import pytest
+from helpers import ERROR_PREFIX, FIXTURES, copy_fixture, run
 from onnx import TensorProto, helper
-from test_cli import ERROR_PREFIX, FIXTURES, copy_fixture, run
 
 DS = [sys.executable, "-m", "deform_surgeon"]
 

@@ -7,8 +7,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import assert_bytes_equal, patch_in_memory
 from graphs import decoder_tail
+from helpers import assert_bytes_equal, patch_in_memory
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper

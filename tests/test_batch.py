@@ -15,7 +15,7 @@ from pathlib import Path
 import graphs
 import onnx
 import pytest
-from test_cli import FIXTURES, one_error_line, snapshot
+from helpers import FIXTURES, one_error_line, snapshot
 
 CMD = [sys.executable, "-m", "deform_surgeon", "batch"]
 

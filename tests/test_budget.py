@@ -7,7 +7,7 @@ import json
 import numpy as np
 import onnx
 import pytest
-from conftest import FIXTURES
+from helpers import FIXTURES
 from onnx import TensorProto, helper, numpy_helper
 
 from deform_surgeon.budget import (

@@ -10,9 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,45 +18,14 @@ import graphs
 import numpy as np
 import onnx
 import pytest
+from helpers import CONSOLE_SCRIPT, ENTRY_POINTS, FIXTURES, copy_fixture, one_error_line, run, snapshot
 from onnx import TensorProto, helper
 
-FIXTURES = Path(__file__).parent / "fixtures"
-CONSOLE_SCRIPT = Path(sys.executable).parent / "deform-surgeon"
-ENTRY_POINTS = {"module": [sys.executable, "-m", "deform_surgeon"], "script": [str(CONSOLE_SCRIPT)]}
 REFUSED_GATHERS = ["GatherND_v_tl", "GatherND_v_br", "GatherND_v_bl", "GatherND_v_tr"]  # gathernd_refused.onnx
-ERROR_PREFIX = "deform-surgeon: error: "
-
-
-def run(*args, cwd: Path, entry: str = "module", env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([*ENTRY_POINTS[entry], *map(str, args)], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
-
-
-def snapshot(folder: Path) -> dict[str, tuple[bytes | None, int]]:
-    """Every file and folder below `folder` (hidden ones included) with its bytes and mtime."""
-    state = {}
-    for root, dirs, files in os.walk(folder):
-        for name in dirs + files:
-            p = Path(root) / name
-            state[str(p.relative_to(folder))] = (None if p.is_dir() else p.read_bytes(), p.lstat().st_mtime_ns)
-    return state
-
-
-def copy_fixture(name: str, folder: Path, as_name: str | None = None) -> Path:
-    target = folder / (as_name or name)
-    shutil.copyfile(FIXTURES / name, target)
-    return target
 
 
 def ops(model: onnx.ModelProto) -> Counter:
     return Counter(n.op_type for n in model.graph.node)
-
-
-def one_error_line(proc: subprocess.CompletedProcess) -> str:
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1, f"expected one stderr line, got {len(lines)}:\n{proc.stderr}"
-    assert lines[0].startswith(ERROR_PREFIX), lines[0]
-    return lines[0][len(ERROR_PREFIX):]
 
 
 def broken_model() -> onnx.ModelProto:

@@ -9,8 +9,8 @@ import json
 
 import numpy as np
 import onnx
-from conftest import assert_bytes_equal, run_ort
 from graphs import legacy_patches, wide_split
+from helpers import assert_bytes_equal, run_ort
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from conftest import FIXTURES, assert_bytes_equal, op_count, patch_in_memory, run_ort
 from graphs import gather_elements_like
+from helpers import FIXTURES, assert_bytes_equal, op_count, patch_in_memory, run_ort
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper

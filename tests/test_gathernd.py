@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from conftest import FIXTURES, assert_bytes_equal, op_count, patch_in_memory, run_ort
 from graphs import CLAMPED, CLIP_BEFORE_GRID, PARTLY, SOURCES, UNCLAMPED, exporter_like
+from helpers import FIXTURES, assert_bytes_equal, op_count, patch_in_memory, run_ort
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper

@@ -18,9 +18,8 @@ import onnx
 import onnx_graphsurgeon as gs
 import onnxruntime as ort
 import pytest
-from conftest import FIXTURES, assert_bytes_equal
+from helpers import FIXTURES, assert_bytes_equal, one_error_line, snapshot
 from onnx import TensorProto, helper, numpy_helper
-from test_cli import one_error_line, snapshot
 
 from deform_surgeon import model_io
 from deform_surgeon.pipeline import Context, Options, run_passes

@@ -8,8 +8,8 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 import pytest
-from conftest import FIXTURES, run_ort
 from graphs import CLAMPED, CLIP_BEFORE_GRID, PARTLY, UNCLAMPED, exporter_like
+from helpers import FIXTURES, run_ort
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper

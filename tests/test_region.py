@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import FIXTURES, assert_bytes_equal, patch_in_memory
+from helpers import FIXTURES, assert_bytes_equal, patch_in_memory
+from helpers.scale import build_birefnet_scale
 from onnx import TensorProto, helper
 
 from deform_surgeon import patch
 from deform_surgeon.region import find_region, splice
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 
 def feeds(model: onnx.ModelProto, seed: int) -> dict:
@@ -70,7 +68,6 @@ def test_the_split_pass_sees_the_conv_and_its_tail(tmp_path):
 
 
 def test_a_birefnet_scale_model_lifts_only_its_deform_blocks(tmp_path):
-    from bench_patch import build_birefnet_scale
 
     path = tmp_path / "scale.onnx"
     model = build_birefnet_scale(path, target_nodes=4000)

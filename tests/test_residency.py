@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from conftest import FIXTURES, assert_bytes_equal, patch_in_memory, run_ort
 from graphs import exporter_like
+from helpers import FIXTURES, assert_bytes_equal, patch_in_memory, run_ort
 from onnx import TensorProto, helper, numpy_helper
 
 from deform_surgeon.pipeline import REFUSED, REWRITTEN

@@ -15,8 +15,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import FIXTURES, assert_bytes_equal, op_count, patch_in_memory
 from exporter_replica import SPECS, CopiedWeights, build, deform_conv_model
+from helpers import FIXTURES, assert_bytes_equal, op_count, patch_in_memory
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -326,7 +326,7 @@ def deform_bn_relu_model(hidden_bn: bool, size: int = 32) -> onnx.ModelProto:
 
     With `hidden_bn`, the BatchNorm reads its parameters through Cast nodes: ORT folds them to constants and fuses
     the BatchNorm into the Conv over the whole model, while the split pass cannot read them as constants, so its
-    chunk check stops before the BatchNorm. That is the mechanism of issue 11 on the real BiRefNet-lite 1024
+    chunk check stops before the BatchNorm. That is how a split once differed on the real BiRefNet-lite 1024
     export, where the parameters came through the Identity nodes of torch's shared initializers (which the pass
     now reads through): the chunks alone matched, the whole model did not.
     """

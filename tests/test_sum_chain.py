@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from conftest import assert_bytes_equal, op_count, patch_in_memory, run_ort
 from graphs import sum_only
+from helpers import assert_bytes_equal, op_count, patch_in_memory, run_ort
 from onnx import TensorProto, helper
 
 from deform_surgeon.pipeline import REWRITTEN
@@ -108,7 +108,7 @@ def test_fp16_fixture_sums_are_exact_under_per_op_rounding():
     """On the onnxconverter-common fp16 fixture, with the real fp16 tensors of a real inference: each replaced Sum,
     evaluated op by op as a GPU rounds, equals ORT CPU's Sum of the same fp16 inputs (which is what the original
     computes in the browser: its Sum runs on the CPU EP, fed fp16 tensors from the GPU)."""
-    from conftest import FIXTURES
+    from helpers import FIXTURES
 
     model = onnx.load(str(FIXTURES / "decoder_gathernd_fp16.onnx"))
     patched, actions = patch_in_memory(model)

@@ -6,7 +6,7 @@ import json
 
 import onnx
 import pytest
-from conftest import EXPORTER_FIXTURES, FIXTURES, op_count
+from helpers import EXPORTER_FIXTURES, FIXTURES, op_count
 
 import deform_surgeon as ds
 from deform_surgeon.pipeline import REFUSED

@@ -441,7 +441,7 @@ def test_cpu_fallback_is_inside_every_deform_block_and_gone_after_the_patch(lab:
     assert set(after.values()) == {(0, 0)}, after
 
 
-# ------------------------------------------------------------------------ NaN / inf offsets on the GPU (issue 12)
+# ------------------------------------------------------------------------ NaN / inf offsets on the GPU ----------
 def poisoned_model(path: Path) -> Path:
     """exporter_like's gathers (no Sum: the outputs are the gathered values themselves) with offsets that are NaN,
     +inf, -inf or 1e30 at a quarter of the sampling points each, at run time (an Add of a constant to the input)."""

@@ -1,0 +1,82 @@
+"""What the tests share: fixture paths, ORT CPU runs, patching in memory, and running the command line."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+import onnxruntime as ort
+
+TESTS = Path(__file__).resolve().parents[1]
+FIXTURES = TESTS / "fixtures"
+EXPORTER_FIXTURES = sorted(p.name for p in FIXTURES.glob("decoder_*.onnx"))
+CONSOLE_SCRIPT = Path(sys.executable).parent / "deform-surgeon"
+ENTRY_POINTS = {"module": [sys.executable, "-m", "deform_surgeon"], "script": [str(CONSOLE_SCRIPT)]}
+ERROR_PREFIX = "deform-surgeon: error: "
+
+def run_ort(model: onnx.ModelProto | str | Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """Run a model on ONNX Runtime CPU and return its outputs."""
+    data = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+    sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+def patch_in_memory(model: onnx.ModelProto, **options) -> tuple[onnx.ModelProto, list]:
+    """Run the default passes on a model proto; return the patched proto and the actions."""
+    from deform_surgeon.model_io import export_graph, infer_value_types
+    from deform_surgeon.pipeline import Context, Options, run_passes
+    from deform_surgeon.surgeon import default_passes
+
+    graph = gs.import_onnx(model)
+    ctx = Context(graph, infer_value_types(model), Options(**options))
+    actions = run_passes(ctx, default_passes())
+    graph.cleanup().toposort()
+    patched = export_graph(graph, model)
+    onnx.checker.check_model(patched, full_check=True)
+    return patched, actions
+
+
+def op_count(model: onnx.ModelProto, op: str) -> int:
+    return sum(1 for n in model.graph.node if n.op_type == op)
+
+
+def assert_bytes_equal(a: list[np.ndarray], b: list[np.ndarray]) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        assert x.dtype == y.dtype and x.shape == y.shape
+        assert x.tobytes() == y.tobytes()
+
+
+
+def run(*args, cwd: Path, entry: str = "module", env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*ENTRY_POINTS[entry], *map(str, args)], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def snapshot(folder: Path) -> dict[str, tuple[bytes | None, int]]:
+    """Every file and folder below `folder` (hidden ones included) with its bytes and mtime."""
+    state = {}
+    for root, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            p = Path(root) / name
+            state[str(p.relative_to(folder))] = (None if p.is_dir() else p.read_bytes(), p.lstat().st_mtime_ns)
+    return state
+
+
+def copy_fixture(name: str, folder: Path, as_name: str | None = None) -> Path:
+    target = folder / (as_name or name)
+    shutil.copyfile(FIXTURES / name, target)
+    return target
+
+
+def one_error_line(proc: subprocess.CompletedProcess) -> str:
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, f"expected one stderr line, got {len(lines)}:\n{proc.stderr}"
+    assert lines[0].startswith(ERROR_PREFIX), lines[0]
+    return lines[0][len(ERROR_PREFIX):]
