@@ -5,7 +5,7 @@ left behind" lives here and only here. Every write goes to a temporary file in t
 re-read and checked, and only then renamed over the target (a rename within one folder is atomic).
 
 Weights are never copied. A model is loaded with its external data left on disk; every external tensor and
-every embedded one larger than `HEAVY_BYTES` is a *stored weight* (`Weights`): onnx.checker and shape inference
+every embedded one larger than `STORED_WEIGHT_BYTES` is a *stored weight* (`Weights`): onnx.checker and shape inference
 run on a weight-less copy in which the large ones are typed graph inputs (shape inference does not need their
 values, and past 2 GB it could not take them), the graph keeps them as lazy constants that are read only if the
 range prover asks (it asks for tensors in the backward cone of gather indices, never for conv weights), the
@@ -35,7 +35,7 @@ from onnx_graphsurgeon.ir.tensor import LazyValues
 from .errors import SurgeonError
 
 _PROTOBUF_LIMIT = 2**31 - 1
-HEAVY_BYTES = 1 << 12  # embedded tensors above this are stored weights (never copied); every external tensor is
+STORED_WEIGHT_BYTES = 1 << 12  # embedded tensors above this are stored weights (never copied); every external tensor is
 _ALIGN_THRESHOLD, _ALIGN = 1 << 20, 1 << 16  # onnx's own layout: tensors >= 1 MiB start at 64 KiB boundaries
 _CHUNK = 1 << 24
 
@@ -312,7 +312,7 @@ _BITS = {getattr(onnx.TensorProto, name): bits for name, bits in (
 
 @dataclass
 class Weights:
-    """The stored weights of a loaded model: every external tensor and every embedded one above `HEAVY_BYTES`.
+    """The stored weights of a loaded model: every external tensor and every embedded one above `STORED_WEIGHT_BYTES`.
 
     `tensors` maps names to the original TensorProtos (embedded data, or an external reference resolved against
     `base_dir`, the input model's folder); `stubbed` names those an export carries as stubs; `loaded` names those
@@ -454,7 +454,7 @@ def _is_external(t: onnx.TensorProto) -> bool:
 
 def _is_large(t: onnx.TensorProto) -> bool:
     n = _nbytes(t)
-    return n is None or n > HEAVY_BYTES
+    return n is None or n > STORED_WEIGHT_BYTES
 
 
 def _is_heavy_embedded(t: onnx.TensorProto) -> bool:
@@ -679,9 +679,11 @@ def _set_external(dst: onnx.TensorProto, original: onnx.TensorProto, location: s
 class FastGraph(gs.Graph):
     """A gs.Graph whose `cleanup()` and `toposort()` run in linear time on graphs without subgraphs or local
     functions, with exactly gs's result (the same nodes kept; the same order: stable by hierarchy level, ties in
-    gs's depth-first discovery order). gs's own methods recompute subgraph facts per node and take seconds on a
-    19,000-node model, several times per patch. Anything else (subgraphs, functions, non-default options, a
-    producer that is not in the graph, a cycle) goes to gs's implementation, which also reports the errors."""
+    gs's depth-first discovery order). gs's own methods recompute subgraph facts per node, and the passes call
+    them at every round of the fixed point: on the real BiRefNet-lite 512 export (a region of 2,423 nodes) the lift
+    takes 2.13 s of CPU with FastGraph and 2.87 s with gs's methods (`scripts/bench_fastgraph.py`, spread 0.09 s).
+    Anything else (subgraphs, functions, non-default options, a producer that is not in the graph, a cycle) goes to
+    gs's implementation, which also reports the errors."""
 
     def _flat(self) -> bool:
         if self.functions:

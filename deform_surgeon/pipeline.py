@@ -14,7 +14,7 @@ from typing import Protocol
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from .passes.ranges import RangeProver, TypeInfo
+from .ranges import RangeProver, TypeInfo
 
 REWRITTEN = "rewritten"
 REWRITTEN_UNPROVEN = "rewritten_unproven"

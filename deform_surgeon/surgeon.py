@@ -38,7 +38,7 @@ from .passes.bands import BandOversize
 from .passes.fit import FitStorageBuffers
 from .passes.gather_elements import LowerGatherElements
 from .passes.gathernd import LowerGatherND
-from .passes.residency import NarrowIndexChains
+from .passes.residency import IndexChainResidency
 from .passes.split import SplitBlocks, SplitPlan
 from .passes.sum_chain import ChainSum
 from .pipeline import REWRITTEN, Context, Options, run_passes
@@ -58,7 +58,7 @@ MEMORY_ROUNDS = 6  # --max-memory: at most this many re-chunkings after the firs
 def default_passes(plan: SplitPlan | None = None) -> list:
     """The passes `patch` runs, in order (to a fixed point); the split and bands passes share `plan`."""
     plan = plan if plan is not None else SplitPlan()
-    return [LowerGatherND(), LowerGatherElements(), NarrowIndexChains(), ChainSum(), FitStorageBuffers(),
+    return [LowerGatherND(), LowerGatherElements(), IndexChainResidency(), ChainSum(), FitStorageBuffers(),
             SplitBlocks(plan), BandOversize(plan)]
 
 

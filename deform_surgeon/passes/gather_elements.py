@@ -20,8 +20,8 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from ..pipeline import REFUSED, Action, Context
+from ..ranges import IndexVerdict, gather_elements_verdict
 from .gathernd import gate, rewritten
-from .ranges import IndexVerdict, gather_elements_verdict
 
 
 class LowerGatherElements:

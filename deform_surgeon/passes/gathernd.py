@@ -21,7 +21,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ..pipeline import REFUSED, REWRITTEN, REWRITTEN_UNPROVEN, Action, Context
-from .ranges import IndexVerdict, Status, gathernd_verdict
+from ..ranges import IndexVerdict, Status, gathernd_verdict
 
 INT32_MAX = 2**31 - 1
 

@@ -56,7 +56,7 @@ class Translated:
     form: str
 
 
-class NarrowIndexChains:
+class IndexChainResidency:
     """Rewrite `Cast(int64 -> int32)` of an exporter-style int64 index chain into the same chain in float32."""
 
     name = "residency"
