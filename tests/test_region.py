@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from helpers import FIXTURES, assert_bytes_equal, patch_in_memory
+from helpers import FIXTURES, assert_bytes_equal, patch_whole_graph
 from helpers.scale import build_birefnet_scale
 from onnx import TensorProto, helper
 
@@ -34,9 +34,9 @@ def run(model: onnx.ModelProto | Path, data: dict) -> list[np.ndarray]:
 
 
 def same_as_whole_graph(path: Path, tmp_path: Path, **options) -> onnx.ModelProto:
-    """`patch` (regions only) against the passes run on the whole model lifted at once (conftest)."""
+    """`patch` (regions only) against the passes run on the whole model lifted at once (helpers)."""
     model = onnx.load(str(path))
-    whole, whole_actions = patch_in_memory(model, **options)
+    whole, whole_actions = patch_whole_graph(model, **options)
     out = tmp_path / "out.onnx"
     report = patch(path, out, copy_unchanged=True, **options)
     region = onnx.load(str(out))

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +29,23 @@ def run_ort(model: onnx.ModelProto | str | Path, feeds: dict[str, np.ndarray]) -
 
 
 def patch_in_memory(model: onnx.ModelProto, **options) -> tuple[onnx.ModelProto, list]:
-    """Run the default passes on a model proto; return the patched proto and the actions."""
+    """Patch a model proto the way `deform-surgeon patch` does (load, region lifting, passes, splice, checks, the
+    whole-model verification a rewrite that is not exact by construction needs, the atomic writer), through
+    temporary files; return the written model and the actions. `options` are `deform_surgeon.patch`'s."""
+    from deform_surgeon import patch
+
+    with tempfile.TemporaryDirectory(prefix="patch_in_memory_") as d:
+        source, target = Path(d) / "model.onnx", Path(d) / "patched.onnx"
+        onnx.save(model, str(source))
+        report = patch(source, target, copy_unchanged=True, **options)
+        patched = onnx.load(str(target))
+    onnx.checker.check_model(patched, full_check=True)
+    return patched, report.actions
+
+
+def patch_whole_graph(model: onnx.ModelProto, **options) -> tuple[onnx.ModelProto, list]:
+    """The passes on the whole model imported into onnx-graphsurgeon, without region lifting: what region lifting
+    must be equivalent to (tests/test_region.py)."""
     from deform_surgeon.model_io import export_graph, infer_value_types
     from deform_surgeon.pipeline import Context, Options, run_passes
     from deform_surgeon.surgeon import default_passes
