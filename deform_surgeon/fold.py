@@ -40,7 +40,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from .model_io import TypeTable, Weights, elem_nbytes
-from .pipeline import REFUSED, REWRITTEN, Action
+from .pipeline import Action, Outcome
 from .region import _subgraph_reads
 
 PASS = "fold"
@@ -89,7 +89,7 @@ def fold_static(model: onnx.ModelProto, types: TypeTable, weights: Weights, limi
         values, widened = _evaluate(model, found, cone, tainted, types)
     except Exception as exc:  # ORT could not run it: nothing is folded, and the report says why
         reason = f"static, but ORT CPU could not evaluate the static subgraph ({_first_line(exc)})"
-        return [Action(PASS, found.nodes[k].name, found.ops[k], REFUSED, reason) for k in sorted(tainted)]
+        return [Action(PASS, found.nodes[k].name, found.ops[k], Outcome.REFUSED, reason) for k in sorted(tainted)]
     exact: set[int] = set()  # nodes whose outputs are fixed however ORT arranges its float16 Casts
     rounded: dict[str, str] = {}  # tensors of those that differ when computed in float32: why
     for k in sorted(cone):  # the model's node order is topological
@@ -124,7 +124,7 @@ def fold_static(model: onnx.ModelProto, types: TypeTable, weights: Weights, limi
     dead = _dead(found, folded, outputs)
     actions = []
     for k in sorted(dead - {k for k in dead if found.ops[k] == "Constant"}):
-        actions.append(Action(PASS, found.nodes[k].name, found.ops[k], REWRITTEN,
+        actions.append(Action(PASS, found.nodes[k].name, found.ops[k], Outcome.REWRITTEN,
                               "removed: only folded nodes read its output"))
     for k in sorted(folded | set(refused)):
         node = found.nodes[k]
@@ -135,9 +135,9 @@ def fold_static(model: onnx.ModelProto, types: TypeTable, weights: Weights, limi
                 f"rounded in float16, which its readers ({', '.join(absorbers)}) absorb: the same result on its "
                 "float32 value" if absorbers else "the same wherever ORT's float16 fallback rounds")
             reason += f"; stored {', '.join(stored)} as an initializer" if stored else ""
-            actions.append(Action(PASS, node.name, found.ops[k], REWRITTEN, reason))
+            actions.append(Action(PASS, node.name, found.ops[k], Outcome.REWRITTEN, reason))
         elif k in tainted:  # ancestors that are only needed are not worth a line of their own
-            actions.append(Action(PASS, node.name, found.ops[k], REFUSED, f"static, not folded: {refused[k]}"))
+            actions.append(Action(PASS, node.name, found.ops[k], Outcome.REFUSED, f"static, not folded: {refused[k]}"))
     _apply(model, found, folded | dead, boundary, values)
     return actions
 

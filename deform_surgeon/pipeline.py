@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Protocol
 
 import numpy as np
@@ -16,9 +17,13 @@ import onnx_graphsurgeon as gs
 
 from .ranges import RangeProver, TypeInfo
 
-REWRITTEN = "rewritten"
-REWRITTEN_UNPROVEN = "rewritten_unproven"
-REFUSED = "refused"
+
+class Outcome(StrEnum):
+    """What a pass did at one node: rewrote it (proven exact), rewrote it with `--allow-unproven`, or refused."""
+
+    REWRITTEN = "rewritten"
+    REWRITTEN_UNPROVEN = "rewritten_unproven"
+    REFUSED = "refused"
 
 
 @dataclass(frozen=True)
@@ -28,7 +33,7 @@ class Action:
     pass_name: str
     node: str
     op: str
-    action: str
+    action: Outcome
     reason: str
     new_nodes: tuple[str, ...] = ()
     # True when the rewrite is not exact by construction and was only checked on a part of the model (the split
@@ -125,12 +130,12 @@ def run_passes(ctx: Context, passes: Iterable[Pass], max_rounds: int = 4) -> lis
         for p in passes:
             actions = p.run(ctx)
             for a in actions:
-                if a.action == REFUSED:
+                if a.action == Outcome.REFUSED:
                     refusals[(a.pass_name, a.node)] = a
                 else:
                     done.append(a)
                     changed = True
-            if any(a.action != REFUSED for a in actions):
+            if any(a.action != Outcome.REFUSED for a in actions):
                 ctx.graph.cleanup().toposort()
                 ctx.invalidate()
         if not changed:

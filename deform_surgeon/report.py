@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import onnx
 import onnx_graphsurgeon as gs
 
-from .pipeline import REFUSED, REWRITTEN, REWRITTEN_UNPROVEN, Action
+from .pipeline import Action, Outcome
 from .verify import VerifyResult
 
 REPORT_VERSION = 1
@@ -36,15 +36,15 @@ class PatchReport:
 
     @property
     def rewritten(self) -> list[Action]:
-        return [a for a in self.actions if a.action in (REWRITTEN, REWRITTEN_UNPROVEN)]
+        return [a for a in self.actions if a.action in (Outcome.REWRITTEN, Outcome.REWRITTEN_UNPROVEN)]
 
     @property
     def unproven(self) -> list[Action]:
-        return [a for a in self.actions if a.action == REWRITTEN_UNPROVEN]
+        return [a for a in self.actions if a.action == Outcome.REWRITTEN_UNPROVEN]
 
     @property
     def refused(self) -> list[Action]:
-        return [a for a in self.actions if a.action == REFUSED]
+        return [a for a in self.actions if a.action == Outcome.REFUSED]
 
     @property
     def changed(self) -> bool:
@@ -89,7 +89,7 @@ class PatchReport:
             by_kind.setdefault((a.pass_name, a.action), []).append(a)
         for (pass_name, action), items in by_kind.items():
             lines.append(f"{pass_name}: {len(items)} node(s) {action}")
-            shown = items if (verbose or action != REWRITTEN) else items[:3]
+            shown = items if (verbose or action != Outcome.REWRITTEN) else items[:3]
             for a in shown:
                 lines.append(f"  {action:<18} {a.op:<14} {a.node}: {a.reason}")
             if len(shown) < len(items):

@@ -18,7 +18,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from .model_io import TypeTable
-from .pipeline import REFUSED, REWRITTEN, Action
+from .pipeline import Action, Outcome
 
 PASS = "split_fp16"
 REDUCED_FLOATS = {TensorProto.FLOAT16, TensorProto.BFLOAT16}
@@ -44,7 +44,7 @@ def split_to_slices(model: onnx.ModelProto, types: TypeTable) -> list[Action]:
         node = graph.node[k]
         sizes, axis = _sizes(node, types, constants, opset)
         if isinstance(sizes, str):
-            actions.append(Action(PASS, node.name, node.op_type, REFUSED, sizes))
+            actions.append(Action(PASS, node.name, node.op_type, Outcome.REFUSED, sizes))
             continue
         slices, start = [], 0
         for j, (output, size) in enumerate(zip(node.output, sizes, strict=True)):
@@ -58,7 +58,7 @@ def split_to_slices(model: onnx.ModelProto, types: TypeTable) -> list[Action]:
                 graph.initializer.append(numpy_helper.from_array(np.array([value], np.int64), name))
             slices.append(onnx.helper.make_node("Slice", [node.input[0], *names[1:]], [output], name=names[0]))
         replaced[k] = slices
-        actions.append(Action(PASS, node.name, node.op_type, REWRITTEN,
+        actions.append(Action(PASS, node.name, node.op_type, Outcome.REWRITTEN,
                               f"float16 Split -> {len(slices)} Slice(s) along axis {axis} (sizes {sizes}): JSEP has "
                               "no float16 Split kernel; a Slice copies the same elements",
                               tuple(s.name for s in slices)))

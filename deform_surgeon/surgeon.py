@@ -41,7 +41,7 @@ from .passes.gathernd import LowerGatherND
 from .passes.residency import IndexChainResidency
 from .passes.split import SplitBlocks, SplitPlan
 from .passes.sum_chain import ChainSum
-from .pipeline import REWRITTEN, Context, Options, run_passes
+from .pipeline import Context, Options, Outcome, run_passes
 from .region import Region, find_region, region_model, splice
 from .report import PatchReport, op_histogram
 from .slices import split_to_slices
@@ -291,7 +291,7 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
                               if a.needs_verify else a for a in report.actions]
 
     stage("write")
-    unproven = [a for a in report.actions if a.needs_verify and a.action == REWRITTEN]
+    unproven = [a for a in report.actions if a.needs_verify and a.action == Outcome.REWRITTEN]
     if not unproven:
         save_model_atomic(patched, output_path, verify=_verify if verify else None, weights=weights)
         report.written = True

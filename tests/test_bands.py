@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from deform_surgeon import patch
 from deform_surgeon.budget import analyze
-from deform_surgeon.pipeline import REFUSED, REWRITTEN
+from deform_surgeon.pipeline import Outcome
 
 KiB = 1024
 LEVELS = {"all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL, "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL}
@@ -58,7 +58,7 @@ def test_decoder_tail_fits_the_limit_and_is_byte_identical(tmp_path, current):
     report = patch(src, out, max_buffer=limit)
     acts = {a.node: a for a in bands_actions(report.actions)}
     assert sorted(acts) == ["Conv_att_conv1", "Conv_ipt_conv_out", "Conv_mask", "Resize_dec_up"]
-    assert all(a.action == REWRITTEN and a.needs_verify for a in acts.values())
+    assert all(a.action == Outcome.REWRITTEN and a.needs_verify for a in acts.values())
     assert all("verified byte-identical before writing" in a.reason for a in acts.values())
     assert "2 channel groups of 16 channels (of 32)" in acts["Resize_dec_up"].reason
     assert "reads the output of Conv 'Conv_dec_conv_out' computed for its channels only" in \
@@ -96,9 +96,10 @@ def test_a_band_not_shown_exact_on_the_whole_model_is_undone(tmp_path):
     plan = SplitPlan(keep_whole={"Conv_mask": why, "Resize_dec_up": why})
     lifted, _ = _lift(src, _options(False, None, 300 * KiB), plan)
     acts = {a.node: a for a in bands_actions(lifted.actions)}
-    assert acts["Conv_mask"].action == REFUSED and acts["Conv_mask"].reason.endswith(why)
-    assert acts["Resize_dec_up"].action == REFUSED and "'dec_up' (524,288 B) stays over" in acts["Resize_dec_up"].reason
-    assert acts["Conv_att_conv1"].action == REWRITTEN
+    assert acts["Conv_mask"].action == Outcome.REFUSED and acts["Conv_mask"].reason.endswith(why)
+    assert acts["Resize_dec_up"].action == Outcome.REFUSED
+    assert "'dec_up' (524,288 B) stays over" in acts["Resize_dec_up"].reason
+    assert acts["Conv_att_conv1"].action == Outcome.REWRITTEN
 
 
 def test_groups_from_a_slice_when_the_conv_output_is_read_elsewhere(tmp_path):
@@ -110,7 +111,7 @@ def test_groups_from_a_slice_when_the_conv_output_is_read_elsewhere(tmp_path):
     onnx.save(model, src)
     report = patch(src, out, max_buffer=300 * KiB)
     act = next(a for a in bands_actions(report.actions) if a.node == "Resize_dec_up")
-    assert "reads a Slice of its channels of 'dec_conv_out'" in act.reason or act.action == REFUSED
+    assert "reads a Slice of its channels of 'dec_conv_out'" in act.reason or act.action == Outcome.REFUSED
     feeds = feeds_for(model)
     for level in LEVELS:
         assert_bytes_equal(run(model, feeds, level), run(str(out), feeds, level))
@@ -138,13 +139,13 @@ def _concat_conv(inputs: list[tuple[str, int]], hw: int = 16, extra_reader: bool
 def test_refused_when_the_input_is_needed_whole_anyway():
     _, actions = patch_in_memory(_concat_conv([("a", 4), ("b", 4)], extra_reader=True), max_buffer=4 * KiB)
     (act,) = bands_actions(actions)
-    assert act.action == REFUSED and "'cat' is also read elsewhere" in act.reason
+    assert act.action == Outcome.REFUSED and "'cat' is also read elsewhere" in act.reason
 
 
 def test_refused_when_a_concat_input_is_itself_over_the_limit():
     _, actions = patch_in_memory(_concat_conv([("a", 12), ("b", 2)]), max_buffer=10 * KiB)
     (act,) = bands_actions(actions)
-    assert act.action == REFUSED and "Concat 'cat' reads 'a' (12,288 B), itself over the limit" in act.reason
+    assert act.action == Outcome.REFUSED and "Concat 'cat' reads 'a' (12,288 B), itself over the limit" in act.reason
 
 
 # --------------------------------------------------------------------------- the band geometry, for any window
@@ -188,7 +189,7 @@ def test_bands_read_exactly_the_rows_the_conv_reads(first, second, hw, fraction,
     patched, actions = patch_in_memory(model, max_buffer=limit)
     (act,) = bands_actions(actions)
     feeds = feeds_for(model, seed, integers=True)
-    if act.action == REFUSED:
+    if act.action == Outcome.REFUSED:
         assert "even one output row per band needs" in act.reason or "nothing but the zero padding" in act.reason
         return
     assert "row bands" in act.reason
@@ -203,7 +204,7 @@ def test_concat_bands_with_halo_and_stride(stride):
     model = _concat_conv([("a", 4), ("b", 3)], hw=20, stride=stride)
     patched, actions = patch_in_memory(model, max_buffer=7 * KiB)
     (act,) = bands_actions(actions)
-    assert act.action == REWRITTEN, act.reason
+    assert act.action == Outcome.REWRITTEN, act.reason
     feeds = feeds_for(model, 3, integers=True)
     for level in LEVELS:
         assert_bytes_equal(run(model, feeds, level), run(patched, feeds, level))

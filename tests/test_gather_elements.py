@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
-from deform_surgeon.pipeline import REFUSED, REWRITTEN
+from deform_surgeon.pipeline import Outcome
 
 
 def feeds(B, G, C, H, W, P, rng, wide=(-4.0, 12.0)):
@@ -24,7 +24,7 @@ def feeds(B, G, C, H, W, P, rng, wide=(-4.0, 12.0)):
 def test_lowered_gather_elements_is_exact(B, G, C, H, W, P, seed):
     model = gather_elements_like(B, G, H, W, C, P, seed=seed)
     patched, actions = patch_in_memory(model)
-    assert [a.action for a in actions if a.pass_name == "gather_elements"] == [REWRITTEN] * 4
+    assert [a.action for a in actions if a.pass_name == "gather_elements"] == [Outcome.REWRITTEN] * 4
     assert op_count(patched, "GatherElements") == 0 and op_count(patched, "Expand") == 0
     rng = np.random.default_rng(seed)
     for wide in ((-4.0, 12.0), (-1e9, 1e9)):
@@ -42,7 +42,7 @@ def test_unclamped_index_is_refused():
     model = gather_elements_like(clamp=False)
     patched, actions = patch_in_memory(model)
     refused = [a for a in actions if a.pass_name == "gather_elements"]
-    assert [a.action for a in refused] == [REFUSED] * 4 and all("not proven" in a.reason for a in refused)
+    assert [a.action for a in refused] == [Outcome.REFUSED] * 4 and all("not proven" in a.reason for a in refused)
     assert op_count(patched, "GatherElements") == 4
 
 
@@ -57,7 +57,7 @@ def test_an_index_that_differs_across_channels_is_refused():
          onnx.numpy_helper.from_array(np.array(7, np.int64), "hi")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     _, actions = patch_in_memory(model)
-    assert [(a.action, "same for every channel" in a.reason) for a in actions] == [(REFUSED, True)]
+    assert [(a.action, "same for every channel" in a.reason) for a in actions] == [(Outcome.REFUSED, True)]
 
 
 def test_exporter_gather_elements_fixture_is_exact():

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from deform_surgeon.pipeline import REFUSED, REWRITTEN, REWRITTEN_UNPROVEN
+from deform_surgeon.pipeline import Outcome
 
 
 def feeds_for(model: onnx.ModelProto, rng: np.random.Generator, offset_range=(-4.0, 12.0)) -> dict:
@@ -33,7 +33,7 @@ def test_exporter_like_gather_is_lowered_exactly():
     model = exporter_like(B=2, G=3, H=5, W=6, C=4, P=9)
     patched, actions = patch_in_memory(model)
     assert op_count(patched, "GatherND") == 0 and op_count(patched, "Gather") == 4
-    assert [a.action for a in actions if a.pass_name == "gathernd"] == [REWRITTEN] * 4
+    assert [a.action for a in actions if a.pass_name == "gathernd"] == [Outcome.REWRITTEN] * 4
     rng = np.random.default_rng(0)
     for _ in range(5):
         feeds = feeds_for(model, rng)
@@ -64,7 +64,7 @@ def test_unproven_gathers_are_refused_with_a_reason(source):
     model = exporter_like(source=source)
     patched, actions = patch_in_memory(model)
     refused = [a for a in actions if a.pass_name == "gathernd"]
-    assert [a.action for a in refused] == [REFUSED] * 4
+    assert [a.action for a in refused] == [Outcome.REFUSED] * 4
     assert all("not proven" in a.reason and "proof stops at" in a.reason for a in refused)
     assert op_count(patched, "GatherND") == 4
 
@@ -72,7 +72,7 @@ def test_unproven_gathers_are_refused_with_a_reason(source):
 def test_allow_unproven_rewrites_and_marks_every_such_node():
     model = exporter_like(source=CLIP_BEFORE_GRID, H=9, W=9, margin=2)
     patched, actions = patch_in_memory(model, allow_unproven=True)
-    unproven = [a for a in actions if a.action == REWRITTEN_UNPROVEN]
+    unproven = [a for a in actions if a.action == Outcome.REWRITTEN_UNPROVEN]
     assert len(unproven) == 4 and all(a.reason.startswith("UNPROVEN") for a in unproven)
     assert op_count(patched, "GatherND") == 0
     # where the indices happen to be in range the result is still the same
@@ -106,7 +106,7 @@ def test_lowering_is_general_in_batch_dims_depth_and_trailing_dims(batch_dims, d
     hi = min(data_shape[batch_dims:batch_dims + ind_shape[-1]]) - 1
     model = _general_gathernd(batch_dims, data_shape, ind_shape, hi=hi)
     patched, actions = patch_in_memory(model)
-    assert [a.action for a in actions if a.pass_name == "gathernd"] == [REWRITTEN]
+    assert [a.action for a in actions if a.pass_name == "gathernd"] == [Outcome.REWRITTEN]
     rng = np.random.default_rng(2)
     for _ in range(3):
         feeds = {"data": rng.standard_normal(data_shape).astype(np.float32),
@@ -117,7 +117,7 @@ def test_lowering_is_general_in_batch_dims_depth_and_trailing_dims(batch_dims, d
 def test_too_many_rows_for_an_int32_index_is_refused():
     model = _general_gathernd(0, [50000, 50000, 1], [3, 2], hi=10)
     _, actions = patch_in_memory(model)
-    assert [(a.action, "int32" in a.reason) for a in actions if a.pass_name == "gathernd"] == [(REFUSED, True)]
+    assert [(a.action, "int32" in a.reason) for a in actions if a.pass_name == "gathernd"] == [(Outcome.REFUSED, True)]
 
 
 def test_exporter_fixtures_lose_every_gathernd_and_stay_identical():
@@ -140,9 +140,9 @@ def test_every_allowed_rewrite_is_exact_and_no_escaping_index_is_proven(B, G, H,
     gathers = [a for a in actions if a.pass_name == "gathernd"]
     if source != CLAMPED:
         # offsets can push these indices outside the data: the prover must never prove them
-        assert all(a.action == REFUSED for a in gathers)
+        assert all(a.action == Outcome.REFUSED for a in gathers)
         return
-    assert all(a.action == REWRITTEN for a in gathers)
+    assert all(a.action == Outcome.REWRITTEN for a in gathers)
     rng = np.random.default_rng(seed)
     for wide in ((-3.0, 3.0), (-100.0, 100.0), (-3e9, 3e9)):  # inside, outside, and beyond float32's 2^24
         feeds = feeds_for(model, rng, offset_range=wide)

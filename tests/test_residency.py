@@ -9,7 +9,7 @@ from graphs import exporter_like
 from helpers import FIXTURES, assert_bytes_equal, patch_in_memory, run_ort
 from onnx import TensorProto, helper, numpy_helper
 
-from deform_surgeon.pipeline import REFUSED, REWRITTEN
+from deform_surgeon.pipeline import Outcome
 
 INT64_ARITH = {"Add", "Sub", "Mul", "Clip", "Slice", "Concat", "Min", "Max", "Split"}
 
@@ -39,7 +39,7 @@ def test_no_int64_arithmetic_is_left_in_the_exporter_fixtures(name):
     assert int64_arith_nodes(model)  # the original has plenty
     patched, actions = patch_in_memory(model)
     assert int64_arith_nodes(patched) == []
-    assert all(a.action == REWRITTEN for a in actions if a.pass_name == "residency")
+    assert all(a.action == Outcome.REWRITTEN for a in actions if a.pass_name == "residency")
 
 
 @pytest.mark.parametrize("offsets", [(-3.0, 3.0), (-1e6, 1e6), (-3e7, 3e7), (-4e18, 4e18)])
@@ -48,7 +48,7 @@ def test_float_chain_equals_int64_chain_for_huge_offsets(offsets, dtype):
     # beyond 2^24 float32 no longer represents every integer: the saturating Clip must still agree
     model = exporter_like(B=1, G=2, H=7, W=5, C=3, P=40, dtype=dtype)
     patched, actions = patch_in_memory(model)
-    assert [a.action for a in actions if a.pass_name == "residency"] == [REWRITTEN] * 4
+    assert [a.action for a in actions if a.pass_name == "residency"] == [Outcome.REWRITTEN] * 4
     rng = np.random.default_rng(5)
     for _ in range(3):
         feeds = {"data": rng.standard_normal((1, 2, 7, 5, 3)).astype(dtype),
@@ -81,14 +81,14 @@ def _chain_model(cast_input_op: str = "Floor", add: int = 1, hi: int = 9) -> onn
 def test_chains_that_float32_cannot_carry_exactly_are_refused(model, why):
     patched, actions = patch_in_memory(model)
     refused = [a for a in actions if a.pass_name == "residency"]
-    assert [a.action for a in refused] == [REFUSED] and why in refused[0].reason
+    assert [a.action for a in refused] == [Outcome.REFUSED] and why in refused[0].reason
     assert "to_i64" in {n.name for n in patched.graph.node}  # the int64 chain is still there
 
 
 def test_an_accepted_chain_is_exact_at_the_float32_limits():
     model = _chain_model()
     patched, actions = patch_in_memory(model)
-    assert [a.action for a in actions if a.pass_name == "residency"] == [REWRITTEN]
+    assert [a.action for a in actions if a.pass_name == "residency"] == [Outcome.REWRITTEN]
     f = np.array([[-2.0**24 - 2], [-2.0**23], [-1.5], [8.7], [2.0**24 + 2], [2.0**40]], np.float32)
     feeds = {"data": np.arange(30, dtype=np.float32).reshape(10, 3), "f": f}
     assert_bytes_equal(run_ort(model, feeds), run_ort(patched, feeds))

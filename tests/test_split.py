@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from deform_surgeon import patch
 from deform_surgeon.budget import analyze
-from deform_surgeon.pipeline import REFUSED, REWRITTEN
+from deform_surgeon.pipeline import Outcome
 
 MiB = 2**20
 LEVELS = {"all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL, "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL}
@@ -85,7 +85,7 @@ def test_birefnet64_split_at_256mib_leaves_nothing_over_the_limit(birefnet64):
     t0 = time.monotonic()
     patched, actions = patch_in_memory(birefnet64, max_buffer=256 * MiB)
     (split,) = split_actions(actions)
-    assert split.action == REWRITTEN and chunks_of(split) == 4  # 64 of 256 rows: 205.5 MB per chunk tensor
+    assert split.action == Outcome.REWRITTEN and chunks_of(split) == 4  # 64 of 256 rows: 205.5 MB per chunk tensor
     assert "the Conv -> Add -> BatchNormalization -> Relu is split into the same chunks" in split.reason
     assert "784.0 MiB" in split.reason
     report = analyze(patched)
@@ -106,7 +106,7 @@ def test_split_exporter_fixtures_are_bit_identical(name, limit):
     unsplit, _ = patch_in_memory(model)
     patched, actions = patch_in_memory(model, max_buffer=limit)
     splits = split_actions(actions)
-    assert splits and all(a.action == REWRITTEN for a in splits)
+    assert splits and all(a.action == Outcome.REWRITTEN for a in splits)
     for seed in range(2):
         feeds = image(model, seed)
         for level in LEVELS:
@@ -156,7 +156,7 @@ def test_chunk_count_is_the_smallest_that_fits():
 def test_a_limit_below_one_row_is_refused_with_the_reason():
     model = onnx.load(str(FIXTURES / "decoder_gathernd.onnx"))
     patched, actions = patch_in_memory(model, max_buffer=10_000)
-    refused = [a for a in split_actions(actions) if a.action == REFUSED]
+    refused = [a for a in split_actions(actions) if a.action == Outcome.REFUSED]
     assert "Conv_1004" in [a.node for a in refused] and all("one output row" in a.reason for a in refused)
     assert "alone needs 0.0 MiB" not in refused[0].reason
     joined = {n.name for n in patched.graph.node if n.name.endswith("/split/join")}
@@ -168,7 +168,7 @@ def test_float16_blocks_are_refused_because_ort_cpu_rounds_fp16_chains_once():
     unsplit, _ = patch_in_memory(model)
     patched, actions = patch_in_memory(model, max_buffer=30_000)
     splits = split_actions(actions)
-    assert splits and all(a.action == REFUSED and "float16 block" in a.reason for a in splits)
+    assert splits and all(a.action == Outcome.REFUSED and "float16 block" in a.reason for a in splits)
     assert same_graph(patched, unsplit)
 
 
@@ -187,7 +187,7 @@ def same_graph(a: onnx.ModelProto, b: onnx.ModelProto) -> bool:
 def test_split_without_sum_chain_carries_the_sum():
     model = onnx.load(str(FIXTURES / "decoder_gathernd.onnx"))
     patched, actions = patch_in_memory(model, max_buffer=60_000, sum_mode="none")
-    assert split_actions(actions)[0].action == REWRITTEN and op_count(patched, "Sum") == 8 + 3  # 1 Sum -> 4
+    assert split_actions(actions)[0].action == Outcome.REWRITTEN and op_count(patched, "Sum") == 8 + 3  # 1 Sum -> 4
     feeds = image(model, 0)
     assert_bytes_equal(run(model, feeds), run(patched, feeds))
 
@@ -206,9 +206,9 @@ def test_property_any_deform_conv_splits_exactly(batch, groups, per_group, plane
     (split,) = split_actions(actions)
     per_row = full // size
     if limit < per_row:
-        assert split.action == REFUSED and "one output row" in split.reason
+        assert split.action == Outcome.REFUSED and "one output row" in split.reason
     else:
-        assert split.action == REWRITTEN and chunks_of(split) == math.ceil(size / (limit // per_row))
+        assert split.action == Outcome.REWRITTEN and chunks_of(split) == math.ceil(size / (limit // per_row))
     rng = np.random.default_rng(seed)
     kk = groups * k * k
     feeds = {"x": rng.standard_normal((batch, channels, size, size)).astype(np.float32),
@@ -310,7 +310,7 @@ def test_the_split_also_carries_an_unlowered_gathernd_and_sum():
     graph = gs.import_onnx(model)
     ctx = Context(graph, infer_value_types(model), Options(max_buffer=60_000))
     (split,) = run_passes(ctx, [SplitBlocks()])
-    assert split.action == REWRITTEN and chunks_of(split) == 4
+    assert split.action == Outcome.REWRITTEN and chunks_of(split) == 4
     graph.cleanup().toposort()
     patched = export_graph(graph, model)
     onnx.checker.check_model(patched, full_check=True)
@@ -400,7 +400,7 @@ def test_a_split_conv_the_whole_model_disproves_is_kept_whole_and_said_so(tmp_pa
 
     report = patch(src, out, max_buffer=40_000, verify=verify, verify_options={"iterations": 1})
     (split,) = split_actions(report.actions)
-    assert report.written and split.action == REWRITTEN and not split.needs_verify
+    assert report.written and split.action == Outcome.REWRITTEN and not split.needs_verify
     assert "stays whole and REMAINS OVER the limit: not shown exact on the whole model" in split.reason
     assert "it differed from the original (output 'y'" in split.reason
     assert "1 rewrite(s) undone (1 split)" in report.note

@@ -40,7 +40,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ..ops import ELEMENTWISE_UNARY, TAIL_OPS
-from ..pipeline import REFUSED, REWRITTEN, Action, Context
+from ..pipeline import Action, Context, Outcome
 from .split import (
     Refuse,
     Shapes,
@@ -147,7 +147,7 @@ class BandOversize:
         try:
             return rewrite()
         except Refuse as exc:
-            return Action(self.name, node.name, node.op, REFUSED, str(exc))
+            return Action(self.name, node.name, node.op, Outcome.REFUSED, str(exc))
 
     # -- Resize in channel groups -------------------------------------------------------------------------------
     def _groups(self, ctx: Context, node: gs.Node, shapes: Shapes, limit: int, outside: set[int]) -> Action:
@@ -221,7 +221,7 @@ class BandOversize:
         node.outputs.clear()
         widths = "/".join(str(w) for w in sorted({c1 - c0 for c0, c1 in groups}, reverse=True))
         largest = max(shapes.nbytes(p) or 0 for p in parts)
-        return Action(self.name, node.name, node.op, REWRITTEN,
+        return Action(self.name, node.name, node.op, Outcome.REWRITTEN,
                       f"computed in {n} channel groups of {widths} channels (of {channels}): output '{out.name}' "
                       f"{fmt_bytes(size)} -> {fmt_bytes(largest)} per group, limit {fmt_bytes(limit)}; each group "
                       + (f"reads the output of Conv '{maker.name}' computed for its channels only"
@@ -339,7 +339,7 @@ class BandOversize:
                f"Conv '{producer.name}'{''.join(f' -> {c.op}' for c in chain)} computed for those rows from "
                f"the rows of '{sources[0].name}' it reads")
         carried = "".join(f" -> {t.op}" for t in tail)
-        return Action(self.name, conv.name, conv.op, REWRITTEN,
+        return Action(self.name, conv.name, conv.op, Outcome.REWRITTEN,
                       f"computed in {n} row bands of {counts} output rows (of {rows_out}): input '{x.name}' "
                       f"({fmt_bytes(size)}) was over the {fmt_bytes(limit)} limit; each band reads its rows of it "
                       f"(with the kernel's halo) from {fed}; largest band tensor "

@@ -29,7 +29,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ..device import storage_buffers
-from ..pipeline import REFUSED, REWRITTEN, Action, Context
+from ..pipeline import Action, Context, Outcome
 
 FITTED = {"Concat", "Split", "Max", "Min"}
 
@@ -66,7 +66,7 @@ class FitStorageBuffers:
     def rewrite(self, ctx: Context, node: gs.Node, limit: int) -> Action:
         plan = self.check(ctx, node, limit)
         if isinstance(plan, str):
-            return Action(self.name, node.name, node.op, REFUSED, plan)
+            return Action(self.name, node.name, node.op, Outcome.REFUSED, plan)
         before = len(ctx.graph.nodes)
         width = limit - 1  # inputs of a Concat / outputs of a Split next to the one tensor on the other side
         base = node.name or node.outputs[0].name
@@ -95,7 +95,7 @@ class FitStorageBuffers:
             root = next(n for n in made if n.outputs[0] is out)
         node.name, root.name = ctx.names.fresh(f"{base}/replaced"), node.name
         new = tuple(n.name for n in made)
-        return Action(self.name, root.name, node.op, REWRITTEN,
+        return Action(self.name, root.name, node.op, Outcome.REWRITTEN,
                       f"{what} (bound {count} storage buffers, the device profile allows {limit}; "
                       "same elements in the same places)", new)
 

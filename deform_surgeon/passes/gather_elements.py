@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from ..pipeline import REFUSED, Action, Context
+from ..pipeline import Action, Context, Outcome
 from ..ranges import IndexVerdict, gather_elements_verdict
 from .gathernd import gate, rewritten
 
@@ -80,7 +80,7 @@ class LowerGatherElements:
     def rewrite(self, ctx: Context, node: gs.Node, verdict: IndexVerdict) -> Action:
         why_not = self.check(ctx, node, verdict)
         if why_not is not None:
-            return Action(self.name, node.name, node.op, REFUSED, why_not)
+            return Action(self.name, node.name, node.op, Outcome.REFUSED, why_not)
         prover = ctx.prover
         data, out = node.inputs[0], node.outputs[0]
         index, _ = self.per_pixel_index(ctx, node)

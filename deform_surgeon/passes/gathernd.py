@@ -20,7 +20,7 @@ import math
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from ..pipeline import REFUSED, REWRITTEN, REWRITTEN_UNPROVEN, Action, Context
+from ..pipeline import Action, Context, Outcome
 from ..ranges import IndexVerdict, Status, gathernd_verdict
 
 INT32_MAX = 2**31 - 1
@@ -43,8 +43,8 @@ def gate(ctx: Context, node: gs.Node, verdict: IndexVerdict, rows: int | None) -
 def rewritten(pass_name: str, node: gs.Node, verdict: IndexVerdict, new_nodes: tuple[str, ...]) -> Action:
     """The Action of a lowered gather: proven, or loudly unproven under --allow-unproven."""
     if verdict.proven:
-        return Action(pass_name, node.name, node.op, REWRITTEN, verdict.reason, new_nodes)
-    return Action(pass_name, node.name, node.op, REWRITTEN_UNPROVEN,
+        return Action(pass_name, node.name, node.op, Outcome.REWRITTEN, verdict.reason, new_nodes)
+    return Action(pass_name, node.name, node.op, Outcome.REWRITTEN_UNPROVEN,
                   f"UNPROVEN, rewritten because --allow-unproven was given: {verdict.reason}", new_nodes)
 
 
@@ -79,7 +79,7 @@ class LowerGatherND:
     def rewrite(self, ctx: Context, node: gs.Node, verdict: IndexVerdict) -> Action:
         why_not = self.check(ctx, node, verdict)
         if why_not is not None:
-            return Action(self.name, node.name, node.op, REFUSED, why_not)
+            return Action(self.name, node.name, node.op, Outcome.REFUSED, why_not)
 
         prover = ctx.prover
         data, indices = node.inputs[0], node.inputs[1]

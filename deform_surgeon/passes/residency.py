@@ -33,7 +33,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from ..pipeline import REFUSED, REWRITTEN, Action, Context
+from ..pipeline import Action, Context, Outcome
 
 EXACT = 2**24  # float32 represents every integer in [-2^24, 2^24]
 SMALL = 2**22  # bound on constants added before, and limits of, a saturating Clip
@@ -73,14 +73,14 @@ class IndexChainResidency:
             except Refuse as exc:
                 del ctx.graph.nodes[before:]  # nodes built for a refused chain are dropped again
                 self._memo = memo
-                actions.append(Action(self.name, node.name, node.op, REFUSED,
+                actions.append(Action(self.name, node.name, node.op, Outcome.REFUSED,
                                       f"int64 index chain stays as it is: {exc}"))
                 continue
             out = node.outputs[0]
             node.outputs.clear()
             ctx.node("Cast", f"{node.name}/from_float", [got.tensor], [out], {"to": onnx.TensorProto.INT32})
             actions.append(Action(
-                self.name, node.name, node.op, REWRITTEN,
+                self.name, node.name, node.op, Outcome.REWRITTEN,
                 "int64 index chain computed in float32 (integral values exact below 2^24, saturating NaN-safe Clip) "
                 "and cast once to int32", tuple(n.name for n in ctx.graph.nodes[before:])))
         return actions

@@ -59,7 +59,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from ..ops import ELEMENTWISE_NARY, ELEMENTWISE_UNARY, SHAPE_OPS, TAIL_OPS
-from ..pipeline import REFUSED, REWRITTEN, Action, Context
+from ..pipeline import Action, Context, Outcome
 
 SEEDS = {"Gather", "GatherND"}  # the samplers as the gathernd / gather_elements passes leave them
 CARRIED = ELEMENTWISE_UNARY | ELEMENTWISE_NARY | SHAPE_OPS | {"Transpose"}  # what a chunk is carried through
@@ -281,7 +281,7 @@ class SplitBlocks:
             op = block.conv.op if block.conv is not None else block.seeds[0].op
             what = (f"{fmt_bytes(biggest[0])} tensor '{biggest[1]}' stays over the {fmt_bytes(limit)} limit"
                     if over else f"--max-memory asked for {want} chunks")
-            actions.append(Action(self.name, name, op, REFUSED, f"block not split ({what}): {why}"))
+            actions.append(Action(self.name, name, op, Outcome.REFUSED, f"block not split ({what}): {why}"))
         return actions
 
     # -- finding blocks ----------------------------------------------------------------------------------------
@@ -526,7 +526,7 @@ class SplitBlocks:
                   f"nodes per chunk): largest tensor {fmt_bytes(before_size)} ('{before_name}') -> "
                   f"{fmt_bytes(after_size)} per chunk, limit {shown}{asked}; "
                   f"{verdict}")
-        return Action(self.name, block.conv.name, block.conv.op, REWRITTEN, reason, new_nodes, needs_verify)
+        return Action(self.name, block.conv.name, block.conv.op, Outcome.REWRITTEN, reason, new_nodes, needs_verify)
 
     @staticmethod
     def _tail(ctx: Context, conv: gs.Node, shapes: Shapes) -> list[gs.Node]:

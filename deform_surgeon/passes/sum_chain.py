@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from ..pipeline import REFUSED, REWRITTEN, Action, Context
+from ..pipeline import Action, Context, Outcome
 
 _WIDEN = {np.dtype(np.float16): np.float32}
 _BFLOAT16 = "bfloat16"
@@ -59,7 +59,7 @@ class ChainSum:
     def rewrite(self, ctx: Context, node: gs.Node) -> Action:
         why_not = self.check(ctx, node)
         if why_not is not None:
-            return Action(self.name, node.name, node.op, REFUSED, why_not)
+            return Action(self.name, node.name, node.op, Outcome.REFUSED, why_not)
         out = node.outputs[0]
         inputs = list(node.inputs)
         dtype = self._dtype(ctx, node)
@@ -68,7 +68,7 @@ class ChainSum:
         node.outputs.clear()
         if len(inputs) == 1:
             ctx.node("Identity", f"{base}/identity", inputs, [out])
-            return Action(self.name, node.name, node.op, REWRITTEN, "one-input Sum is an Identity",
+            return Action(self.name, node.name, node.op, Outcome.REWRITTEN, "one-input Sum is an Identity",
                           tuple(n.name for n in ctx.graph.nodes[before:]))
 
         wide = np.float32 if (dtype == _BFLOAT16 or dtype in _WIDEN) else None
@@ -85,7 +85,7 @@ class ChainSum:
             how = "balanced Add tree (NOT bit-identical: float addition is not associative)"
         if wide is not None:
             how += ", accumulated in fp32 and rounded once like ORT CPU's fp16 Sum"
-        return Action(self.name, node.name, node.op, REWRITTEN, f"{len(node.inputs)}-input Sum -> {how}",
+        return Action(self.name, node.name, node.op, Outcome.REWRITTEN, f"{len(node.inputs)}-input Sum -> {how}",
                       tuple(n.name for n in ctx.graph.nodes[before:]))
 
     def _adds(self, ctx: Context, inputs: list[gs.Tensor], out: gs.Tensor, base: str, dtype) -> None:
