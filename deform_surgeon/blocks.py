@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import onnx
@@ -219,3 +220,20 @@ def tensor_blocks(model: onnx.ModelProto, owner: dict[str, str]) -> dict[str, st
             for t in [*n.input, *n.output]:
                 out.setdefault(t, label)
     return out
+
+
+OUTSIDE = "outside deform blocks"
+
+
+def count_per_block(model: onnx.ModelProto, cpu_nodes: Iterable[str],
+                    memcpy_tensors: Iterable[str]) -> dict[str, tuple[int, int]]:
+    """(CPU nodes, Memcpy nodes) per deform block of `model`, from the node and tensor names ORT's log gives, with
+    every block listed (zeros included) and `OUTSIDE` for the rest: the table `placement --compare` prints."""
+    owner = deform_blocks(model)
+    tensors = tensor_blocks(model, owner)
+    counts = {label: [0, 0] for label in [*owner.values(), OUTSIDE]}
+    for name in cpu_nodes:
+        counts[block_of(name, owner, tensors) or OUTSIDE][0] += 1
+    for t in memcpy_tensors:
+        counts[tensors.get(t, OUTSIDE)][1] += 1
+    return {k: (v[0], v[1]) for k, v in counts.items()}

@@ -8,8 +8,9 @@ import onnx
 import pytest
 from helpers import FIXTURES, patch_in_memory
 
-from deform_surgeon.blocks import block_of, deform_blocks
-from deform_surgeon.placement.command import OUTSIDE, per_block
+from deform_surgeon.blocks import OUTSIDE, block_of, deform_blocks
+from deform_surgeon.placement.command import per_block
+from deform_surgeon.placement.logparse import LogSummary
 from deform_surgeon.placement.result import Placement
 
 
@@ -40,9 +41,9 @@ def test_per_block_counts_cpu_nodes_and_memcpy(tmp_path: Path):
     owner = deform_blocks(model)
     sums = [n for n in model.graph.node if n.op_type == "Sum"]
     relu = next(n for n in model.graph.node if n.name not in owner)
-    p = Placement(runtime="node", bundle=None, session_ok=True, error=None, cpu_nodes=3, memcpy=2,
-                  nodes_by_provider={}, cpu_ops={}, cpu_node_names=[sums[0].name, sums[1].name, relu.name],
-                  memcpy_tensors=[sums[0].output[0], relu.output[0]], kernel_not_found=[], adapter=None, run=None,
+    log = LogSummary(placement_logged=True, cpu_node_names=[sums[0].name, sums[1].name, relu.name],
+                     memcpy_tensors=[sums[0].output[0], relu.output[0]])
+    p = Placement(runtime="node", bundle=None, session_ok=True, error=None, log=log, adapter=None, run=None,
                   model=str(FIXTURES / "decoder_gathernd.onnx"))
     counts = per_block(p)
     assert counts[owner[sums[0].name]] == (1, 1) and counts[owner[sums[1].name]] == (1, 0)

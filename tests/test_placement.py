@@ -194,19 +194,15 @@ def test_placement_keys_and_json_roundtrip() -> None:
         bundle=None,
         session_ok=True,
         error=None,
-        cpu_nodes=s.cpu_nodes,
-        memcpy=s.memcpy,
-        nodes_by_provider=s.nodes_by_provider,
-        cpu_ops=s.cpu_ops,
-        cpu_node_names=s.cpu_node_names,
-        memcpy_tensors=s.memcpy_tensors,
-        kernel_not_found=s.kernel_not_found,
+        log=s,
         adapter=None,
         run=None,
     )
     d = json.loads(p.to_json())
     assert REQUIRED_KEYS <= set(d)
     assert Placement.from_dict(d) == p
+    assert (d["cpu_nodes"], d["memcpy"], d["total_nodes"]) == (s.cpu_nodes, s.memcpy, s.total_nodes) == (
+        p.cpu_nodes, p.memcpy, p.total_nodes)
     with pytest.raises(AttributeError):
         p.cpu_nodes = 0  # type: ignore[misc]  # frozen
 

@@ -430,7 +430,8 @@ def test_cpu_fallback_is_inside_every_deform_block_and_gone_after_the_patch(lab:
                                                                             runtime_id: str) -> None:
     """Per deform block (found from the graph, deform_surgeon.blocks): each of the 8 blocks of the original has CPU
     nodes and Memcpy nodes and nothing outside the blocks does; the patched blocks have none."""
-    from deform_surgeon.placement.command import OUTSIDE, per_block
+    from deform_surgeon.blocks import OUTSIDE
+    from deform_surgeon.placement.command import per_block
 
     before = per_block(lab.measured(name, "original", runtime_id).placement)
     after = per_block(lab.measured(name, "patched", runtime_id).placement)

@@ -17,6 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import onnx
+
+from ..blocks import OUTSIDE, count_per_block
 from .result import Placement
 from .runner import BUNDLES, DEFAULT_TIMEOUT, RUNTIMES, SetupMissing, measure_placement
 
@@ -280,25 +283,9 @@ def format_placement(p: Placement) -> str:
 
 
 def per_block(p: Placement) -> dict[str, tuple[int, int]]:
-    """CPU nodes and Memcpy nodes of a placement, per deform block (`deform_surgeon.blocks`) of its model."""
-    import onnx
-
-    from ..blocks import block_of, deform_blocks, tensor_blocks
-
+    """CPU nodes and Memcpy nodes of a placement, per deform block of its model (`blocks.count_per_block`)."""
     model = onnx.load(p.model, load_external_data=False)
-    owner = deform_blocks(model)
-    tensors = tensor_blocks(model, owner)
-    counts: dict[str, list[int]] = {}
-    for name in p.cpu_node_names:
-        counts.setdefault(block_of(name, owner, tensors) or OUTSIDE, [0, 0])[0] += 1
-    for t in p.memcpy_tensors:
-        counts.setdefault(tensors.get(t, OUTSIDE), [0, 0])[1] += 1
-    for label in [*set(owner.values()), OUTSIDE]:
-        counts.setdefault(label, [0, 0])
-    return {k: (v[0], v[1]) for k, v in counts.items()}
-
-
-OUTSIDE = "outside deform blocks"
+    return count_per_block(model, p.cpu_node_names, p.memcpy_tensors)
 
 
 def _block_rows(a: Placement, b: Placement) -> list[tuple[str, str, str]]:

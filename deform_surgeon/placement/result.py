@@ -6,6 +6,11 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .logparse import LogSummary
+
+_LOG_FIELDS = frozenset(LogSummary.__dataclass_fields__)
+_LOG_COUNTS = ("cpu_nodes", "total_nodes")  # LogSummary's properties, written to JSON beside its fields
+
 
 @dataclass(frozen=True)
 class Placement:
@@ -24,20 +29,10 @@ class Placement:
     bundle: str | None
     session_ok: bool
     error: str | None
-    cpu_nodes: int
-    memcpy: int
-    nodes_by_provider: dict[str, int]
-    cpu_ops: dict[str, int]
-    cpu_node_names: list[str]
-    memcpy_tensors: list[str]
-    kernel_not_found: list[dict[str, str]]
+    log: LogSummary  # what ORT's verbose log says; its fields read as the placement's own (`p.cpu_nodes`)
     adapter: dict[str, Any] | None
     run: dict[str, Any] | None
     model: str = ""
-    gpu_provider: str | None = None
-    total_nodes: int = 0
-    placement_logged: bool = False
-    memcpy_by_kind: dict[str, int] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -51,13 +46,24 @@ class Placement:
         the run succeeded: a model with a node over the device's limits is not resident, whatever ORT placed."""
         return self.session_ok and not self.limit_violations and (self.run is None or bool(self.run.get("ok")))
 
+    def __getattr__(self, name: str) -> Any:
+        # only called for names the dataclass does not have: the log's fields and counts
+        if name in _LOG_FIELDS or name in _LOG_COUNTS:
+            return getattr(self.log, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """One flat record: the log's fields and counts beside the placement's own (the stable JSON keys)."""
+        d = asdict(self)
+        log = d.pop("log")
+        return {**{k: d[k] for k in ("runtime", "bundle", "session_ok", "error")},
+                **log, **{k: getattr(self.log, k) for k in _LOG_COUNTS}, **d}
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent, sort_keys=False)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Placement:
-        known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in d.items() if k in known})
+        own = set(cls.__dataclass_fields__) - {"log"}
+        log = LogSummary(**{k: v for k, v in d.items() if k in _LOG_FIELDS})
+        return cls(log=log, **{k: v for k, v in d.items() if k in own})

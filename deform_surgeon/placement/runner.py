@@ -11,6 +11,7 @@ additionally found through the unique temporary profile directory on its command
 from __future__ import annotations
 
 import ctypes.util
+import dataclasses
 import json
 import os
 import shutil
@@ -480,9 +481,8 @@ def measure_placement(
         if summary.placement_logged and not summary.nodes_listed:
             (ep,) = summary.nodes_by_provider or {"?": 0}
             notes.append(f"ORT logged 'All nodes placed on [{ep}]' (no per-node list)")
-        cpu_ops = summary.cpu_ops
         if summary.placement_logged and not summary.nodes_listed and summary.cpu_nodes:
-            cpu_ops = _model_op_histogram(header)
+            summary = dataclasses.replace(summary, cpu_ops=_model_op_histogram(header))
             notes.append(
                 "cpu_ops taken from the model file: ORT lists no nodes when one EP takes all of them"
             )
@@ -507,20 +507,10 @@ def measure_placement(
             bundle=bundle,
             session_ok=session_ok,
             error=error,
-            cpu_nodes=summary.cpu_nodes,
-            memcpy=summary.memcpy,
-            nodes_by_provider=summary.nodes_by_provider,
-            cpu_ops=cpu_ops,
-            cpu_node_names=summary.cpu_node_names,
-            memcpy_tensors=summary.memcpy_tensors,
-            kernel_not_found=summary.kernel_not_found,
+            log=summary,
             adapter=raw.get("adapter"),
             run=run_info,
             model=str(model),
-            gpu_provider=summary.gpu_provider,
-            total_nodes=summary.total_nodes,
-            placement_logged=summary.placement_logged,
-            memcpy_by_kind=summary.memcpy_by_kind,
             timings=timings,
             versions={k: str(v) for k, v in (raw.get("versions") or {}).items() if v is not None},
             notes=notes,
