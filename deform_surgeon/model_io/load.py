@@ -1,0 +1,227 @@
+"""Loading and checking: one line naming the file for a model that is not valid ONNX, and the inferred types
+the passes read (`TypeTable`), from one strict shape inference on a weight-less copy where the model allows it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+import onnx
+
+from ..errors import SurgeonError
+from .weights import Weights, _external_ref, _is_external, _is_heavy_embedded, _nbytes, split_weights, weightless
+
+
+def load_model(path: str | Path) -> onnx.ModelProto:
+    """Load an ONNX model or raise a one-line `SurgeonError`.
+
+    External data stays on disk (the tensors keep their references, checked here: inside the model's folder,
+    present, long enough); its values are read only where needed, relative to the model's folder.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise SurgeonError(path, "no such file")
+    if path.is_dir():
+        raise SurgeonError(path, "is a folder, not an ONNX model file")
+    if not path.is_file():  # a FIFO or a device: reading it would hang or never end
+        raise SurgeonError(path, "is not a regular file (a FIFO, device or socket)", "give an .onnx file")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # protobuf raises DecodeError, onnx raises others; all mean "not readable ONNX"
+        raise SurgeonError(path, f"not a readable ONNX model ({_first_line(exc)})") from None
+    if len(model.graph.node) == 0 and len(model.graph.output) == 0:
+        # protobuf happily parses many non-ONNX byte strings into an empty ModelProto
+        raise SurgeonError(path, "not an ONNX model (no graph: the file is empty, truncated or of another format)")
+    _check_stored_tensors(model, path)
+    return model
+
+
+def check_model(model: onnx.ModelProto, path: str | Path, weights: Weights | None = None) -> None:
+    """Run onnx.checker with full shape inference, or raise `SurgeonError`.
+
+    The checker runs on the weight-less copy (`weightless`), so it costs the same for a 2 MB and a 20 GB model;
+    the stored weights themselves were checked when loading (reference, size). `weights` tells where the model's
+    external data lives (default: the folder of `path`).
+    """
+    if weights is None:
+        weights = split_weights(model, Path(path).parent if Path(path).is_file() else None)
+    with _checker_errors(path):
+        onnx.checker.check_model(weightless(model, weights), full_check=True)
+
+
+@contextmanager
+def _checker_errors(path: str | Path) -> Iterator[None]:
+    """Any failure of onnx.checker or strict shape inference as the one-line `SurgeonError` of `path`."""
+    try:
+        yield
+    except Exception as exc:
+        raise SurgeonError(path, f"fails onnx.checker: {_first_line(exc)}") from None
+
+
+def infer_value_types(model: onnx.ModelProto, weights: Weights | None = None) -> TypeTable:
+    """Element type and shape of every tensor that ONNX shape inference can tell, without touching `model`.
+
+    The result feeds the range prover and the passes; it is deliberately not written into the exported model,
+    so a patch does not add value_info to tensors it did not touch. Inference runs on the weight-less copy
+    (stored weights are typed graph inputs there), so it works past 2 GB and costs nothing per weight byte.
+    """
+    model = weightless(model, weights if weights is not None else split_weights(model, None))
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+    except Exception:
+        inferred = model
+    return TypeTable(inferred.graph)
+
+
+def check_and_infer(model: onnx.ModelProto, path: str | Path, weights: Weights) -> TypeTable:
+    """`check_model` and `infer_value_types` in one shape inference where the model allows it.
+
+    onnx.checker's full check is the plain check plus strict, type-checking shape inference; run that inference
+    with data propagation once and both answers come from it. Only when it fails are the two asked separately
+    (a model can fail strict data propagation and still pass the checker), so the verdicts are the same.
+    """
+    skeleton = weightless(model, weights)
+    with _checker_errors(path):
+        onnx.checker.check_model(skeleton)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(skeleton, check_type=True, strict_mode=True, data_prop=True)
+    except Exception:
+        check_model(skeleton, path, weights)
+        return infer_value_types(skeleton, weights)
+    return TypeTable(inferred.graph)
+
+
+def check_spliced(model: onnx.ModelProto, region: onnx.ModelProto, path: str | Path, weights: Weights) -> None:
+    """onnx.checker's full check of a model whose only changed part is `region` (see region.py).
+
+    A full check is the plain check plus strict shape inference. The plain check runs on the whole model (graph
+    structure, names, topological order, attributes); strict inference runs on the region alone, whose inputs
+    and outputs are declared with the types and shapes inferred on the input model: every node outside the
+    region reads exactly what it read before, and the input model passed its own strict inference.
+    """
+    with _checker_errors(path):
+        onnx.checker.check_model(weightless(model, weights))
+        onnx.shape_inference.infer_shapes(weightless(region, weights), check_type=True, strict_mode=True)
+
+
+class TypeTable(Mapping):
+    """tensor name -> (element type, shape or None), decoded from the inferred graph only when asked (a 19,000-node
+    model has some 80,000 entries, of which the passes read a few hundred)."""
+
+    def __init__(self, graph: onnx.GraphProto) -> None:
+        self._protos: dict[str, onnx.ValueInfoProto | onnx.TensorProto] = {}
+        for vi in (*graph.input, *graph.value_info, *graph.output):
+            if vi.type.tensor_type.elem_type:
+                self._protos[vi.name] = vi
+        for init in graph.initializer:
+            self._protos[init.name] = init
+        self._done: dict[str, tuple[int, tuple[int | str | None, ...] | None]] = {}
+
+    def __getitem__(self, name: str) -> tuple[int, tuple[int | str | None, ...] | None]:
+        got = self._done.get(name)
+        if got is None:
+            proto = self._protos[name]
+            if isinstance(proto, onnx.TensorProto):
+                got = (proto.data_type, tuple(proto.dims))
+            else:
+                tt = proto.type.tensor_type
+                shape = None
+                if tt.HasField("shape"):
+                    shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                                  for d in tt.shape.dim)
+                got = (tt.elem_type, shape)
+            self._done[name] = got
+        return got
+
+    def elem_type(self, name: str) -> int:
+        """The element type alone (0 when unknown), without decoding the shape."""
+        proto = self._protos.get(name)
+        if proto is None:
+            return 0
+        return proto.data_type if isinstance(proto, onnx.TensorProto) else proto.type.tensor_type.elem_type
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._protos
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._protos)
+
+    def __len__(self) -> int:
+        return len(self._protos)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:300]
+
+
+def _check_stored_tensors(model: onnx.ModelProto, path: Path) -> None:
+    """External references inside the model's folder, present and long enough; large embedded data complete."""
+    sizes: dict[Path, int | None] = {}
+    for t in model.graph.initializer:
+        expected = _nbytes(t)
+        if not _is_external(t):
+            if _is_heavy_embedded(t) and len(t.raw_data) != expected:
+                raise SurgeonError(path, f"tensor '{t.name}' has {len(t.raw_data)} bytes of data; its shape and "
+                                         f"type need {expected}")
+            continue
+        try:
+            location, offset, length = _external_ref(t)
+        except ValueError:
+            raise SurgeonError(path, f"external data of tensor '{t.name}' has an offset or length that is not a "
+                                     "number") from None
+        if not location:
+            raise SurgeonError(path, f"tensor '{t.name}' is stored externally but names no file")
+        if Path(location).is_absolute() or ".." in Path(location).parts:
+            raise SurgeonError(path, f"external data of tensor '{t.name}' is at '{location}', outside the model's "
+                                     "folder", "ONNX requires a path relative to the model's folder")
+        file = path.parent / location
+        if file not in sizes:
+            sizes[file] = file.stat().st_size if file.is_file() else None
+            if sizes[file] is None and file.exists():
+                raise SurgeonError(path, f"external data file '{location}' (tensor '{t.name}') is not a regular file")
+            folder = path.parent.resolve()
+            if sizes[file] is not None and not file.resolve().is_relative_to(folder):
+                raise SurgeonError(path, f"external data file '{location}' (tensor '{t.name}') is a link to "
+                                         f"{file.resolve()}, outside the model's folder",
+                                   "ONNX Runtime refuses it too; copy the data beside the model")
+        size = sizes[file]
+        if size is None:
+            raise SurgeonError(path, f"external data file '{location}' (tensor '{t.name}') does not exist",
+                               f"it must be beside the model, in {path.parent}")
+        if offset < 0 or (length is not None and length < 0):
+            raise SurgeonError(path, f"external data of tensor '{t.name}' has a negative offset or length "
+                                     f"({offset}, {length})")
+        end = size if length is None else offset + length
+        if offset > size or end > size:
+            raise SurgeonError(path, f"external data file '{location}' is truncated: tensor '{t.name}' needs bytes "
+                                     f"{offset}..{end}, the file has {size}")
+        if expected is not None and end - offset != expected:
+            raise SurgeonError(path, f"external data of tensor '{t.name}' has {end - offset} bytes; its shape and "
+                                     f"type need {expected}")
+    if _nested_external(model.graph):
+        raise SurgeonError(path, "external data in a Constant node or a subgraph is not supported",
+                           "store only initializers of the main graph externally")
+
+
+# standard ops with a tensor or graph attribute (custom-domain ops are always looked at)
+_TENSOR_OR_GRAPH_ATTRS = {"Constant", "ConstantOfShape", "If", "Loop", "Scan", "SequenceMap"}
+
+
+def _nested_external(graph: onnx.GraphProto, top: bool = True) -> bool:
+    if not top and any(_is_external(t) for t in graph.initializer):
+        return True
+    kinds = (onnx.AttributeProto.TENSOR, onnx.AttributeProto.TENSORS, onnx.AttributeProto.GRAPH,
+             onnx.AttributeProto.GRAPHS)
+    for node in graph.node:
+        if not (node.domain not in ("", "ai.onnx") or node.op_type in _TENSOR_OR_GRAPH_ATTRS):
+            continue
+        for a in node.attribute:
+            if a.type not in kinds:
+                continue
+            if (a.HasField("t") and _is_external(a.t)) or any(_is_external(t) for t in a.tensors):
+                return True
+            if (a.HasField("g") and _nested_external(a.g, False)) or any(_nested_external(g, False) for g in a.graphs):
+                return True
+    return False

@@ -1,0 +1,255 @@
+"""Writing: the rule "no input is modified and no partial output file is ever left behind" lives here.
+
+Every write goes to a temporary file in the target folder, is re-read and checked, and only then renamed over
+the target (a rename within one folder is atomic). The writer streams stored weights into the output: embedded
+ones tensor by tensor into the model file (no second copy of the model in memory), external ones into the
+output's own data file `<OUT>.data`, written through a temporary name like the model itself.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import secrets
+import shutil
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import onnx
+
+from ..errors import SurgeonError
+from .weights import Weights, _external_ref, _is_external, copy_fields
+
+_PROTOBUF_LIMIT = 2**31 - 1
+
+
+_ALIGN_THRESHOLD, _ALIGN = 1 << 20, 1 << 16  # onnx's own layout: tensors >= 1 MiB start at 64 KiB boundaries
+
+
+_CHUNK = 1 << 24
+
+
+def temp_prefix(target: str | Path) -> str:
+    """The start of every temporary name `atomic_path` makes for `target`: short whatever the target's length (a
+    name of up to 255 bytes must still work), and the same for one target only (batch removes a killed worker's
+    temporaries by it)."""
+    name = Path(target).name
+    readable = "".join(c if c.isascii() and c.isprintable() else "_" for c in name[:24])  # ORT takes UTF-8 only
+    return f".{readable}.{hashlib.sha1(name.encode('utf-8', 'surrogateescape')).hexdigest()[:8]}."
+
+
+@contextmanager
+def atomic_path(target: str | Path, suffix: str = ".onnx") -> Iterator[Path]:
+    """Yield a temporary path in the target's folder; rename it over `target` only if the block succeeds.
+
+    The temporary file is removed on every way out, a signal included (the CLI turns SIGTERM into an exception,
+    like Ctrl-C): its name is chosen *before* the file is created (O_EXCL), so there is no moment at which the
+    file exists and the `finally` does not know its name."""
+    target = Path(target)
+    tmp_path: Path | None = None
+    try:
+        for _ in range(100):
+            tmp_path = target.parent / f"{temp_prefix(target)}{secrets.token_hex(4)}.tmp{suffix}"
+            try:  # mode 0666 minus the umask: the mode any new file gets
+                os.close(os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+                break
+            except FileExistsError:
+                tmp_path = None
+        else:
+            raise FileExistsError(errno.EEXIST, "no free temporary name", str(target.parent))
+        yield tmp_path
+        os.replace(tmp_path, target)
+    finally:
+        if tmp_path is not None and tmp_path.exists():
+            tmp_path.unlink()
+
+
+def save_model_atomic(
+    model: onnx.ModelProto,
+    target: str | Path,
+    verify: Callable[[Path], None] | None = None,
+    weights: Weights | None = None,
+) -> None:
+    """Write `model` to a temporary file, re-read it (checksum), run `verify(tmp_path)` if given, then rename it
+    into place.
+
+    With `weights`, each stub named in `weights.stubbed` is replaced by its original tensor: embedded ones are
+    streamed into the model file one at a time (protobuf lets the graph's repeated `initializer` field continue
+    after its other fields, so no second in-memory copy of the model is ever built); external ones are copied
+    into `<target>.data` beside the output (a temporary name first, renamed just before the model), so the
+    output's references are relative to its own folder and the input's data file is never touched.
+    """
+    target = Path(target)
+    weights = weights if weights is not None else Weights(None)
+    stubbed = [t.name for t in model.graph.initializer if t.name in weights.stubbed]
+    external = [n for n in stubbed if _is_external(weights.tensors[n])]
+    embedded = [weights.tensors[n] for n in stubbed if not _is_external(weights.tensors[n])]
+    head = model
+    if stubbed:
+        head = onnx.ModelProto()
+        head.CopyFrom(model)  # stubs only: small
+        drop = {t.name for t in embedded}
+        for i in reversed([i for i, t in enumerate(head.graph.initializer) if t.name in drop]):
+            del head.graph.initializer[i]
+    try:
+        with ExitStack() as stack:
+            tmp = stack.enter_context(atomic_path(target))
+            if external:  # exits first: the data file is in place before the model that names it
+                data_target = external_data_path(target)
+                tmp_data = stack.enter_context(atomic_path(data_target, suffix=".data"))
+                layout = _copy_external([weights.tensors[n] for n in external], weights.base_dir, tmp_data)
+                at = {t.name: i for i, t in enumerate(head.graph.initializer)}
+
+                def point(location: str) -> None:
+                    for n in external:
+                        _set_external(head.graph.initializer[at[n]], weights.tensors[n], location, *layout[n])
+
+                point(tmp_data.name if verify is not None else data_target.name)
+            _write_model(head, embedded, tmp, target)
+            if verify is not None:
+                verify(tmp)
+                if external:
+                    point(data_target.name)
+                    _write_model(head, embedded, tmp, target)
+    except OSError as exc:
+        raise SurgeonError(target, f"could not be written ({exc.strerror or exc})") from None
+
+
+def copy_atomic(src: str | Path, target: str | Path) -> None:
+    """Copy a file byte for byte through a temporary name (used when there is nothing to rewrite)."""
+    try:
+        with atomic_path(target) as tmp:
+            shutil.copyfile(src, tmp)
+    except OSError as exc:
+        raise SurgeonError(target, f"could not be written ({exc.strerror or exc})") from None
+
+
+def external_data_path(model_path: str | Path) -> Path:
+    """Where the external data of an output model goes: `<OUT>.data` beside it."""
+    model_path = Path(model_path)
+    return model_path.with_name(model_path.name + ".data")
+
+
+def check_external_output(out: str | Path, model_path: str | Path, weights: Weights) -> None:
+    """Refuse an output whose data file `<OUT>.data` would overwrite the input or its external data."""
+    if not weights.external:
+        return
+    data = external_data_path(out)
+    if data.resolve() in weights.sources() | {Path(model_path).resolve()}:
+        raise SurgeonError(data, "the output's external data file would overwrite the input's",
+                           "choose another OUT: the input is never modified")
+    if data.is_dir():
+        raise SurgeonError(data, "is a folder; the output's external data file goes there")
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _key(message: type, field_name: str) -> bytes:
+    return _varint(message.DESCRIPTOR.fields_by_name[field_name].number << 3 | 2)  # wire type 2: length-delimited
+
+
+def _write_model(head: onnx.ModelProto, embedded: list[onnx.TensorProto], path: Path, target: Path) -> None:
+    """Serialise `head` plus `embedded` (appended to its graph's initializers) to `path`, one tensor at a time,
+    and check that the file has the size protobuf says it must (a failed write raises on its own)."""
+    if not embedded:
+        pieces = [head.SerializeToString()]
+        total = len(pieces[0])
+    else:
+        top = onnx.ModelProto()
+        copy_fields(head, top, skip={"graph"})
+        top_bytes, graph_bytes = top.SerializeToString(), head.graph.SerializeToString()
+        init_key = _key(onnx.GraphProto, "initializer")
+        sizes = [t.ByteSize() for t in embedded]
+        graph_len = len(graph_bytes) + sum(len(init_key) + len(_varint(n)) + n for n in sizes)
+        graph_head = _key(onnx.ModelProto, "graph") + _varint(graph_len)
+        total = len(top_bytes) + len(graph_head) + graph_len
+
+        def tensors() -> Iterator[bytes]:
+            for t, n in zip(embedded, sizes, strict=True):
+                data = t.SerializeToString()
+                if len(data) != n:
+                    raise SurgeonError(target, f"tensor '{t.name}' changed size while being written")
+                yield init_key + _varint(n)
+                yield data
+
+        pieces = (piece for part in ([top_bytes, graph_head, graph_bytes], tensors()) for piece in part)
+    if total > _PROTOBUF_LIMIT:
+        raise SurgeonError(target, "patched model exceeds protobuf's 2 GB limit",
+                           "store the input's weights as external data (onnx.save(..., save_as_external_data=True))")
+    size = 0
+    with open(path, "wb") as fh:
+        for piece in pieces:
+            fh.write(piece)
+            size += len(piece)
+    if size != total or os.path.getsize(path) != size:  # a failed write raises; this catches a short one
+        raise SurgeonError(target, "written model is not complete (disk full?)")
+
+
+def _copy_external(tensors: list[onnx.TensorProto], base_dir: Path | None, out: Path) -> dict[str, tuple[int, int]]:
+    """Copy the external data of `tensors` into `out` (in the kernel where it can); their new (offset, length)."""
+    base = base_dir if base_dir is not None else Path()
+    layout: dict[str, tuple[int, int]] = {}
+    done: dict[tuple[Path, int, int], tuple[int, int]] = {}
+    pos = 0
+    with ExitStack() as files, open(out, "wb", buffering=0) as dst:
+        sources: dict[Path, object] = {}
+        for t in tensors:
+            location, offset, length = _external_ref(t)
+            src_path = base / location
+            if src_path not in sources:
+                sources[src_path] = files.enter_context(open(src_path, "rb", buffering=0))
+            src = sources[src_path]
+            if length is None:
+                length = os.fstat(src.fileno()).st_size - offset
+            if (src_path, offset, length) in done:
+                layout[t.name] = done[(src_path, offset, length)]
+                continue
+            if length >= _ALIGN_THRESHOLD and pos % _ALIGN:
+                pos += dst.write(b"\0" * (_ALIGN - pos % _ALIGN))
+            _copy_range(src, offset, length, dst)
+            layout[t.name] = done[(src_path, offset, length)] = (pos, length)
+            pos += length
+    if os.path.getsize(out) != pos:
+        raise SurgeonError(out, "external data was not copied completely (disk full?)")
+    return layout
+
+
+def _copy_range(src, offset: int, length: int, dst) -> None:
+    """Append `length` bytes of `src` from `offset` to `dst` (unbuffered files)."""
+    done = 0
+    if hasattr(os, "copy_file_range"):
+        try:
+            while done < length:
+                n = os.copy_file_range(src.fileno(), dst.fileno(), min(length - done, 1 << 30), offset + done)
+                if n == 0:
+                    break
+                done += n
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EPERM):
+                raise
+    while done < length:
+        chunk = os.pread(src.fileno(), min(length - done, _CHUNK), offset + done)
+        if not chunk:
+            raise SurgeonError(None, f"external data ended early: {length - done} bytes missing")
+        dst.write(chunk)
+        done += len(chunk)
+
+
+def _set_external(dst: onnx.TensorProto, original: onnx.TensorProto, location: str, offset: int, length: int) -> None:
+    dst.CopyFrom(original)
+    keep = [(e.key, e.value) for e in original.external_data if e.key not in ("location", "offset", "length",
+                                                                               "basepath")]
+    del dst.external_data[:]
+    for key, value in [("location", location), ("offset", str(offset)), ("length", str(length)), *keep]:
+        entry = dst.external_data.add()
+        entry.key, entry.value = key, value
+    dst.data_location = onnx.TensorProto.EXTERNAL
