@@ -7,10 +7,10 @@ construction.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -24,6 +24,11 @@ class Outcome(StrEnum):
     REWRITTEN = "rewritten"
     REWRITTEN_UNPROVEN = "rewritten_unproven"
     REFUSED = "refused"
+
+
+class Refuse(Exception):
+    """Raised deep inside a pass's check when a match must be left as it is; the message is the reason the report
+    shows. The pass catches it at the match and returns `Action(..., Outcome.REFUSED, str(exc))`."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,21 @@ class Action:
         d = asdict(self)
         d["new_nodes"] = list(self.new_nodes)
         return d
+
+
+def rewrite_each(pass_name: str, nodes: Iterable[gs.Node], check: Callable[[gs.Node], Any],
+                 rewrite: Callable[[gs.Node, Any], Action]) -> list[Action]:
+    """The one way a pass treats its matches: `check(node)` returns a plan or raises `Refuse` (the reason, as
+    data, goes to the report); `rewrite(node, plan)` builds the replacement from the plan alone."""
+    actions = []
+    for node in nodes:
+        try:
+            plan = check(node)
+        except Refuse as why:
+            actions.append(Action(pass_name, node.name, node.op, Outcome.REFUSED, str(why)))
+            continue
+        actions.append(rewrite(node, plan))
+    return actions
 
 
 @dataclass

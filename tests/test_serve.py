@@ -72,7 +72,7 @@ def _request(srv, method: str, path: str, body: bytes | None = None, headers: di
 
 
 def test_serves_its_page_models_and_runtime_files(server, patched: Path) -> None:
-    for path in ("/", "/serve_page.mjs", "/browser_device.mjs", "/harness_shared.mjs", "/sample.png",
+    for path in ("/", "/serve_page.mjs", "/browser_device.mjs", "/harness_node_and_page.mjs", "/sample.png",
                  "/ort/ort.min.mjs"):
         status, _ = _request(server, "GET", path)
         assert status == 200, path

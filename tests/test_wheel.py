@@ -56,7 +56,7 @@ def _run(env_dir: Path, *args: str, cwd: Path, timeout: float = 300) -> subproce
 def test_wheel_carries_the_package_data(venv: tuple[Path, Path]) -> None:
     names = set(zipfile.ZipFile(venv[1]).namelist())
     for f in ("placement/package.json", "placement/package-lock.json", "placement/browser_harness.mjs",
-              "placement/browser_device.mjs", "placement/harness_common.mjs", "placement/page.html",
+              "placement/browser_device.mjs", "placement/harness_node.mjs", "placement/page.html",
               "serve/page.html", "serve/serve_page.mjs", "serve/headless.mjs", "serve/sample.png"):
         assert f"deform_surgeon/{f}" in names, f
     assert not any("node_modules" in n for n in names)
@@ -92,7 +92,7 @@ def test_serve_serves_from_the_installed_package(venv: tuple[Path, Path], tmp_pa
         line = proc.stdout.readline()
         assert line.startswith("serving http://127.0.0.1:"), line + proc.stderr.read()
         port = int(line.split("http://127.0.0.1:")[1].split("/")[0])
-        for path in ("/", "/serve_page.mjs", "/browser_device.mjs", "/harness_shared.mjs", "/sample.png",
+        for path in ("/", "/serve_page.mjs", "/browser_device.mjs", "/harness_node_and_page.mjs", "/sample.png",
                      "/config.json", "/model/original.onnx", "/ort/ort.min.mjs", "/ort/ort.webgpu.min.mjs"):
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
             conn.request("GET", path)

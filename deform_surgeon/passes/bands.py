@@ -40,9 +40,8 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ..ops import ELEMENTWISE_UNARY, TAIL_OPS
-from ..pipeline import Action, Context, Outcome
+from ..pipeline import Action, Context, Outcome, Refuse
 from .split import (
-    Refuse,
     Shapes,
     SplitBlocks,
     SplitPlan,

@@ -29,7 +29,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ..device import storage_buffers
-from ..pipeline import Action, Context, Outcome
+from ..pipeline import Action, Context, Outcome, Refuse, rewrite_each
 
 FITTED = {"Concat", "Split", "Max", "Min"}
 
@@ -47,26 +47,27 @@ class FitStorageBuffers:
         limit = ctx.options.storage_buffers
         if limit is None:
             return []
-        wide = [n for n in ctx.graph.nodes if node_buffers(n) > limit]
-        return [self.rewrite(ctx, n, limit) for n in wide]
+        return rewrite_each(self.name, [n for n in ctx.graph.nodes if node_buffers(n) > limit],
+                            lambda node: self.check(ctx, node, limit),
+                            lambda node, sizes: self.rewrite(ctx, node, limit, sizes))
 
-    def check(self, ctx: Context, node: gs.Node, limit: int) -> str | list[int] | None:
-        """A refusal (the reason), or for a Split the sizes of its outputs along the axis, else None (go)."""
+    def check(self, ctx: Context, node: gs.Node, limit: int) -> list[int] | None:
+        """The plan: for a Split the sizes of its outputs along the axis (None for the other ops); or `Refuse`."""
         count = f"binds {node_buffers(node)} storage buffers, the device profile allows {limit}"
         if limit < 3:
-            return f"{count}: no tree of nodes fits fewer than 3"
+            raise Refuse(f"{count}: no tree of nodes fits fewer than 3")
         if node.op == "Mean":
-            return f"{count}; Mean's division by the input count cannot be split into narrower Means exactly"
+            raise Refuse(f"{count}; Mean's division by the input count cannot be split into narrower Means exactly")
         if node.op not in FITTED:
-            return f"{count}; no exact rewrite into narrower nodes is known for {node.op}"
-        if node.op == "Split":
-            return self._split_sizes(ctx, node) or f"{count}; the sizes of its outputs along the axis are unknown"
-        return None
+            raise Refuse(f"{count}; no exact rewrite into narrower nodes is known for {node.op}")
+        if node.op != "Split":
+            return None
+        sizes = self._split_sizes(ctx, node)
+        if not sizes:
+            raise Refuse(f"{count}; the sizes of its outputs along the axis are unknown")
+        return sizes
 
-    def rewrite(self, ctx: Context, node: gs.Node, limit: int) -> Action:
-        plan = self.check(ctx, node, limit)
-        if isinstance(plan, str):
-            return Action(self.name, node.name, node.op, Outcome.REFUSED, plan)
+    def rewrite(self, ctx: Context, node: gs.Node, limit: int, sizes: list[int] | None) -> Action:
         before = len(ctx.graph.nodes)
         width = limit - 1  # inputs of a Concat / outputs of a Split next to the one tensor on the other side
         base = node.name or node.outputs[0].name
@@ -79,7 +80,7 @@ class FitStorageBuffers:
         elif node.op == "Split":
             outs = list(node.outputs)
             node.outputs.clear()
-            self._split_tree(ctx, node.inputs[0], plan, outs, node.attrs.get("axis", 0), width, base)
+            self._split_tree(ctx, node.inputs[0], sizes, outs, node.attrs.get("axis", 0), width, base)
             what = f"Split into {len(outs)} -> tree of Splits into at most {width}"
         else:
             inputs, out = list(node.inputs), node.outputs[0]

@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from ..pipeline import Action, Context, Outcome
+from ..pipeline import Action, Context, Refuse, rewrite_each
 from ..ranges import IndexVerdict, gather_elements_verdict
 from .gathernd import gate, rewritten
 
@@ -31,8 +31,8 @@ class LowerGatherElements:
 
     def run(self, ctx: Context) -> list[Action]:
         self._memo: dict[tuple, gs.Tensor] = {}
-        return [self.rewrite(ctx, n, gather_elements_verdict(ctx.prover, n))
-                for n in [n for n in ctx.graph.nodes if n.op == "GatherElements"]]
+        return rewrite_each(self.name, [n for n in ctx.graph.nodes if n.op == "GatherElements"],
+                            lambda node: self.check(ctx, node), lambda node, plan: self.rewrite(ctx, node, *plan))
 
     @staticmethod
     def _key(ctx: Context, t: gs.Tensor) -> tuple:
@@ -44,46 +44,41 @@ class LowerGatherElements:
                 return ("reshape", p.inputs[0].name, tuple(int(v) for v in shape.reshape(-1)))
         return ("tensor", t.name)
 
-    def per_pixel_index(self, ctx: Context, node: gs.Node) -> tuple[gs.Tensor | None, str | None]:
-        """The index before its channel broadcast (`[..., 1, P]`), or the reason there is none."""
+    def per_pixel_index(self, ctx: Context, node: gs.Node) -> gs.Tensor:
+        """The index before its channel broadcast (`[..., 1, P]`), or `Refuse` with the reason there is none."""
         prover = ctx.prover
         data, indices = node.inputs
         dshape, ishape = prover.static_shape(data), prover.static_shape(indices)
         if dshape is None or ishape is None:
-            return None, "data or indices shape not known statically"
+            raise Refuse("data or indices shape not known statically")
         k = len(dshape)
         if k < 2 or int(node.attrs.get("axis", 0)) % k != k - 1:
-            return None, "only a gather along the last axis (the exporter's form) is lowered"
+            raise Refuse("only a gather along the last axis (the exporter's form) is lowered")
         if dshape[:k - 1] != ishape[:k - 1]:
-            return None, f"indices {list(ishape)} do not match data {list(dshape)} outside the gather axis"
+            raise Refuse(f"indices {list(ishape)} do not match data {list(dshape)} outside the gather axis")
         producer = indices.inputs[0] if len(indices.inputs) == 1 else None
         if producer is not None and producer.op == "Expand":
             src = producer.inputs[0]
             sshape = prover.static_shape(src)
             if sshape is not None and len(sshape) == k and sshape[k - 2] == 1 and \
                     list(sshape[:k - 2]) == list(ishape[:k - 2]) and sshape[k - 1] == ishape[k - 1]:
-                return src, None
+                return src
         if ishape[k - 2] == 1:
-            return indices, None
-        return None, "the index is not the same for every channel (not an Expand over the channel axis)"
+            return indices
+        raise Refuse("the index is not the same for every channel (not an Expand over the channel axis)")
 
-    def check(self, ctx: Context, node: gs.Node, verdict: IndexVerdict) -> str | None:
-        """None if `node` may be rewritten, else the reason it must not be."""
-        why = gate(ctx, node, verdict, rows=None)
-        if why is None:
-            _, why = self.per_pixel_index(ctx, node)
-        if why is None:
-            dshape = ctx.prover.static_shape(node.inputs[0])
-            why = gate(ctx, node, verdict, rows=math.prod(dshape[:-2]) * dshape[-1])
-        return why
+    def check(self, ctx: Context, node: gs.Node) -> tuple[IndexVerdict, gs.Tensor]:
+        """The plan for rewriting `node` (the prover's verdict, the per-pixel index); or `Refuse` with the reason."""
+        verdict = gather_elements_verdict(ctx.prover, node)
+        gate(ctx, node, verdict, rows=None)
+        index = self.per_pixel_index(ctx, node)
+        dshape = ctx.prover.static_shape(node.inputs[0])
+        gate(ctx, node, verdict, rows=math.prod(dshape[:-2]) * dshape[-1])
+        return verdict, index
 
-    def rewrite(self, ctx: Context, node: gs.Node, verdict: IndexVerdict) -> Action:
-        why_not = self.check(ctx, node, verdict)
-        if why_not is not None:
-            return Action(self.name, node.name, node.op, Outcome.REFUSED, why_not)
+    def rewrite(self, ctx: Context, node: gs.Node, verdict: IndexVerdict, index: gs.Tensor) -> Action:
         prover = ctx.prover
         data, out = node.inputs[0], node.outputs[0]
-        index, _ = self.per_pixel_index(ctx, node)
         dshape = prover.static_shape(data)
         k = len(dshape)
         lead, channels, n = list(dshape[:k - 2]), dshape[k - 2], dshape[k - 1]

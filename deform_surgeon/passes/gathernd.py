@@ -16,28 +16,29 @@ The pass is general in `batch_dims`, index depth and trailing dims; the exporter
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from ..pipeline import Action, Context, Outcome
+from ..pipeline import Action, Context, Outcome, Refuse, rewrite_each
 from ..ranges import IndexVerdict, Status, gathernd_verdict
 
 INT32_MAX = 2**31 - 1
 
 
-def gate(ctx: Context, node: gs.Node, verdict: IndexVerdict, rows: int | None) -> str | None:
-    """The checks every gather lowering shares: a proof (or --allow-unproven), int32 rows, an integer index."""
+def gate(ctx: Context, node: gs.Node, verdict: IndexVerdict, rows: int | None) -> None:
+    """The checks every gather lowering shares (raises `Refuse`): a proof (or --allow-unproven), an integer index,
+    and, once the shapes are known, a flattened row count an int32 index addresses."""
     if verdict.status is Status.OUT_OF_RANGE:
-        return f"indices out of range ({verdict.reason})"
+        raise Refuse(f"indices out of range ({verdict.reason})")
     if not verdict.proven and not ctx.options.allow_unproven:
-        return f"indices not proven in range: {verdict.reason}"
+        raise Refuse(f"indices not proven in range: {verdict.reason}")
     if rows is not None and rows - 1 > INT32_MAX:
-        return f"flattened data has {rows} rows, more than an int32 index can address"
+        raise Refuse(f"flattened data has {rows} rows, more than an int32 index can address")
     dtype = ctx.prover.dtype(node.inputs[1])
     if dtype not in (np.dtype(np.int64), np.dtype(np.int32)):
-        return f"indices dtype {dtype} is not int32/int64"
-    return None
+        raise Refuse(f"indices dtype {dtype} is not int32/int64")
 
 
 def rewritten(pass_name: str, node: gs.Node, verdict: IndexVerdict, new_nodes: tuple[str, ...]) -> Action:
@@ -46,6 +47,21 @@ def rewritten(pass_name: str, node: gs.Node, verdict: IndexVerdict, new_nodes: t
         return Action(pass_name, node.name, node.op, Outcome.REWRITTEN, verdict.reason, new_nodes)
     return Action(pass_name, node.name, node.op, Outcome.REWRITTEN_UNPROVEN,
                   f"UNPROVEN, rewritten because --allow-unproven was given: {verdict.reason}", new_nodes)
+
+
+@dataclass(frozen=True)
+class GatherNDPlan:
+    """What `check` found for one GatherND: the static shapes, `batch_dims` and index depth the rewrite builds on."""
+
+    dshape: tuple[int, ...]
+    ishape: tuple[int, ...]
+    b: int  # batch_dims
+    r: int  # index depth: the data dims each index addresses
+    verdict: IndexVerdict  # the prover's: proven, or rewritten under --allow-unproven
+
+    @property
+    def rows(self) -> int:
+        return math.prod(self.dshape[: self.b + self.r])
 
 
 class LowerGatherND:
@@ -58,38 +74,31 @@ class LowerGatherND:
         # and share their clamped coordinates, so each flattened data tensor, each int32 coordinate and each
         # scaled coordinate is built once, not once per corner.
         self._memo: dict[tuple, gs.Tensor] = {}
-        actions = []
-        for node in [n for n in ctx.graph.nodes if n.op == "GatherND"]:
-            verdict = gathernd_verdict(ctx.prover, node)
-            actions.append(self.rewrite(ctx, node, verdict))
-        return actions
+        return rewrite_each(self.name, [n for n in ctx.graph.nodes if n.op == "GatherND"],
+                            lambda node: self.check(ctx, node), lambda node, plan: self.rewrite(ctx, node, plan))
 
-    def check(self, ctx: Context, node: gs.Node, verdict: IndexVerdict) -> str | None:
-        """None if `node` may be rewritten, else the reason it must not be."""
-        prover = ctx.prover
-        dshape = prover.static_shape(node.inputs[0])
-        ishape = prover.static_shape(node.inputs[1])
+    def check(self, ctx: Context, node: gs.Node) -> GatherNDPlan:
+        """The plan for rewriting `node`, or `Refuse` with the reason it must not be."""
+        verdict = gathernd_verdict(ctx.prover, node)
+        dshape = ctx.prover.static_shape(node.inputs[0])
+        ishape = ctx.prover.static_shape(node.inputs[1])
         if dshape is None or ishape is None:
-            return gate(ctx, node, verdict, rows=None) or "data or indices shape not known statically"
-        b = int(node.attrs.get("batch_dims", 0))
-        if dshape[:b] != ishape[:b]:
-            return f"batch dims differ: data {dshape[:b]} vs indices {ishape[:b]}"
-        return gate(ctx, node, verdict, rows=math.prod(dshape[: b + ishape[-1]]))
+            gate(ctx, node, verdict, rows=None)
+            raise Refuse("data or indices shape not known statically")
+        plan = GatherNDPlan(tuple(dshape), tuple(ishape), int(node.attrs.get("batch_dims", 0)), ishape[-1], verdict)
+        if dshape[:plan.b] != ishape[:plan.b]:
+            raise Refuse(f"batch dims differ: data {dshape[:plan.b]} vs indices {ishape[:plan.b]}")
+        gate(ctx, node, verdict, rows=plan.rows)
+        return plan
 
-    def rewrite(self, ctx: Context, node: gs.Node, verdict: IndexVerdict) -> Action:
-        why_not = self.check(ctx, node, verdict)
-        if why_not is not None:
-            return Action(self.name, node.name, node.op, Outcome.REFUSED, why_not)
-
+    def rewrite(self, ctx: Context, node: gs.Node, plan: GatherNDPlan) -> Action:
         prover = ctx.prover
         data, indices = node.inputs[0], node.inputs[1]
         out = node.outputs[0]
-        dshape, ishape = prover.static_shape(data), prover.static_shape(indices)
-        b, r = int(node.attrs.get("batch_dims", 0)), ishape[-1]
+        dshape, b, r, rows = plan.dshape, plan.b, plan.r, plan.rows
         addressed = dshape[b: b + r]
         rest = list(dshape[b + r:])
-        rows = math.prod(dshape[: b + r])
-        point_shape = list(ishape[:-1])
+        point_shape = list(plan.ishape[:-1])
         base = node.name or out.name
         before = len(ctx.graph.nodes)
 
@@ -128,7 +137,7 @@ class LowerGatherND:
 
         node.outputs.clear()
         ctx.node("Gather", f"{base}/gather", [flat, linear], [out], {"axis": 0})
-        return rewritten(self.name, node, verdict, tuple(n.name for n in ctx.graph.nodes[before:]))
+        return rewritten(self.name, node, plan.verdict, tuple(n.name for n in ctx.graph.nodes[before:]))
 
     def components(self, ctx: Context, indices: gs.Tensor, r: int, point_shape: list[int],
                    base: str) -> list[gs.Tensor]:

@@ -33,7 +33,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from ..pipeline import Action, Context, Outcome
+from ..pipeline import Action, Context, Outcome, Refuse
 
 EXACT = 2**24  # float32 represents every integer in [-2^24, 2^24]
 SMALL = 2**22  # bound on constants added before, and limits of, a saturating Clip
@@ -44,10 +44,6 @@ _INT_TYPES = (np.dtype(np.int64), np.dtype(np.int32))
 BOUNDED = "bounded"  # proven within +-2^24: exact in float32
 LEAF = "leaf"  # an integral float of any size (moved, not changed, since the Cast)
 LEAF_PLUS_C = "leaf+c"  # LEAF plus one small constant: only a small Clip may consume it
-
-
-class Refuse(Exception):
-    """Why an index chain cannot be moved to float32."""
 
 
 @dataclass(frozen=True)

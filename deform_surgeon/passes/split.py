@@ -59,15 +59,11 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from ..ops import ELEMENTWISE_NARY, ELEMENTWISE_UNARY, SHAPE_OPS, TAIL_OPS
-from ..pipeline import Action, Context, Outcome
+from ..pipeline import Action, Context, Outcome, Refuse
 
 SEEDS = {"Gather", "GatherND"}  # the samplers as the gathernd / gather_elements passes leave them
 CARRIED = ELEMENTWISE_UNARY | ELEMENTWISE_NARY | SHAPE_OPS | {"Transpose"}  # what a chunk is carried through
 MAX_BLOCK_NODES = 400
-
-
-class Refuse(Exception):
-    """A block that must be left as it is; the message is the reason shown in the report."""
 
 
 @dataclass(frozen=True)

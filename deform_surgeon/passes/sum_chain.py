@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from ..pipeline import Action, Context, Outcome
+from ..pipeline import Action, Context, Outcome, Refuse, rewrite_each
 
 _WIDEN = {np.dtype(np.float16): np.float32}
 _BFLOAT16 = "bfloat16"
@@ -37,14 +37,17 @@ class ChainSum:
     def run(self, ctx: Context) -> list[Action]:
         if ctx.options.sum_mode == "none":
             return []
-        return [self.rewrite(ctx, n) for n in [n for n in ctx.graph.nodes if n.op == "Sum"]]
+        return rewrite_each(self.name, [n for n in ctx.graph.nodes if n.op == "Sum"],
+                            lambda node: self.check(ctx, node), lambda node, dtype: self.rewrite(ctx, node, dtype))
 
-    def check(self, ctx: Context, node: gs.Node) -> str | None:
+    def check(self, ctx: Context, node: gs.Node):
+        """The plan: the Sum's element type (it decides whether the chain is widened to float32); or `Refuse`."""
         if not node.inputs:
-            return "Sum has no inputs"
-        if self._dtype(ctx, node) is None:
-            return "element type of the Sum is not known, so exactness in 16-bit floats cannot be guaranteed"
-        return None
+            raise Refuse("Sum has no inputs")
+        dtype = self._dtype(ctx, node)
+        if dtype is None:
+            raise Refuse("element type of the Sum is not known, so exactness in 16-bit floats cannot be guaranteed")
+        return dtype
 
     def _dtype(self, ctx: Context, node: gs.Node):
         for t in [node.outputs[0], *node.inputs]:
@@ -56,13 +59,9 @@ class ChainSum:
             return _BFLOAT16
         return None
 
-    def rewrite(self, ctx: Context, node: gs.Node) -> Action:
-        why_not = self.check(ctx, node)
-        if why_not is not None:
-            return Action(self.name, node.name, node.op, Outcome.REFUSED, why_not)
+    def rewrite(self, ctx: Context, node: gs.Node, dtype) -> Action:
         out = node.outputs[0]
         inputs = list(node.inputs)
-        dtype = self._dtype(ctx, node)
         base = node.name or out.name
         before = len(ctx.graph.nodes)
         node.outputs.clear()

@@ -5,8 +5,8 @@
 // (the `webgpu` npm package, dawn.node). It uses the same Vulkan driver (VK_ICD_FILENAMES) but is a different
 // Dawn build than the one linked into libonnxruntime, so it runs in its own process to rule out any clash,
 // and the Python side labels its answer as a probe, not as the EP's own adapter.
-import { runtimeImport, runtimeRequire } from './harness_common.mjs';
-import { describeAdapter } from './harness_shared.mjs';
+import { runtimeImport, runtimeRequire } from './harness_node.mjs';
+import { describeAdapter } from './harness_node_and_page.mjs';
 
 async function main() {
   const { create } = await runtimeImport('webgpu');

@@ -6,7 +6,7 @@
 // error, and session.run() still resolves. Listening for `uncapturederror` on every device that the page creates
 // (ORT's included) is the only way to see it as data rather than as a console line.
 
-import { describeAdapter } from '/harness_shared.mjs';
+import { describeAdapter } from '/harness_node_and_page.mjs';
 
 /** Every uncaptured WebGPU error and device loss of the page's devices, as text, in order. */
 export const gpuErrors = [];

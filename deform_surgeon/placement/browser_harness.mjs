@@ -26,8 +26,8 @@ import {
   RUNTIMES_DIR,
   watchParent,
   writeResult,
-} from './harness_common.mjs';
-import { BUNDLES } from './harness_shared.mjs';
+} from './harness_node.mjs';
+import { BUNDLES } from './harness_node_and_page.mjs';
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 
@@ -87,7 +87,7 @@ function startServer({ model, ortDist, io, external }) {
     }
     if (p === '/' || p === '/page.html') return serveFile(res, path.join(HERE, 'page.html'));
     if (p === '/browser_page.mjs') return serveFile(res, path.join(HERE, 'browser_page.mjs'));
-    if (p === '/harness_shared.mjs') return serveFile(res, path.join(HERE, 'harness_shared.mjs'));
+    if (p === '/harness_node_and_page.mjs') return serveFile(res, path.join(HERE, 'harness_node_and_page.mjs'));
     if (p === '/browser_device.mjs') return serveFile(res, path.join(HERE, 'browser_device.mjs'));
     if (p === '/model.onnx') return serveFile(res, path.resolve(model));
     if (p === '/favicon.ico') return res.writeHead(204).end();

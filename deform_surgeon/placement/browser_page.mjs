@@ -3,7 +3,7 @@
 // The WebGPU device hooks (uncaptured errors, device profile) are in browser_device.mjs, shared with `serve`'s page.
 
 import { adapterInfo, applyProfile, gpuErrors, hookDevices } from '/browser_device.mjs';
-import { bytesOfData, errorText, typedFromBytes } from '/harness_shared.mjs';
+import { bytesOfData, errorText, typedFromBytes } from '/harness_node_and_page.mjs';
 
 window.__gpuErrors = gpuErrors;
 

@@ -22,7 +22,7 @@ import {
   typedFromBytes,
   watchParent,
   writeResult,
-} from './harness_common.mjs';
+} from './harness_node.mjs';
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 

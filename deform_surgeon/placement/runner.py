@@ -89,7 +89,7 @@ def missing_setup(runtime: str | None = None) -> str | None:
         missing.append("node")
     need_node = runtime in (None, "node")
     need_browser = runtime in (None, "browser")
-    files: list[Path] = [PKG_DIR / "harness_common.mjs"]
+    files: list[Path] = [PKG_DIR / "harness_node.mjs"]
     if need_browser:
         files += [
             CHROMIUM,

@@ -18,7 +18,7 @@ import {
   progress,
   watchParent,
   writeResult,
-} from '../placement/harness_common.mjs';
+} from '../placement/harness_node.mjs';
 
 async function main() {
   const args = parseArgs(process.argv.slice(2));

@@ -11,7 +11,7 @@
 // URL parameters: bundle=jsep|webgpu, runs=N, autorun=1 (run at once; `serve --headless` uses it).
 
 import { adapterInfo, applyProfile, gpuErrors, hookDevices } from '/browser_device.mjs';
-import { BUNDLES, bytesOfData, errorText } from '/harness_shared.mjs';
+import { BUNDLES, bytesOfData, errorText } from '/harness_node_and_page.mjs';
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);

@@ -41,7 +41,7 @@ PAGE_FILES = {
     "/serve_page.mjs": HERE / "serve_page.mjs",
     "/sample.png": HERE / "sample.png",
     "/browser_device.mjs": PLACEMENT_DIR / "browser_device.mjs",
-    "/harness_shared.mjs": PLACEMENT_DIR / "harness_shared.mjs",
+    "/harness_node_and_page.mjs": PLACEMENT_DIR / "harness_node_and_page.mjs",
 }
 MIME = {".html": "text/html; charset=utf-8", ".mjs": "text/javascript; charset=utf-8",
         ".js": "text/javascript; charset=utf-8", ".wasm": "application/wasm", ".json": "application/json",

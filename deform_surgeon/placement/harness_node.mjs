@@ -1,4 +1,5 @@
-// Shared helpers of the Node and browser harnesses of deform_surgeon.placement.
+// Helpers of the Node-side processes of deform_surgeon.placement (the Node harness and the browser harness that drives
+// Chromium); what the page itself needs too lives in harness_node_and_page.mjs.
 //
 // Protocol with the Python side (deform_surgeon/placement/runner.py):
 //   * stdout: one line per progress step, `@@progress <text>`; nothing else is printed there.
@@ -82,7 +83,7 @@ export function writeResult(outPath, result) {
   fs.renameSync(tmp, outPath);
 }
 
-export { bytesOfData, describeAdapter, errorText, typedFromBytes } from './harness_shared.mjs';
+export { bytesOfData, describeAdapter, errorText, typedFromBytes } from './harness_node_and_page.mjs';
 
 export function readInputsMeta(ioDir) {
   return JSON.parse(fs.readFileSync(path.join(ioDir, 'inputs.json'), 'utf8'));

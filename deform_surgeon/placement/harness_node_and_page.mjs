@@ -1,5 +1,5 @@
 // Helpers shared by every harness of deform_surgeon.placement, in Node and in the browser page alike:
-// nothing here may import a Node module (browser_harness.mjs serves this file to the page as /harness_shared.mjs).
+// nothing here may import a Node module (browser_harness.mjs serves this file to the page as /harness_node_and_page.mjs).
 
 /**
  * onnxruntime-web bundles by the name the command lines use: what `import 'onnxruntime-web/webgpu'` and the default
