@@ -3,7 +3,7 @@
 // The WebGPU device hooks (uncaptured errors, device profile) are in browser_device.mjs, shared with `serve`'s page.
 
 import { adapterInfo, applyProfile, gpuErrors, hookDevices } from '/browser_device.mjs';
-import { bytesOfData, errorText, typedFromBytes } from '/harness_node_and_page.mjs';
+import { errorText, runOnce } from '/harness_node_and_page.mjs';
 
 window.__gpuErrors = gpuErrors;
 
@@ -65,23 +65,12 @@ window.runHarness = async function runHarness(cfg) {
     result.run = { ok: false, error: null, outputs: {}, gpu_errors: [] };
     const before = gpuErrors.length;
     try {
-      const feeds = {};
-      for (const m of cfg.inputs) {
-        const buf = await fetchBytes(`/io/${encodeURIComponent(m.file)}`);
-        feeds[m.name] = new ort.Tensor(m.dtype, typedFromBytes(m.dtype, buf), m.dims);
-      }
-      progress('running inference');
-      const t1 = performance.now();
-      const outs = await session.run(feeds);
-      result.timings.run_s = (performance.now() - t1) / 1000;
-      let i = 0;
-      for (const name of session.outputNames) {
-        const t = outs[name];
-        const file = `out_${i++}.bin`;
-        const r = await fetch(`/upload/${file}`, { method: 'POST', body: bytesOfData(t.data) });
+      const read = (m) => fetchBytes(`/io/${encodeURIComponent(m.file)}`);
+      const upload = async (file, bytes, name) => {
+        const r = await fetch(`/upload/${file}`, { method: 'POST', body: bytes });
         if (!r.ok) throw new Error(`upload of ${name} failed: HTTP ${r.status}`);
-        result.run.outputs[name] = { dtype: t.type, dims: Array.from(t.dims), file };
-      }
+      };
+      await runOnce(ort, session, cfg.inputs, read, upload, progress, result);
       result.run.ok = true;
       progress(`run finished in ${result.timings.run_s.toFixed(2)} s`);
     } catch (e) {

@@ -83,7 +83,7 @@ export function writeResult(outPath, result) {
   fs.renameSync(tmp, outPath);
 }
 
-export { bytesOfData, describeAdapter, errorText, typedFromBytes } from './harness_node_and_page.mjs';
+export { bytesOfData, describeAdapter, errorText, runOnce, typedFromBytes } from './harness_node_and_page.mjs';
 
 export function readInputsMeta(ioDir) {
   return JSON.parse(fs.readFileSync(path.join(ioDir, 'inputs.json'), 'utf8'));

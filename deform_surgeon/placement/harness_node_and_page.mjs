@@ -76,3 +76,26 @@ export function describeAdapter(adapter, source) {
     },
   };
 }
+
+/**
+ * One inference, the same in Node and in the page: the inputs `inputs` ({name, dtype, dims, file}) are read as
+ * bytes by `read(m)`, each output is handed to `write(file, bytes)` as `out_<i>.bin`; fills `result.timings.run_s`
+ * and `result.run.outputs` ({dtype, dims, file} per output name). Throws what the run or a write throws.
+ */
+export async function runOnce(ort, session, inputs, read, write, progress, result) {
+  const feeds = {};
+  for (const m of inputs) {
+    feeds[m.name] = new ort.Tensor(m.dtype, typedFromBytes(m.dtype, await read(m)), m.dims);
+  }
+  progress('running inference');
+  const t1 = performance.now();
+  const outs = await session.run(feeds);
+  result.timings.run_s = (performance.now() - t1) / 1000;
+  let i = 0;
+  for (const name of session.outputNames) {
+    const t = outs[name];
+    const file = `out_${i++}.bin`;
+    await write(file, bytesOfData(t.data), name);
+    result.run.outputs[name] = { dtype: t.type, dims: Array.from(t.dims), file };
+  }
+}

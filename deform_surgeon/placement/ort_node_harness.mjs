@@ -13,13 +13,12 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 import {
-  bytesOfData,
   errorText,
   parseArgs,
   progress,
   readInputsMeta,
+  runOnce,
   runtimeRequire,
-  typedFromBytes,
   watchParent,
   writeResult,
 } from './harness_node.mjs';
@@ -105,23 +104,9 @@ async function main() {
   if (result.session_ok && args.run) {
     result.run = { ok: false, error: null, outputs: {} };
     try {
-      const meta = readInputsMeta(args.io);
-      const feeds = {};
-      for (const m of meta) {
-        const bytes = fs.readFileSync(path.join(args.io, m.file));
-        feeds[m.name] = new ort.Tensor(m.dtype, typedFromBytes(m.dtype, bytes), m.dims);
-      }
-      progress('running inference');
-      const t1 = performance.now();
-      const outs = await session.run(feeds);
-      result.timings.run_s = (performance.now() - t1) / 1000;
-      let i = 0;
-      for (const name of session.outputNames) {
-        const t = outs[name];
-        const file = `out_${i++}.bin`;
-        fs.writeFileSync(path.join(args.io, file), bytesOfData(t.data));
-        result.run.outputs[name] = { dtype: t.type, dims: Array.from(t.dims), file };
-      }
+      const read = (m) => fs.readFileSync(path.join(args.io, m.file));
+      const write = (file, bytes) => fs.writeFileSync(path.join(args.io, file), bytes);
+      await runOnce(ort, session, readInputsMeta(args.io), read, write, progress, result);
       result.run.ok = true;
       progress(`run finished in ${result.timings.run_s.toFixed(2)} s`);
     } catch (e) {
