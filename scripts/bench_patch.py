@@ -1,9 +1,10 @@
 #!/usr/bin/env python
 """Benchmark `deform-surgeon patch` and `deform-surgeon batch` against floors measured in the same run.
 
-    .venv/bin/python scripts/bench_patch.py [--work DIR] [--only a,b,batch] [--external-gb 3] [--keep]
+    .venv/bin/python scripts/bench_patch.py [--work DIR] [--only a,b,batch] [--external-gb 3] [--model FILE]
+        [--keep]
 
-Three measurements, each a real subprocess of the installed command, timed with the wall clock and with its peak
+Each measurement is a real subprocess of the installed command, timed with the wall clock and with its peak
 resident set size read from the kernel (`os.wait4`'s rusage of that one child):
 
 (a) a BiRefNet-scale model built here, deterministically: three copies of the exporter's own decoder
@@ -14,6 +15,8 @@ resident set size read from the kernel (`os.wait4`'s rusage of that one child):
     model in a subprocess. Targets: time <= 1.5x the floor, peak RSS <= 1.5x the floor's.
 (b) a 3 GB external-data model (the small exporter decoder plus twelve 256 MB embedding tables in one data file,
     so offsets pass 2^31): `patch`, then `verify` of the output. Target: patch peak RSS below 1 GB; verified.
+(model) with --model FILE: the measurement of (a) on that model (a real BiRefNet export, say); `--only ''` with
+    --model measures only the given models.
 (batch) 8 variants of the BiRefNet-style fixtures patched with `--verify`: `batch --jobs 2` against running
     `patch --verify` on them one by one. Target: wall time <= 0.65x.
 
@@ -159,21 +162,38 @@ def bench_a(work: Path, repeat: int) -> None:
     model_path = work / "birefnet_scale.onnx"
     built = _build_in_child(["--build-a", str(model_path)])  # this process stays small: children inherit RSS
     print(f"  built {model_path.name}: {built}, {model_path.stat().st_size / MB:.0f} MB, input 1x3x1024x1024")
-    out, copy = work / "birefnet_scale.patched.onnx", work / "floor_copy.onnx"
+    against_floor("(a)", model_path, work, repeat)
+
+
+def bench_model(model_path: Path, work: Path, repeat: int) -> None:
+    """(model): the same measurement as (a) on a model given on the command line (e.g. a real BiRefNet export)."""
+    model = onnx.load(str(model_path), load_external_data=False)
+    print(f"(model) {model_path}: {len(model.graph.node)} nodes, {model_path.stat().st_size / MB:.0f} MB", flush=True)
+    del model
+    against_floor(f"({model_path.name})", model_path.resolve(), work, repeat)
+
+
+def against_floor(tag: str, model_path: Path, work: Path, repeat: int) -> None:
+    """`patch` of `model_path` against the floor of `onnx.load` + `onnx.save` of it, `repeat` paired runs
+    interleaved (a slow spell of a shared machine hits both sides alike); the ratio of the fastest of each, and
+    the median of the paired ratios."""
+    out, copy = work / f"{model_path.stem}.patched.onnx", work / "floor_copy.onnx"
     floors, patches = [], []
-    for _ in range(repeat):  # interleaved, so a slow spell of a shared machine hits both sides alike
-        floors.append(best_of(1, [*FLOOR, model_path.name, copy.name], work, [copy]))
-        patches.append(best_of(1, [*SURGEON, "patch", model_path.name, out.name], work, [out]))
+    for _ in range(repeat):
+        floors.append(best_of(1, [*FLOOR, str(model_path), copy.name], work, [copy]))
+        patches.append(best_of(1, [*SURGEON, "patch", str(model_path), out.name], work, [out]))
     floor, patch = fastest(floors), fastest(patches)
     line(f"floor: onnx.load + onnx.save (subprocess, best of {repeat})", floor)
     line(f"deform-surgeon patch (best of {repeat})", patch)
     rewritten = [ln for ln in patch.output.splitlines() if "node(s) rewritten" in ln]
     print("  " + "; ".join(rewritten))
     tr, rr, cr = patch.seconds / floor.seconds, patch.rss_mb / floor.rss_mb, patch.cpu / floor.cpu
-    print(f"  ratio: wall time {tr:.2f}x the floor (cpu time {cr:.2f}x), peak RSS {rr:.2f}x the floor's")
-    verdict("(a) patch time / load+save floor", f"{tr:.2f}x", "<= 1.5x", tr <= 1.5)
-    verdict("(a) patch peak RSS / floor's", f"{rr:.2f}x", "<= 1.5x", rr <= 1.5)
-    for p in (copy,):
+    paired = sorted(p.seconds / f.seconds for f, p in zip(floors, patches, strict=True))
+    print(f"  ratio: wall time {tr:.2f}x the floor (cpu time {cr:.2f}x; paired runs {paired[0]:.2f}x to "
+          f"{paired[-1]:.2f}x, median {paired[len(paired) // 2]:.2f}x), peak RSS {rr:.2f}x the floor's")
+    verdict(f"{tag} patch time / load+save floor", f"{tr:.2f}x", "<= 1.5x", tr <= 1.5)
+    verdict(f"{tag} patch peak RSS / floor's", f"{rr:.2f}x", "<= 1.5x", rr <= 1.5)
+    for p in (copy, out, Path(f"{out}.data")):
         p.unlink(missing_ok=True)
 
 
@@ -260,6 +280,8 @@ def main() -> int:
     ap.add_argument("--only", default="a,b,batch", help="comma list of a, b, batch")
     ap.add_argument("--external-gb", type=float, default=3.0, help="size of the external-data model (b)")
     ap.add_argument("--repeat", type=int, default=7, help="runs of (a)'s floor and patch; the fastest counts")
+    ap.add_argument("--model", type=Path, action="append", default=[], metavar="FILE",
+                    help="also measure (a) on this model, e.g. a real BiRefNet export (repeatable)")
     ap.add_argument("--keep", action="store_true", help="keep --work's contents")
     args = ap.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_patch_"))
@@ -274,6 +296,8 @@ def main() -> int:
             bench_b(work, args.external_gb)
         if "batch" in only:
             bench_batch(work)
+        for model_path in args.model:
+            bench_model(model_path, work, args.repeat)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
