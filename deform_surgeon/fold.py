@@ -307,14 +307,10 @@ def _shape_constant(node: onnx.NodeProto, types: TypeTable) -> onnx.NodeProto:
 
 
 def _run(model: onnx.ModelProto) -> list[np.ndarray]:
-    import onnxruntime as ort
+    from .verify import run_ort_cpu
 
-    options = ort.SessionOptions()
-    options.log_severity_level = 3  # ORT warns about every float16 node it computes through Casts
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # each node by its own kernel
-    options.intra_op_num_threads = 1
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return session.run(None, {})
+    # level "disable": each node by its own kernel; quiet: ORT warns about every float16 node it computes via Casts
+    return run_ort_cpu(model, {}, "disable", threads=1, quiet=True)
 
 
 def _widen(model: onnx.ModelProto) -> onnx.ModelProto:

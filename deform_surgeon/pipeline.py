@@ -13,6 +13,7 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 
 from .ranges import RangeProver, TypeInfo
@@ -101,11 +102,18 @@ class Context:
     types: TypeInfo
     options: Options = field(default_factory=Options)
     reserved: set[str] | None = None  # names taken outside `graph` (the rest of the model, when `graph` is a region)
+    # the runtime a pass asks when exactness depends on a kernel, not on the graph: (model, feeds, level) ->
+    # outputs; None: ORT CPU (verify.run_ort_cpu). Tests give their own to reach the paths it decides.
+    ort_cpu: Callable[[onnx.ModelProto, dict[str, np.ndarray], str], list[np.ndarray]] | None = None
     names: NameScope = field(init=False)
     _prover: RangeProver | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.names = NameScope(self.graph, self.reserved)
+        if self.ort_cpu is None:
+            from .verify import run_ort_cpu
+
+            self.ort_cpu = run_ort_cpu
 
     @property
     def prover(self) -> RangeProver:

@@ -11,10 +11,14 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .errors import SurgeonError
+
+if TYPE_CHECKING:
+    import onnx
 
 DEFAULT_ITERATIONS = 3
 DEFAULT_SEED = 1
@@ -77,6 +81,23 @@ def _ort_level(name: str):
         "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
         "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     }[name]
+
+
+def run_ort_cpu(model: onnx.ModelProto, feeds: dict[str, np.ndarray], level: str = "all", *,
+                threads: int | None = None, quiet: bool = False) -> list[np.ndarray]:
+    """ORT CPU on an in-memory model at one optimisation level ("disable" ... "all"): the one oracle of the
+    project's small checks (fold's evaluation of static computations, the split pass's chunk check), beside
+    `verify`, which asks the same runtime about whole models through polygraphy."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = _ort_level(level)
+    if quiet:
+        options.log_severity_level = 3
+    if threads is not None:
+        options.intra_op_num_threads = threads
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(
+        None, feeds)
 
 
 def default_val_ranges(model_path: str | Path, given: dict[str, tuple[float, float]] | None = None,

@@ -331,6 +331,41 @@ def test_a_conv_split_that_would_round_differently_is_refused_with_the_reason():
     assert "its 16 row chunks do not give the whole Conv's bytes on ORT CPU (max diff" in kept[0].reason
 
 
+def test_the_chunk_check_asks_the_context_oracle_at_both_levels_and_trusts_no_difference():
+    """The Conv split's exactness is a kernel's choice, so the pass asks the runtime (the context's oracle, ORT CPU
+    by default) at levels 'disable' and 'all'; an oracle whose chunked run differs by one ulp keeps every Conv whole,
+    with the reason."""
+    import onnx_graphsurgeon as gs
+
+    from deform_surgeon.model_io import infer_value_types
+    from deform_surgeon.passes.split import SplitBlocks
+    from deform_surgeon.pipeline import Context, Options, run_passes
+    from deform_surgeon.verify import run_ort_cpu
+
+    asked: list[str] = []
+
+    def honest(model: onnx.ModelProto, feeds: dict, level: str) -> list[np.ndarray]:
+        asked.append(level)
+        return run_ort_cpu(model, feeds, level)
+
+    def one_ulp_off(model: onnx.ModelProto, feeds: dict, level: str) -> list[np.ndarray]:
+        whole, chunked = honest(model, feeds, level)
+        return [whole, np.nextafter(chunked, np.float32(np.inf))]
+
+    def split_with(oracle) -> list:
+        model = onnx.load(str(FIXTURES / "decoder_gathernd_b2g2.onnx"))
+        ctx = Context(gs.import_onnx(model), infer_value_types(model), Options(max_buffer=30_000), ort_cpu=oracle)
+        return [a for a in run_passes(ctx, [SplitBlocks()]) if a.action == Outcome.REWRITTEN]  # the three blocks
+
+    actions = split_with(honest)
+    assert sum("is split into the same chunks" in a.reason for a in actions) == 2
+    assert asked.count("all") == 2 and asked.count("disable") == 3  # the Conv that differs stops at 'disable'
+    asked.clear()
+    actions = split_with(one_ulp_off)
+    assert len(actions) == 3 and asked == ["disable"] * 3
+    assert all("row chunks do not give the whole Conv's bytes on ORT CPU (max diff" in a.reason for a in actions)
+
+
 # --------------------------------------------------------------------------------------- the whole model decides
 def deform_bn_relu_model(hidden_bn: bool, size: int = 32) -> onnx.ModelProto:
     """One exporter deformable conv (8 channels, 3x3, 16 planes) followed by BatchNormalization -> Relu, the op

@@ -578,8 +578,6 @@ class SplitBlocks:
         the real shapes (Conv and its carried tail) on seeded random data, at the graph optimisation levels
         `verify` uses most (none and all), decides it for every input.
         """
-        import onnxruntime as ort
-
         conv, x = block.conv, block.sink
         xs, dtype = shapes.shape(x), shapes.dtype(x)
         end = (tail[-1] if tail else conv).outputs[0]
@@ -636,11 +634,8 @@ class SplitBlocks:
             [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, out_shape) for n in (whole[1], "split")],
             inits), opset_imports=[helper.make_opsetid("", 17)])
         feed = {"x": np.random.default_rng(0).standard_normal(xs, dtype=np.float32)}
-        for level in (ort.GraphOptimizationLevel.ORT_DISABLE_ALL, ort.GraphOptimizationLevel.ORT_ENABLE_ALL):
-            so = ort.SessionOptions()
-            so.graph_optimization_level = level
-            a, b = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(
-                None, feed)
+        for level in ("disable", "all"):
+            a, b = ctx.ort_cpu(model, feed, level)
             if a.tobytes() != b.tobytes():
                 return (f"its {len(counts)} row chunks do not give the whole Conv's bytes on ORT CPU (max diff "
                         f"{float(np.abs(a - b).max()):.2g}; the kernel's summation order depends on the number of "
