@@ -230,6 +230,85 @@ def _resolve_reshape(in_shape: tuple[int, ...], target: np.ndarray, allowzero: i
     return tuple(out)
 
 
+class RowWalk:
+    """Where the output rows live in every tensor of a block, walked back from the Conv's input: one step per
+    node (`_op_<family>`, dispatched by op like the prover's), each telling its inputs' rows from its output's.
+    A tensor made inside the block gets one row layout (`layout`); one read from outside gets how a chunk slices
+    it (`side`, None: read whole)."""
+
+    def __init__(self, block: Block, shapes: Shapes, layout: dict[str, Rows]) -> None:
+        self.block, self.shapes, self.layout = block, shapes, layout
+        self.side: dict[tuple[int, int], Rows | None] = {}
+        self.produced = {o.name for n in block.nodes for o in n.outputs}
+
+    _STEPS = {**dict.fromkeys(ELEMENTWISE_UNARY, "_op_unary"), **dict.fromkeys(ELEMENTWISE_NARY, "_op_nary"),
+              **dict.fromkeys(SHAPE_OPS, "_op_reshape"), "Transpose": "_op_Transpose",
+              **dict.fromkeys(SEEDS, "_op_gather")}
+
+    def step(self, k: int) -> None:
+        n = self.block.nodes[k]
+        if len(n.outputs) != 1 or n.outputs[0].name not in self.layout:
+            raise Refuse(f"{n.op} '{n.name}' has outputs that do not lead to the Conv")
+        out = n.outputs[0]
+        rows, os_ = self.layout[out.name], self.shapes.shape(out)
+        if os_ is None:
+            raise Refuse(f"shape of '{out.name}' is not known statically")
+        method = self._STEPS.get(n.op)
+        if method is None:  # pragma: no cover - find_blocks only collects the ops above
+            raise Refuse(f"{n.op} '{n.name}' is not carried")
+        getattr(self, method)(n, k, rows, os_)
+
+    def assign(self, t: gs.Tensor, rows: Rows | None, k: int, slot: int) -> None:
+        if t.name in self.produced:
+            if rows is None:
+                raise Refuse(f"'{t.name}' is broadcast along the rows inside the block")
+            if self.layout.setdefault(t.name, rows) != rows:
+                raise Refuse(f"'{t.name}' is read with its rows in two different places")
+        else:
+            self.side[(k, slot)] = rows
+
+    def _op_unary(self, n: gs.Node, k: int, rows: Rows, os_: tuple[int, ...]) -> None:
+        self.assign(n.inputs[0], rows, k, 0)
+
+    def _op_nary(self, n: gs.Node, k: int, rows: Rows, os_: tuple[int, ...]) -> None:
+        for slot, t in enumerate(n.inputs):
+            s = self.shapes.shape(t)
+            if s is None:
+                raise Refuse(f"shape of '{t.name}' is not known statically")
+            ax = rows.axis - (len(os_) - len(s))
+            if ax < 0 or s[ax] == 1:
+                self.assign(t, None, k, slot)
+            elif s[ax] == os_[rows.axis]:
+                self.assign(t, Rows(ax, rows.outer, rows.inner), k, slot)
+            else:
+                raise Refuse(f"'{t.name}' {list(s)} is partly broadcast against {list(os_)} in {n.op} '{n.name}'")
+
+    def _op_reshape(self, n: gs.Node, k: int, rows: Rows, os_: tuple[int, ...]) -> None:
+        s = self.shapes.shape(n.inputs[0])
+        got = None if s is None else reshape_rows(os_, rows, self.block.rows, s)
+        if got is None:
+            raise Refuse(f"{n.op} '{n.name}' cuts the output rows apart ({s} -> {list(os_)})")
+        self.assign(n.inputs[0], got, k, 0)
+
+    def _op_Transpose(self, n: gs.Node, k: int, rows: Rows, os_: tuple[int, ...]) -> None:
+        perm = n.attrs.get("perm") or list(reversed(range(len(os_))))
+        self.assign(n.inputs[0], Rows(int(perm[rows.axis]), rows.outer, rows.inner), k, 0)
+
+    def _op_gather(self, n: gs.Node, k: int, rows: Rows, os_: tuple[int, ...]) -> None:
+        data, index = n.inputs[0], n.inputs[1]
+        ds, is_ = self.shapes.shape(data), self.shapes.shape(index)
+        if ds is None or is_ is None:
+            raise Refuse(f"shapes of the inputs of {n.op} '{n.name}' are not known statically")
+        if n.op == "Gather":
+            first, count = int(n.attrs.get("axis", 0)) % len(ds), len(is_)
+        else:
+            first, count = int(n.attrs.get("batch_dims", 0)), len(is_) - 1 - int(n.attrs.get("batch_dims", 0))
+        if not first <= rows.axis < first + count:
+            raise Refuse(f"the rows of {n.op} '{n.name}' are not an axis of its index")
+        self.assign(index, Rows(rows.axis - first if n.op == "Gather" else rows.axis, rows.outer, rows.inner), k, 1)
+        self.side[(k, 0)] = None
+
+
 @dataclass
 class SplitPlan:
     """What `patch` learned about the blocks from the whole model, for the next run of the pass on a fresh lift.
@@ -376,68 +455,10 @@ class SplitBlocks:
         if h < 2:
             raise Refuse("the Conv has a single output row: nothing to split along")
         block.rows = h
-        layout: dict[str, Rows] = {x.name: Rows(2, 1, kh)}
-        side: dict[tuple[int, int], Rows | None] = {}
-        produced = {o.name for n in block.nodes for o in n.outputs}
-
-        def assign(t: gs.Tensor, rows: Rows | None, k: int, slot: int) -> None:
-            if t.name in produced:
-                if rows is None:
-                    raise Refuse(f"'{t.name}' is broadcast along the rows inside the block")
-                if layout.setdefault(t.name, rows) != rows:
-                    raise Refuse(f"'{t.name}' is read with its rows in two different places")
-            else:
-                side[(k, slot)] = rows
-
+        walk = RowWalk(block, shapes, {x.name: Rows(2, 1, kh)})
         for k in range(len(block.nodes) - 1, -1, -1):
-            n = block.nodes[k]
-            if len(n.outputs) != 1 or n.outputs[0].name not in layout:
-                raise Refuse(f"{n.op} '{n.name}' has outputs that do not lead to the Conv")
-            out = n.outputs[0]
-            rows, os_ = layout[out.name], shapes.shape(out)
-            if os_ is None:
-                raise Refuse(f"shape of '{out.name}' is not known statically")
-            if n.op in ELEMENTWISE_UNARY:
-                assign(n.inputs[0], rows, k, 0)
-            elif n.op in ELEMENTWISE_NARY:
-                for slot, t in enumerate(n.inputs):
-                    s = shapes.shape(t)
-                    if s is None:
-                        raise Refuse(f"shape of '{t.name}' is not known statically")
-                    ax = rows.axis - (len(os_) - len(s))
-                    if ax < 0 or s[ax] == 1:
-                        assign(t, None, k, slot)
-                    elif s[ax] == os_[rows.axis]:
-                        assign(t, Rows(ax, rows.outer, rows.inner), k, slot)
-                    else:
-                        raise Refuse(f"'{t.name}' {list(s)} is partly broadcast against {list(os_)} in {n.op} "
-                                     f"'{n.name}'")
-            elif n.op in SHAPE_OPS:
-                s = shapes.shape(n.inputs[0])
-                got = None if s is None else reshape_rows(os_, rows, h, s)
-                if got is None:
-                    raise Refuse(f"{n.op} '{n.name}' cuts the output rows apart ({s} -> {list(os_)})")
-                assign(n.inputs[0], got, k, 0)
-            elif n.op == "Transpose":
-                perm = n.attrs.get("perm") or list(reversed(range(len(os_))))
-                assign(n.inputs[0], Rows(int(perm[rows.axis]), rows.outer, rows.inner), k, 0)
-            elif n.op in SEEDS:
-                data, index = n.inputs[0], n.inputs[1]
-                ds, is_ = shapes.shape(data), shapes.shape(index)
-                if ds is None or is_ is None:
-                    raise Refuse(f"shapes of the inputs of {n.op} '{n.name}' are not known statically")
-                if n.op == "Gather":
-                    first, count = int(n.attrs.get("axis", 0)) % len(ds), len(is_)
-                else:
-                    first, count = int(n.attrs.get("batch_dims", 0)), len(is_) - 1 - int(n.attrs.get("batch_dims", 0))
-                if not first <= rows.axis < first + count:
-                    raise Refuse(f"the rows of {n.op} '{n.name}' are not an axis of its index")
-                assign(index, Rows(rows.axis - first if n.op == "Gather" else rows.axis, rows.outer, rows.inner),
-                       k, 1)
-                side[(k, 0)] = None
-            else:  # pragma: no cover - find_blocks only collects the ops above
-                raise Refuse(f"{n.op} '{n.name}' is not carried")
-        block.layout, block.side = layout, side
+            walk.step(k)
+        block.layout, block.side = walk.layout, walk.side
 
     # -- the rewrite -------------------------------------------------------------------------------------------
     def rewrite(self, ctx: Context, block: Block, shapes: Shapes, limit: int | None, want: int = 1) -> Action:
