@@ -74,7 +74,7 @@ def fold_static(model: onnx.ModelProto, types: TypeTable, weights: Weights, limi
     """Fold `model`'s static float16 computations in place (see the module docstring); one Action per node folded
     or left. `types` is the model's shape inference, `weights` where its stored tensors are."""
     graph = model.graph
-    if not _has_reduced_floats(model):  # nothing can be float16: an fp32 model costs one scan
+    if not has_reduced_floats(model):  # nothing can be float16: an fp32 model costs one scan
         return []
     found = _find_static(graph, types, weights, limit)
     tainted = _tainted(found, types)
@@ -142,7 +142,7 @@ def fold_static(model: onnx.ModelProto, types: TypeTable, weights: Weights, limi
     return actions
 
 
-def _has_reduced_floats(model: onnx.ModelProto) -> bool:
+def has_reduced_floats(model: onnx.ModelProto) -> bool:
     """Whether any tensor of the model can be float16/bfloat16: a float type enters a graph only through its
     inputs, initializers, Constant / ConstantOfShape values and Cast targets (or a dtype attribute)."""
     graph = model.graph

@@ -6,142 +6,21 @@ name). A write target that is one of those inputs (by any spelling: `..`, a syml
 another write target of the same command, or that is not a regular file (`/dev/null`, a FIFO, a folder) would
 destroy data or hang, and is refused here, before any work, as one line naming the file (exit 2).
 
-The external data files a model names are found by a scan of its protobuf wire format (memory-mapped; field
-headers only, no tensor bytes: a 190 MB, 19,000-node BiRefNet is scanned in ~0.05-0.08 s, where `onnx.load`
-takes a second), remembered per unchanged file. The scan only widens what is refused; `model_io.load_model`
-checks the references themselves afterwards (inside the folder after symlinks, present, long enough).
+The external data files a model names are found by a scan of its protobuf wire format (`model_io.scan_model`:
+field headers only, no tensor bytes), remembered per unchanged file. The scan only widens what is refused;
+`model_io.load_model` checks the references themselves afterwards (inside the folder after symlinks, present,
+long enough).
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 import stat
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 
 from .errors import SurgeonError
-from .model_io import external_data_path
-
-# field numbers and wire types of onnx.proto (ModelProto.graph, GraphProto.initializer/input, TensorProto.name/
-# external_data, StringStringEntryProto.key/value)
-_MODEL_GRAPH, _GRAPH_INITIALIZER, _GRAPH_INPUT, _TENSOR_NAME, _TENSOR_EXTERNAL_DATA = 7, 5, 11, 8, 13
-_ENTRY_KEY, _ENTRY_VALUE = 1, 2
-_VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
-_SMALL = 1 << 20  # longest string / message the scan reads (names, locations, input declarations)
-
-
-class _Truncated(Exception):
-    pass
-
-
-def _varint(buf, pos: int, end: int) -> tuple[int, int]:
-    shift = result = 0
-    while pos < end:
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            break
-    raise _Truncated
-
-
-def _fields(buf, pos: int, end: int) -> Iterable[tuple[int, int, int, int]]:
-    """(field number, wire type, start, length) of each length-delimited field of the message in `buf[pos:end]`
-    (the others are skipped); the field's bytes are `buf[start:start + length]`, never touched here."""
-    while pos < end:
-        key, pos = _varint(buf, pos, end)
-        wire = key & 7
-        if wire == _VARINT:
-            _, pos = _varint(buf, pos, end)
-        elif wire == _I64:
-            pos += 8
-        elif wire == _I32:
-            pos += 4
-        elif wire == _LEN:
-            n, pos = _varint(buf, pos, end)
-            if pos + n > end:
-                raise _Truncated
-            yield key >> 3, wire, pos, n
-            pos += n
-        else:
-            raise _Truncated
-    if pos != end:
-        raise _Truncated
-
-
-@dataclass
-class ModelScan:
-    """What the wire-format scan of a model file found (see `scan_model`)."""
-
-    locations: list[str] = field(default_factory=list)  # external data files named by main-graph initializers
-    inputs: list[bytes] = field(default_factory=list)  # serialized ValueInfoProtos of the graph inputs
-    initializers: set[str] = field(default_factory=set)  # initializer names
-    complete: bool = False  # the whole file parsed as fields and it has a graph
-
-    def feed_inputs(self) -> list:
-        """The graph inputs a caller feeds (initializers excluded), as ValueInfoProtos."""
-        import onnx
-
-        inputs = [onnx.ValueInfoProto.FromString(b) for b in self.inputs]
-        return [vi for vi in inputs if vi.name not in self.initializers]
-
-
-_SCANS: dict[tuple, ModelScan] = {}  # (inode, size, mtime) -> scan: the CLI and patch() both check one command
-
-
-def scan_model(model_path: str | Path) -> ModelScan:
-    """`_scan_model`, remembered for an unchanged file (same inode, size and modification time)."""
-    try:
-        st = os.stat(model_path)
-    except OSError:
-        return _scan_model(model_path)
-    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-    if key not in _SCANS:
-        _SCANS[key] = _scan_model(model_path)
-    return _SCANS[key]
-
-
-def _scan_model(model_path: str | Path) -> ModelScan:
-    """External data locations, graph inputs and initializer names of a model, read from the file's wire format
-    (memory-mapped: no tensor's bytes are read; a 190 MB, 19,000-node model is scanned in tens of milliseconds,
-    where `onnx.load` takes a second). A malformed file gives what was found before the fault, and
-    `complete=False` (`load_model` then names the problem)."""
-    found = ModelScan()
-    try:
-        with open(model_path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            if size == 0:
-                return found
-            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-                graphs = 0
-                for number, _, start, n in _fields(buf, 0, size):
-                    if number != _MODEL_GRAPH:
-                        continue
-                    graphs += 1
-                    for g_number, _, g_start, g_n in _fields(buf, start, start + n):
-                        if g_number == _GRAPH_INPUT and g_n <= _SMALL:
-                            found.inputs.append(bytes(buf[g_start:g_start + g_n]))
-                        if g_number != _GRAPH_INITIALIZER:
-                            continue
-                        for t_number, _, t_start, t_n in _fields(buf, g_start, g_start + g_n):
-                            if t_number == _TENSOR_NAME and t_n <= _SMALL:
-                                found.initializers.add(bytes(buf[t_start:t_start + t_n]).decode("utf-8", "replace"))
-                            if t_number != _TENSOR_EXTERNAL_DATA or t_n > _SMALL:
-                                continue
-                            entry = {e_number: bytes(buf[e_start:e_start + e_n])
-                                     for e_number, _, e_start, e_n in _fields(buf, t_start, t_start + t_n)}
-                            if entry.get(_ENTRY_KEY) == b"location" and _ENTRY_VALUE in entry:
-                                found.locations.append(entry[_ENTRY_VALUE].decode("utf-8", "replace"))
-                found.complete = graphs > 0
-    except (_Truncated, OSError, ValueError):
-        found.complete = False
-    found.locations = sorted(set(found.locations))
-    return found
+from .model_io import external_data_path, scan_model
 
 
 def external_locations(model_path: str | Path) -> list[str]:

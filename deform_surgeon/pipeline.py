@@ -10,13 +10,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from .model_io import tidy
 from .ranges import RangeProver, TypeInfo
+
+if TYPE_CHECKING:
+    from .model_io import Weights
 
 
 class Outcome(StrEnum):
@@ -102,6 +106,7 @@ class Context:
     types: TypeInfo
     options: Options = field(default_factory=Options)
     reserved: set[str] | None = None  # names taken outside `graph` (the rest of the model, when `graph` is a region)
+    stored: Weights | None = None  # the stored tensors among the graph's inputs, whose values the prover may read
     # the runtime a pass asks when exactness depends on a kernel, not on the graph: (model, feeds, level) ->
     # outputs; None: ORT CPU (verify.run_ort_cpu). Tests give their own to reach the paths it decides.
     ort_cpu: Callable[[onnx.ModelProto, dict[str, np.ndarray], str], list[np.ndarray]] | None = None
@@ -118,7 +123,7 @@ class Context:
     @property
     def prover(self) -> RangeProver:
         if self._prover is None:
-            self._prover = RangeProver(self.graph, self.types)
+            self._prover = RangeProver(self.graph, self.types, self.stored)
         return self._prover
 
     def invalidate(self) -> None:
@@ -164,7 +169,7 @@ def run_passes(ctx: Context, passes: Iterable[Pass], max_rounds: int = 4) -> lis
                     done.append(a)
                     changed = True
             if any(a.action != Outcome.REFUSED for a in actions):
-                ctx.graph.cleanup().toposort()
+                tidy(ctx.graph)
                 ctx.invalidate()
         if not changed:
             break

@@ -23,10 +23,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from fractions import Fraction
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
+
+if TYPE_CHECKING:
+    from .model_io import Weights
 
 Number = int | float
 TypeInfo = dict[str, tuple[int, tuple[int | str | None, ...] | None]]
@@ -279,9 +283,10 @@ class RangeProver:
     they are in that cone, so proving the indices of a 19,000-node model touches a few hundred nodes.
     """
 
-    def __init__(self, graph: gs.Graph, types: TypeInfo | None = None) -> None:
+    def __init__(self, graph: gs.Graph, types: TypeInfo | None = None, stored: Weights | None = None) -> None:
         self.graph = graph
         self.types = types or {}
+        self.stored = stored
         self._memo: dict[int, Bound] = {}
         self._inputs = {id(t) for t in graph.inputs}
 
@@ -316,15 +321,18 @@ class RangeProver:
         return tuple(int(d) for d in shape)
 
     def constant(self, tensor: gs.Tensor) -> np.ndarray | None:
-        """Values of a tensor that is an initializer or the output of a Constant node (also through Identity
-        nodes: torch's exporter shares equal initializers and gives each user an Identity of the one it kept,
-        e.g. BiRefNet's BatchNorm parameters), else None."""
+        """Values of a tensor that is an initializer, a stored tensor (a graph input of a lifted region, see
+        model_io/weights.py) or the output of a Constant node (also through Identity nodes: torch's exporter shares
+        equal initializers and gives each user an Identity of the one it kept, e.g. BiRefNet's BatchNorm
+        parameters), else None."""
         for _ in range(8):
             if len(tensor.inputs) != 1 or tensor.inputs[0].op != "Identity" or not tensor.inputs[0].inputs:
                 break
             tensor = tensor.inputs[0].inputs[0]
         if isinstance(tensor, gs.Constant):
             return np.asarray(tensor.values)
+        if not tensor.inputs and self.stored is not None and tensor.name in self.stored.tensors:
+            return self.stored.read(tensor.name)
         if len(tensor.inputs) == 1 and tensor.inputs[0].op == "Constant":
             attrs = tensor.inputs[0].attrs
             for key in ("value", "sparse_value"):

@@ -20,16 +20,18 @@ can only make a proof fail (the rewrite is refused with its reason), never make 
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 import onnx
+import onnx_graphsurgeon as gs
 
 from .blocks import GraphIndex, find_blocks
 from .device import storage_buffers
-from .model_io import copy_fields, stub
+from .model_io import Weights
 from .ops import EXPORTED_SAMPLERS, HEAVY, SAMPLING_START
 
 ANCHORS = {SAMPLING_START, *EXPORTED_SAMPLERS}  # a deform block's start (blocks.py), or a sampler outside one
@@ -49,6 +51,8 @@ class Region:
     names: set[str] = field(default_factory=set)  # every node and tensor name of the whole model
     readers: dict[str, int] = field(default_factory=dict)  # output -> index of the first outside node reading it
     read_outside: set[str] = field(default_factory=set)  # every tensor read outside the region, or a graph output
+    constants: list[int] = field(default_factory=list)  # stored Constant nodes (kept out) only the region reads
+    outs: list[list[str]] = field(default_factory=list)  # every node's outputs, by index (what splice places by)
 
 
 def _subgraph_names(node: onnx.NodeProto, names: set[str]) -> None:
@@ -65,11 +69,12 @@ def _subgraph_names(node: onnx.NodeProto, names: set[str]) -> None:
 
 
 def find_region(model: onnx.ModelProto, max_storage_buffers: int | None = None,
-                oversize: set[str] | None = None) -> Region:
+                oversize: set[str] | None = None, weights: Weights | None = None) -> Region:
     """The region of `model` the passes need (see the module docstring); with `max_storage_buffers`, also every
     node whose kernel would bind more storage buffers than that (the fit pass rewrites them where they stand);
     with `oversize` (tensor names over `--max-buffer`), also the nodes that make or read them, and the tails of
-    the Convs among those (the bands pass computes them in bands or groups)."""
+    the Convs among those (the bands pass computes them in bands or groups). The stored tensors of `weights`
+    (their Constant nodes stay outside) are inputs of the region, read through `Weights.read`."""
     graph = model.graph
     index = GraphIndex(model)
     nodes, ops, ins, outs, producer = index.nodes, index.ops, index.ins, index.outs, index.producer
@@ -107,6 +112,9 @@ def find_region(model: onnx.ModelProto, max_storage_buffers: int | None = None,
         if not frontier:
             break
 
+    stored = weights.tensors if weights is not None else {}
+    constants = {k for k in region if ops[k] == "Constant" and outs[k] and outs[k][0] in stored}
+    region -= constants
     order = sorted(region)
     produced = {o for k in order for o in outs[k] if o}
     inits = {t.name for t in graph.initializer}
@@ -125,10 +133,11 @@ def find_region(model: onnx.ModelProto, max_storage_buffers: int | None = None,
             if not i or i in produced or i in seen:
                 continue
             seen.add(i)
-            (initializers if i in inits else inputs).append(i)
+            (initializers if i in inits and i not in stored else inputs).append(i)
     outputs = [o for k in order for o in outs[k] if o and o in read_outside]
     readers = {o: first_reader[o] for o in outputs if o in first_reader}
-    return Region(order, inputs, outputs, initializers, names, readers, read_outside)
+    constants = sorted(k for k in constants if outs[k][0] not in read_outside)
+    return Region(order, inputs, outputs, initializers, names, readers, read_outside, constants, outs)
 
 
 def _subgraph_reads(node: onnx.NodeProto) -> set[str]:
@@ -142,9 +151,11 @@ def _subgraph_reads(node: onnx.NodeProto) -> set[str]:
     return reads
 
 
-def region_model(model: onnx.ModelProto, region: Region, types: dict, stored: set[str]) -> onnx.ModelProto:
-    """The region as a model of its own. Stored weights (`stored`) become data-less stubs: the importer gives
-    them lazy values read from the original tensors (see model_io.import_graph)."""
+def region_model(model: onnx.ModelProto, region: Region) -> onnx.ModelProto:
+    """The region as a model of its own: what it reads from outside (stored tensors included) are its graph inputs,
+    what the rest of the model reads are its graph outputs, declared by name (`type_boundary` types them once the
+    whole model's shape inference is known: the region is lifted while that runs); only its small initializers are
+    copied."""
     graph = model.graph
     sub = onnx.ModelProto()
     sub.ir_version = model.ir_version
@@ -154,19 +165,23 @@ def region_model(model: onnx.ModelProto, region: Region, types: dict, stored: se
     g.name = graph.name or "region"
     g.node.extend(graph.node[k] for k in region.nodes)
     wanted = set(region.initializers)
-    for t in graph.initializer:
-        if t.name in wanted:
-            if t.name in stored:
-                g.initializer.add().CopyFrom(stub(t))
-            else:
-                g.initializer.add().CopyFrom(t)
-    for name in region.inputs:
-        g.input.append(_value_info(name, types))
-    for name in region.outputs:
-        g.output.append(_value_info(name, types))
+    g.initializer.extend(t for t in graph.initializer if t.name in wanted)
+    g.input.extend(onnx.ValueInfoProto(name=name) for name in region.inputs)
+    g.output.extend(onnx.ValueInfoProto(name=name) for name in region.outputs)
     inner = {o for n in g.node for o in n.output} - set(region.inputs) - set(region.outputs)
     g.value_info.extend(vi for vi in graph.value_info if vi.name in inner)
     return sub
+
+
+def type_boundary(graph: gs.Graph, types: dict) -> None:
+    """Give the lifted region's graph inputs and outputs the types and shapes the whole model's shape inference
+    found, as onnx-graphsurgeon reads them from declared value_info (a model of the declarations alone, imported)."""
+    declared = onnx.helper.make_model(onnx.GraphProto(), opset_imports=[onnx.helper.make_opsetid("", graph.opset)])
+    declared.graph.input.extend(_value_info(t.name, types) for t in graph.inputs)
+    declared.graph.output.extend(_value_info(t.name, types) for t in graph.outputs)
+    typed = gs.import_onnx(declared)
+    for t, known in zip([*graph.inputs, *graph.outputs], [*typed.inputs, *typed.outputs], strict=True):
+        t.dtype, t.shape = known.dtype, known.shape
 
 
 def _value_info(name: str, types: dict) -> onnx.ValueInfoProto:
@@ -176,69 +191,72 @@ def _value_info(name: str, types: dict) -> onnx.ValueInfoProto:
     return onnx.helper.make_tensor_value_info(name, elem, None if shape is None else list(shape))
 
 
-def splice(model: onnx.ModelProto, region: Region, patched: onnx.ModelProto, stored: set[str],
-           stubbed: set[str]) -> onnx.ModelProto:
-    """`model` with the region's nodes replaced by `patched`'s, in a topological order that keeps every other
-    node where it was. Initializers no node reads any more are dropped; stored weights (`stored`) are carried as
-    data-less stubs (their names are added to `stubbed`) for `model_io.save_model_atomic` to write."""
+def splice(model: onnx.ModelProto, region: Region, patched: onnx.ModelProto, weights: Weights) -> onnx.ModelProto:
+    """`model` itself, its region's nodes replaced by `patched`'s in a topological order that keeps every other node
+    where it was. Every other node and tensor stays the original protobuf, edited in place (stored tensors are
+    never copied); the initializers and stored Constant nodes no node reads any more are dropped."""
     graph = model.graph
     new = list(patched.graph.node)
-    nodes, produced = _order(graph, region, new)
-
-    out = onnx.ModelProto()
-    copy_fields(model, out, skip={"graph"})
-    g = out.graph
-    copy_fields(graph, g, skip={"node", "initializer", "value_info"})
-    g.node.extend(nodes)
     read = region.read_outside | {i for n in new for i in n.input}
+    # a stored Constant the region still reads goes first, as when it was lifted with the region (its readers'
+    # places, and so ONNX Runtime's execution order, stay as they were); one nothing reads any more goes
+    new = [graph.node[k] for k in region.constants if region.outs[k][0] in read] + new
+    produced = _place(graph, region, sorted({*region.nodes, *region.constants}), new)
+
     replaced = {t.name: t for t in patched.graph.initializer}
-    for t in graph.initializer:
+    unread = []
+    for k, t in enumerate(graph.initializer):
         if t.name not in read:
-            continue
-        if t.name in replaced and t.name not in stubbed:
-            g.initializer.add().CopyFrom(replaced.pop(t.name))
-            continue
-        replaced.pop(t.name, None)
-        if t.name in stored:
-            g.initializer.add().CopyFrom(stub(t))
-            stubbed.add(t.name)
-        else:
-            g.initializer.add().CopyFrom(t)
-    g.initializer.extend(t for t in patched.graph.initializer if t.name in replaced and t.name in read)
+            unread.append(k)
+        elif t.name in replaced:  # a small initializer that went through the region (its export is the same tensor)
+            t.CopyFrom(replaced.pop(t.name))
+    for k in reversed(unread):
+        del graph.initializer[k]
+    graph.initializer.extend(t for t in replaced.values() if t.name in read)
     boundary = {o.name for o in graph.output} | {i.name for i in graph.input}
     infos = {vi.name: vi for vi in graph.value_info if vi.name in produced}
     for vi in patched.graph.value_info:
         if vi.name in produced and vi.name not in boundary:
             infos.setdefault(vi.name, vi)
-    g.value_info.extend(infos.values())
-    return out
+    kept = list(infos.values())
+    del graph.value_info[:]
+    graph.value_info.extend(kept)
+    return model
 
 
-def _order(graph: onnx.GraphProto, region: Region, new: list[onnx.NodeProto],
-           ) -> tuple[list[onnx.NodeProto], dict[str, float]]:
-    """The untouched nodes in their order, each new node right after the latest of its producers (new nodes
-    come in `new`'s topological order). That order is valid when every tensor the rest of the model reads from
-    the region is produced before its first reader, which is checked; otherwise Kahn's algorithm decides."""
-    inside = set(region.nodes)
+def _place(graph: onnx.GraphProto, region: Region, removed: list[int], new: list[onnx.NodeProto]) -> set[str]:
+    """Remove the nodes at `removed` (sorted) and put `new` in: every other node stays in its order, each new node
+    right after the latest of its producers (new nodes come in `new`'s topological order). That order is valid
+    when every tensor the rest of the model reads from the region is produced before its first reader, which is
+    checked; otherwise Kahn's algorithm decides. Both edit `graph.node` in place (deleting and inserting a few
+    thousand nodes costs a tenth of rebuilding the list). Returns the names of all tensors the nodes produce."""
+    gone = set(removed)
     key_of: dict[str, float] = {}
-    keep, keys = [], []
-    for k, n in enumerate(graph.node):
-        if k not in inside:
-            keep.append(n)
-            keys.append(float(k))
-            for o in n.output:
+    for k, names in enumerate(region.outs):
+        if k not in gone:
+            for o in names:
                 key_of[o] = k
     span = len(new) + 1
+    keys = []
     for j, n in enumerate(new):
         base = max((math.floor(key_of[i]) for i in n.input if i in key_of), default=-1)
         keys.append(base + (j + 1) / span)
         for o in n.output:
             key_of[o] = keys[-1]
-    nodes = keep + new
-    if all(key_of.get(o, -1) < first for o, first in region.readers.items()) and \
-            all(not any(a.type in _SUBGRAPH for a in n.attribute) for n in new):
-        return [nodes[k] for k in sorted(range(len(nodes)), key=keys.__getitem__)], key_of
-    return _toposort(nodes, keys), key_of
+    in_order = all(key_of.get(o, -1) < first for o, first in region.readers.items()) and \
+        all(not any(a.type in _SUBGRAPH for a in n.attribute) for n in new)
+    if not in_order:
+        keep = [n for k, n in enumerate(graph.node) if k not in gone]
+        nodes = _toposort(keep + new, [float(k) for k in range(len(graph.node)) if k not in gone] + keys)
+        del graph.node[:]
+        graph.node.extend(nodes)
+        return set(key_of)
+    for k in reversed(removed):
+        del graph.node[k]
+    for j in sorted(range(len(new)), key=keys.__getitem__, reverse=True):  # the last first: positions hold
+        base = math.floor(keys[j])
+        graph.node.insert(base - bisect.bisect_left(removed, base) + 1, new[j])
+    return set(key_of)
 
 
 def _toposort(nodes: list[onnx.NodeProto], keys: list[float]) -> list[onnx.NodeProto]:

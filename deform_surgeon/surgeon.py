@@ -15,24 +15,25 @@ from pathlib import Path
 import onnx
 import onnx_graphsurgeon as gs
 
+from .background import Background
 from .device import DeviceProfile, resolve_profile
 from .errors import SurgeonError, VerificationError
-from .fold import fold_static
+from .fold import fold_static, has_reduced_floats
 from .io_check import check_io
 from .model_io import (
     TypeTable,
     Weights,
-    check_and_infer,
     check_external_output,
     check_spliced,
+    checked_types,
     copy_atomic,
     elem_nbytes,
     export_graph,
-    import_graph,
     load_model,
     save_model_atomic,
+    scan_model,
     split_weights,
-    stubbed_copy,
+    tidy,
 )
 from .passes.bands import BandOversize
 from .passes.fit import FitStorageBuffers
@@ -42,7 +43,7 @@ from .passes.residency import IndexChainResidency
 from .passes.split import SplitBlocks, SplitPlan
 from .passes.sum_chain import ChainSum
 from .pipeline import Context, Options, Outcome, run_passes
-from .region import Region, find_region, region_model, splice
+from .region import Region, find_region, region_model, splice, type_boundary
 from .report import PatchReport, op_histogram
 from .slices import split_to_slices
 from .verify import DEFAULT_ITERATIONS, check_verify_options
@@ -76,21 +77,38 @@ def _fewer_gc_passes() -> Iterator[None]:
 
 
 def _run(model_path: str | Path, options: Options, plan: SplitPlan | None = None) -> Lifted:
-    """Load, check, fold what is static, prove/rewrite, never copying weights: checker and shape inference see a
-    weight-less copy, the static float16 computations are folded and float16 Splits become Slices on the whole
-    model (fold.py, slices.py), only the deform regions are lifted into a graph (see region.py), stored weights
-    as lazy constants."""
+    """Load, check, fold what is static, prove/rewrite, never copying weights: checker and shape inference see the
+    model's skeleton, on a second core while the deform regions are found (background.py); the static float16
+    computations are folded and float16 Splits become Slices on the whole model (fold.py, slices.py); only the
+    deform regions are lifted into a graph (see region.py), stored tensors as its typed inputs, read through
+    `Weights.read` (see model_io/weights.py)."""
     model = load_model(model_path)
-    weights = split_weights(model, Path(model_path).parent)
-    types = check_and_infer(model, model_path, weights)
-    ops_before = op_histogram(model)
-    whole = fold_static(model, types, weights) + split_to_slices(model, types)  # whole-model steps, in place
-    region = find_region(model, options.storage_buffers, _oversize(types, options.max_buffer))
-    sub = region_model(model, region, types, set(weights.tensors))
-    graph = import_graph(sub, weights)
-    ctx = Context(graph, types, options, reserved=region.names)
+    weights = split_weights(model, Path(model_path).parent, scan_model(model_path))
+    checking = Background(checked_types, model, model_path, weights)
+    try:
+        ops_before = op_histogram(model)
+        reduced = has_reduced_floats(model)
+        early = None
+        if not reduced and options.max_buffer is None:  # nothing to fold, no size to know: lift while checking
+            try:
+                early = _lift_region(model, find_region(model, options.storage_buffers, set(), weights))
+            except Exception:  # a model the checker refuses: its verdict is the one to give
+                early = None
+        types = TypeTable(onnx.GraphProto.FromString(checking.result()))
+    finally:
+        checking.close()
+    whole = fold_static(model, types, weights) + split_to_slices(model, types) if reduced else []  # in place
+    region, sub, graph = early or _lift_region(model, find_region(
+        model, options.storage_buffers, _oversize(types, options.max_buffer), weights))
+    type_boundary(graph, types)
+    ctx = Context(graph, types, options, reserved=region.names, stored=weights)
     actions = whole + run_passes(ctx, default_passes(plan))
     return Lifted(model, weights, region, sub, graph, actions, ops_before)
+
+
+def _lift_region(model: onnx.ModelProto, region: Region) -> tuple[Region, onnx.ModelProto, gs.Graph]:
+    sub = region_model(model, region)
+    return region, sub, gs.import_onnx(sub)
 
 
 def _oversize(types: TypeTable, limit: int | None) -> set[str]:
@@ -107,7 +125,7 @@ def _oversize(types: TypeTable, limit: int | None) -> set[str]:
 
 @dataclass
 class Lifted:
-    model: onnx.ModelProto
+    model: onnx.ModelProto  # as loaded (and folded); `patched()` splices the rewritten region into it
     weights: Weights
     region: Region
     sub: onnx.ModelProto
@@ -117,13 +135,11 @@ class Lifted:
     _patched: tuple[onnx.ModelProto, onnx.ModelProto] | None = None
 
     def patched(self) -> tuple[onnx.ModelProto, onnx.ModelProto]:
-        """The whole model with the rewritten region spliced in (stored weights as stubs, see model_io), and the
-        rewritten region on its own (what `check_spliced` infers)."""
+        """The whole model with the rewritten region spliced in (`model` itself: its weights are never copied), and
+        the rewritten region on its own (what `check_spliced` infers)."""
         if self._patched is None:
-            self.graph.cleanup().toposort()
-            region = export_graph(self.graph, self.sub, self.weights)
-            self._patched = (splice(self.model, self.region, region, set(self.weights.tensors),
-                                    self.weights.stubbed), region)
+            region = export_graph(tidy(self.graph), self.sub)
+            self._patched = (splice(self.model, self.region, region, self.weights), region)
         return self._patched
 
 
@@ -245,7 +261,7 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
         if output_path is not None and copy_unchanged:
             if weights.external:  # its data must move beside the copy: same tensors, references re-pointed
                 stage("write")
-                save_model_atomic(stubbed_copy(model, weights), output_path, weights=weights)
+                save_model_atomic(model, output_path, weights=weights)
             else:
                 copy_atomic(model_path, output_path)
             report.written = True
@@ -257,9 +273,18 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
     stage("export")
     patched, region = lifted.patched()
     report.ops_after = op_histogram(patched)
-    check_spliced(patched, region, output_path or f"{model_path} (patched)", weights)
     if output_path is None:
+        check_spliced(patched, region, f"{model_path} (patched)", weights)
         return report
+
+    def _write(patched: onnx.ModelProto, region: onnx.ModelProto, verify_fn: Callable[[Path], None] | None) -> None:
+        """Write `patched` while its whole-model check runs on a second core; the file takes OUT's place only
+        after the check (and `verify_fn`) passed."""
+        checking = Background(check_spliced, patched, region, output_path, weights)
+        try:
+            save_model_atomic(patched, output_path, verify=verify_fn, weights=weights, check=checking.result)
+        finally:
+            checking.close()
 
     def _verify(tmp: Path, whole_check: bool = False) -> None:
         stage("verify")
@@ -293,11 +318,11 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
     stage("write")
     unproven = [a for a in report.actions if a.needs_verify and a.action == Outcome.REWRITTEN]
     if not unproven:
-        save_model_atomic(patched, output_path, verify=_verify if verify else None, weights=weights)
+        _write(patched, region, _verify if verify else None)
         report.written = True
         return report
     try:
-        save_model_atomic(patched, output_path, verify=lambda tmp: _verify(tmp, True), weights=weights)
+        _write(patched, region, lambda tmp: _verify(tmp, True))
     except VerificationError as exc:
         if not isinstance(exc.__cause__, _Unshown):
             raise
@@ -313,8 +338,7 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
                                                                                               unproven}))
         report.note = "; ".join(x for x in (f"{len(unproven)} rewrite(s) undone ({kinds}): not shown exact on the "
                                             "whole model (see their lines)", memory) if x)
-        check_spliced(patched, region, output_path, weights)
-        save_model_atomic(patched, output_path, verify=_verify if verify else None, weights=weights)
+        _write(patched, region, _verify if verify else None)
     report.written = True
     return report
 

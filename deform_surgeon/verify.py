@@ -117,8 +117,7 @@ def default_val_ranges(model_path: str | Path, given: dict[str, tuple[float, flo
 def input_signature(model_path: str | Path) -> list:
     """The graph inputs a caller feeds (initializers excluded), as ValueInfoProtos, read without loading the
     model where the file scans cleanly; a missing, unreadable or non-ONNX file is a one-line SurgeonError."""
-    from .io_check import scan_model
-    from .model_io import load_model
+    from .model_io import load_model, scan_model
 
     found = scan_model(model_path) if Path(model_path).is_file() else None
     if found is not None and found.complete:

@@ -21,7 +21,8 @@ import pytest
 from helpers import FIXTURES, assert_bytes_equal, one_error_line, snapshot
 from onnx import TensorProto, helper, numpy_helper
 
-from deform_surgeon import model_io
+from deform_surgeon import model_io, pipeline, surgeon
+from deform_surgeon.passes.split import SplitPlan
 from deform_surgeon.pipeline import Context, Options, run_passes
 from deform_surgeon.surgeon import default_passes
 
@@ -86,20 +87,17 @@ def test_the_prover_reads_only_what_it_needs(tmp_path):
     save_external(model, tmp_path / "external.onnx")
     index_constants = {t.name for t in model.graph.initializer} - {"big_weight"}
     for name in ("embedded.onnx", "external.onnx"):
-        loaded = model_io.load_model(tmp_path / name)
-        weights = model_io.split_weights(loaded, tmp_path)
-        assert "big_weight" in weights.tensors
+        lifted = surgeon._run(tmp_path / name, Options(), SplitPlan())  # patch's own road
+        weights = lifted.weights
         assert set(weights.tensors) == ({"big_weight"} if name == "embedded.onnx" else index_constants | {"big_weight"})
-        graph = model_io.import_graph(loaded, weights)
-        ctx = Context(graph, model_io.infer_value_types(loaded, weights), Options())
-        actions = run_passes(ctx, default_passes())
-        assert sum(a.op == "GatherND" and a.action == "rewritten" for a in actions) == 4
+        assert sum(a.op == "GatherND" and a.action == "rewritten" for a in lifted.actions) == 4
         assert "big_weight" not in weights.loaded and set(weights.loaded) <= index_constants
-        graph.cleanup().toposort()
-        exported = model_io.export_graph(graph, loaded, weights)
-        assert "big_weight" in weights.stubbed
-        stub = next(t for t in exported.graph.initializer if t.name == "big_weight")
-        assert not stub.raw_data and not stub.external_data
+        assert bool(weights.loaded) == (name == "external.onnx")  # stored index constants are read, through Weights
+        patched, region = lifted.patched()
+        assert set(weights.loaded) <= {i.name for i in region.graph.input}  # stored tensors are region inputs
+        assert not {t.name for t in region.graph.initializer} & set(weights.tensors)
+        kept = next(t for t in patched.graph.initializer if t.name == "big_weight")
+        assert kept == weights.tensors["big_weight"]  # the original tensor, written by the writer as it is
 
 
 def sparse_model(folder: Path, rows: int) -> tuple[Path, int]:
@@ -198,17 +196,16 @@ def test_bad_external_data_is_one_line(tmp_path, damage, problem):
 
 @pytest.mark.parametrize("fixture", ["decoder_gathernd.onnx", "decoder_gatherelements_fp16.onnx",
                                      "decoder_gathernd_b2g2.onnx"])
-def test_fast_graph_walks_agree_with_onnx_graphsurgeon(fixture):
-    """FastGraph's cleanup/toposort keep the same nodes in the same order as gs's own, through a whole patch."""
+def test_tidy_agrees_with_onnx_graphsurgeon(fixture, monkeypatch):
+    """model_io.tidy keeps the same nodes in the same order as gs's own cleanup().toposort(), through a whole patch."""
     model = onnx.load(FIXTURES / fixture)
     exported = []
     for fast in (True, False):
-        weights = model_io.split_weights(model, None)
-        graph = model_io.import_graph(model, weights)
         if not fast:
-            graph.__class__ = gs.Graph
-        ctx = Context(graph, model_io.infer_value_types(model, weights), Options())
+            monkeypatch.setattr(pipeline, "tidy", lambda g: g.cleanup().toposort())
+        graph = gs.import_onnx(model)
+        ctx = Context(graph, model_io.infer_value_types(model), Options())
         run_passes(ctx, default_passes())
-        graph.cleanup().toposort()
+        graph = model_io.tidy(graph) if fast else graph.cleanup().toposort()
         exported.append([n.SerializeToString() for n in model_io.export_graph(graph, model).graph.node])
     assert exported[0] == exported[1]

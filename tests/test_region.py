@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx_graphsurgeon as gs
 import onnxruntime as ort
 import pytest
 from helpers import FIXTURES, assert_bytes_equal, patch_whole_graph
@@ -13,6 +14,7 @@ from helpers.scale import build_birefnet_scale
 from onnx import TensorProto, helper
 
 from deform_surgeon import patch
+from deform_surgeon.model_io import Weights
 from deform_surgeon.region import find_region, splice
 
 
@@ -130,23 +132,26 @@ def test_splice_refuses_a_cycle():
     sub = onnx.ModelProto()
     sub.graph.node.extend([helper.make_node("Identity", ["y"], ["s"], name="loop")])  # y is computed from s
     with pytest.raises(ValueError, match="cycle"):
-        splice(model, region, sub, set(), set())
+        splice(model, region, sub, Weights(None))
 
 
 def test_the_check_of_a_spliced_model_sees_a_region_output_change_type():
     """check_spliced = plain checker on the whole model + strict inference on the region with its declared
     boundary: a region whose output changes type must fail it (the plain checker alone would not notice)."""
     from deform_surgeon.errors import SurgeonError
-    from deform_surgeon.model_io import Weights, check_spliced, infer_value_types
-    from deform_surgeon.region import region_model
+    from deform_surgeon.model_io import check_spliced, export_graph, infer_value_types
+    from deform_surgeon.region import region_model, type_boundary
 
     model = _boundary_model()
     region = find_region(model)
-    sub = region_model(model, region, infer_value_types(model), set())
-    check_spliced(splice(model, region, sub, set(), set()), sub, "boundary.onnx", Weights(None))  # unchanged: ok
+    sub = region_model(model, region)
+    lifted = gs.import_onnx(sub)
+    type_boundary(lifted, infer_value_types(model))  # the boundary as patch declares it
+    sub = export_graph(lifted, sub)
+    check_spliced(splice(model, region, sub, Weights(None)), sub, "boundary.onnx", Weights(None))  # unchanged: ok
     del sub.graph.node[-1]
     sub.graph.node.append(helper.make_node("Cast", ["r"], ["s"], name="sum4_as_int", to=TensorProto.INT64))
-    spliced = splice(model, region, sub, set(), set())
+    spliced = splice(_boundary_model(), region, sub, Weights(None))  # splice changes the model it is given
     onnx.checker.check_model(spliced)  # the plain check passes
     with pytest.raises(SurgeonError, match=r"^boundary.onnx: fails onnx.checker: .*"):
         check_spliced(spliced, sub, "boundary.onnx", Weights(None))
@@ -167,7 +172,7 @@ def test_splice_reorders_when_a_new_node_reads_a_later_tensor():
     sub = onnx.ModelProto()
     sub.graph.node.extend([helper.make_node("Relu", ["x"], ["a"], name="A"),
                            helper.make_node("Add", ["a", "c"], ["s"], name="R_late")])
-    out = splice(model, region, sub, set(), set())
+    out = splice(model, region, sub, Weights(None))
     assert [n.name for n in out.graph.node] == ["A", "C", "R_late", "B"]
     onnx.checker.check_model(out, full_check=True)
 

@@ -10,7 +10,18 @@ from pathlib import Path
 import onnx
 
 from ..errors import SurgeonError
-from .weights import Weights, _external_ref, _is_external, _is_heavy_embedded, _nbytes, split_weights, weightless
+from .weights import (
+    Weights,
+    _external_ref,
+    _is_external,
+    _is_heavy_embedded,
+    _nbytes,
+    large_nodes,
+    skeleton_bytes,
+    split_weights,
+    stored_constant,
+)
+from .wire import scan_model
 
 
 def load_model(path: str | Path) -> onnx.ModelProto:
@@ -40,14 +51,14 @@ def load_model(path: str | Path) -> onnx.ModelProto:
 def check_model(model: onnx.ModelProto, path: str | Path, weights: Weights | None = None) -> None:
     """Run onnx.checker with full shape inference, or raise `SurgeonError`.
 
-    The checker runs on the weight-less copy (`weightless`), so it costs the same for a 2 MB and a 20 GB model;
-    the stored weights themselves were checked when loading (reference, size). `weights` tells where the model's
-    external data lives (default: the folder of `path`).
+    The checker runs on the model's skeleton (`weights.skeleton_bytes`), so it costs the same for a 2 MB and a 20 GB
+    model; the stored tensors themselves were checked when loading (reference, size). `weights` tells where the
+    model's external data lives (default: the folder of `path`).
     """
     if weights is None:
         weights = split_weights(model, Path(path).parent if Path(path).is_file() else None)
     with _checker_errors(path):
-        onnx.checker.check_model(weightless(model, weights), full_check=True)
+        onnx.checker.check_model(skeleton_bytes(model, weights), full_check=True)
 
 
 @contextmanager
@@ -63,46 +74,63 @@ def infer_value_types(model: onnx.ModelProto, weights: Weights | None = None) ->
     """Element type and shape of every tensor that ONNX shape inference can tell, without touching `model`.
 
     The result feeds the range prover and the passes; it is deliberately not written into the exported model,
-    so a patch does not add value_info to tensors it did not touch. Inference runs on the weight-less copy
-    (stored weights are typed graph inputs there), so it works past 2 GB and costs nothing per weight byte.
+    so a patch does not add value_info to tensors it did not touch. Inference runs on the skeleton (stored tensors
+    are typed graph inputs there), so it works past 2 GB and costs nothing per weight byte.
     """
-    model = weightless(model, weights if weights is not None else split_weights(model, None))
+    return TypeTable(_inferred(model, weights if weights is not None else split_weights(model, None)))
+
+
+def _inferred(model: onnx.ModelProto, weights: Weights) -> onnx.GraphProto:
+    data = skeleton_bytes(model, weights)
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+        return onnx.shape_inference.infer_shapes(data, check_type=False, strict_mode=False, data_prop=True).graph
     except Exception:
-        inferred = model
-    return TypeTable(inferred.graph)
+        return onnx.ModelProto.FromString(data).graph
 
 
 def check_and_infer(model: onnx.ModelProto, path: str | Path, weights: Weights) -> TypeTable:
-    """`check_model` and `infer_value_types` in one shape inference where the model allows it.
+    """`check_model` and `infer_value_types` in one shape inference, on one serialized skeleton, where the model
+    allows it; `checked_types` in the caller's process."""
+    return TypeTable(onnx.GraphProto.FromString(checked_types(model, path, weights)))
+
+
+def checked_types(model: onnx.ModelProto, path: str | Path, weights: Weights) -> bytes:
+    """What `check_and_infer` answers, as bytes (a GraphProto whose inputs, outputs and value_info declare every
+    tensor's type): small enough to send from a background process (background.py), which `patch` runs it in.
 
     onnx.checker's full check is the plain check plus strict, type-checking shape inference; run that inference
     with data propagation once and both answers come from it. Only when it fails are the two asked separately
     (a model can fail strict data propagation and still pass the checker), so the verdicts are the same.
     """
-    skeleton = weightless(model, weights)
+    skeleton = skeleton_bytes(model, weights)
     with _checker_errors(path):
         onnx.checker.check_model(skeleton)
     try:
-        inferred = onnx.shape_inference.infer_shapes(skeleton, check_type=True, strict_mode=True, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(skeleton, check_type=True, strict_mode=True, data_prop=True).graph
     except Exception:
-        check_model(skeleton, path, weights)
-        return infer_value_types(skeleton, weights)
-    return TypeTable(inferred.graph)
+        check_model(model, path, weights)
+        inferred = _inferred(model, weights)
+    types = onnx.GraphProto()
+    types.input.extend(inferred.input)
+    types.output.extend(inferred.output)
+    types.value_info.extend(inferred.value_info)
+    types.value_info.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                            for t in inferred.initializer)
+    return types.SerializeToString()
 
 
 def check_spliced(model: onnx.ModelProto, region: onnx.ModelProto, path: str | Path, weights: Weights) -> None:
     """onnx.checker's full check of a model whose only changed part is `region` (see region.py).
 
-    A full check is the plain check plus strict shape inference. The plain check runs on the whole model (graph
-    structure, names, topological order, attributes); strict inference runs on the region alone, whose inputs
-    and outputs are declared with the types and shapes inferred on the input model: every node outside the
-    region reads exactly what it read before, and the input model passed its own strict inference.
+    A full check is the plain check plus strict shape inference. The plain check runs on the whole model's skeleton
+    (graph structure, names, topological order, attributes); strict inference runs on the region alone, whose
+    inputs and outputs are declared with the types and shapes inferred on the input model (stored tensors are
+    typed inputs of the region): every node outside the region reads exactly what it read before, and the input
+    model passed its own strict inference.
     """
     with _checker_errors(path):
-        onnx.checker.check_model(weightless(model, weights))
-        onnx.shape_inference.infer_shapes(weightless(region, weights), check_type=True, strict_mode=True)
+        onnx.checker.check_model(skeleton_bytes(model, weights))
+        onnx.shape_inference.infer_shapes(region.SerializeToString(), check_type=True, strict_mode=True)
 
 
 class TypeTable(Mapping):
@@ -157,13 +185,21 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _check_stored_tensors(model: onnx.ModelProto, path: Path) -> None:
-    """External references inside the model's folder, present and long enough; large embedded data complete."""
+    """External references inside the model's folder, present and long enough; large embedded data complete (its
+    length read from the file's scan: reading the field would copy it)."""
+    scan = scan_model(path)
+    raw_sizes = scan.raw_sizes
+
+    def raw_size(name: str, t: onnx.TensorProto) -> int:
+        size = raw_sizes.get(name)
+        return len(t.raw_data) if size is None else size
+
     sizes: dict[Path, int | None] = {}
     for t in model.graph.initializer:
         expected = _nbytes(t)
         if not _is_external(t):
-            if _is_heavy_embedded(t) and len(t.raw_data) != expected:
-                raise SurgeonError(path, f"tensor '{t.name}' has {len(t.raw_data)} bytes of data; its shape and "
+            if _is_heavy_embedded(t) and raw_size(t.name, t) != expected:
+                raise SurgeonError(path, f"tensor '{t.name}' has {raw_size(t.name, t)} bytes of data; its shape and "
                                          f"type need {expected}")
             continue
         try:
@@ -200,6 +236,11 @@ def _check_stored_tensors(model: onnx.ModelProto, path: Path) -> None:
         if expected is not None and end - offset != expected:
             raise SurgeonError(path, f"external data of tensor '{t.name}' has {end - offset} bytes; its shape and "
                                      f"type need {expected}")
+    for node in large_nodes(model, scan):  # the checker sees a stored Constant as a typed input (weights.py)
+        value = stored_constant(node)
+        if value is not None and (got := raw_size(node.output[0], value)) != _nbytes(value):
+            raise SurgeonError(path, f"Constant '{node.name or node.output[0]}' has {got} bytes of data; its shape "
+                                     f"and type need {_nbytes(value)}")
     if _nested_external(model.graph):
         raise SurgeonError(path, "external data in a Constant node or a subgraph is not supported",
                            "store only initializers of the main graph externally")

@@ -1,27 +1,32 @@
-"""Stored weights: which tensors are never copied, and the forms they take on the way through `patch`.
+"""Stored tensors: the one form weights take on the way through `patch`, and the one way their values are read.
 
-A model is loaded with its external data left on disk; every external tensor and every embedded one larger than
-`STORED_WEIGHT_BYTES` is a *stored weight* (`Weights`). onnx.checker and shape inference see a weight-less copy
-in which the large ones are typed graph inputs (`weightless`: shape inference does not need their values, and
-past 2 GB it could not take them); the graph holds them as lazy constants read only if the range prover asks
-(`_StoredValues`: it asks for tensors in the backward cone of gather indices, never for conv weights); an export
-carries them as data-less stubs (`stub`), and the writer streams the original tensors back in (write.py).
+A model is loaded with its external data left on disk. Every external initializer, every embedded initializer
+larger than `STORED_WEIGHT_BYTES` and the value of every Constant node larger than that is a *stored tensor*
+(`Weights`): its original protobuf stays where it is in the loaded model, is never copied, and is written once,
+by the writer (write.py). Everything else sees a stored tensor as a typed name only:
+
+- onnx.checker and shape inference see the model's *skeleton* (`skeleton_bytes`): stored tensors are typed graph
+  inputs there (shape inference does not need their values; past 2 GB it could not take them; and the checker's
+  work no longer grows with the weights: the real BiRefNet-lite 1024 export's skeleton is 3 MB of its 221 MB);
+  what the checker would have checked of them (a complete data field, an external file inside the model's folder)
+  is checked when the model is loaded (load.py);
+- the lifted region (region.py) sees them as typed graph inputs too, and the range prover reads the few values it
+  needs (the sampling grids in the cone of gather indices, never a conv weight) through `Weights.read`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import onnx
-import onnx_graphsurgeon as gs
-from onnx_graphsurgeon.ir.tensor import LazyValues
 
-STORED_WEIGHT_BYTES = 1 << 12  # embedded tensors above this are stored weights (never copied); every external tensor is
+from . import wire
+
+STORED_WEIGHT_BYTES = 1 << 12  # embedded tensors above this are stored (never copied); every external tensor is
 
 
 _BITS = {getattr(onnx.TensorProto, name): bits for name, bits in (
@@ -34,18 +39,47 @@ _BITS = {getattr(onnx.TensorProto, name): bits for name, bits in (
 
 @dataclass
 class Weights:
-    """The stored weights of a loaded model: every external tensor and every embedded one above `STORED_WEIGHT_BYTES`.
+    """The stored tensors of a loaded model (see the module docstring).
 
-    `tensors` maps names to the original TensorProtos (embedded data, or an external reference resolved against
-    `base_dir`, the input model's folder); `stubbed` names those an export carries as stubs; `loaded` names those
-    whose values were read (the range prover reads only what lies in the cone of gather indices).
+    `tensors` maps each tensor's name in the graph (an initializer's, or a Constant node's output) to its original
+    TensorProto: embedded data, or an external reference resolved against `base_dir`, the input model's folder.
+    `constants` names those that are a Constant node's value; `loaded` those whose values were read, in order;
+    `raw_sizes` is the length of their raw data where a scan of the file told it (`wire.scan_model`).
     """
 
     base_dir: Path | None
     tensors: dict[str, onnx.TensorProto] = field(default_factory=dict)
-    stubbed: set[str] = field(default_factory=set)
+    constants: set[str] = field(default_factory=set)
+    raw_sizes: dict[str, int] = field(default_factory=dict)
     loaded: list[str] = field(default_factory=list)
-    lazy: dict[str, LazyValues] = field(default_factory=dict, repr=False)
+    _values: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+
+    def read(self, name: str) -> np.ndarray:
+        """The values of stored tensor `name` (read-only; read from disk or decoded once, then remembered)."""
+        array = self._values.get(name)
+        if array is None:
+            src = self.tensors[name]
+            if _is_external(src):  # older onnx fills raw_data in while reading: never into the original reference
+                copy = onnx.TensorProto()
+                copy.CopyFrom(src)
+                src = copy
+            base = "" if self.base_dir is None else str(self.base_dir)
+            array = onnx.numpy_helper.to_array(src, base_dir=base)
+            if array.flags.writeable:  # (a view of protobuf's bytes is read-only already; copying it costs)
+                array.setflags(write=False)
+            self._values[name] = array
+            self.loaded.append(name)
+        return array
+
+    def raw_size(self, name: str) -> int:
+        """The length of a stored tensor's raw data (measured from the file when it was scanned: reading the field
+        copies it)."""
+        size = self.raw_sizes.get(name)
+        return len(self.tensors[name].raw_data) if size is None else size
+
+    def message_size(self, name: str) -> int:
+        """The serialized size of a stored tensor (what the writer announces before it serializes the tensor)."""
+        return message_size(self.tensors[name], self.raw_size(name))
 
     @property
     def external(self) -> bool:
@@ -57,77 +91,72 @@ class Weights:
         return {(base / _external_ref(t)[0]).resolve() for t in self.tensors.values() if _is_external(t)}
 
 
-def split_weights(model: onnx.ModelProto, base_dir: str | Path | None) -> Weights:
-    """Which initializers of `model` are stored weights (see `Weights`); nothing is read or copied."""
-    tensors = {t.name: t for t in model.graph.initializer if _is_external(t) or _is_heavy_embedded(t)}
-    return Weights(None if base_dir is None else Path(base_dir), tensors)
+def split_weights(model: onnx.ModelProto, base_dir: str | Path | None, scan: wire.ModelScan | None = None
+                  ) -> Weights:
+    """Which tensors of `model` are stored (see `Weights`); nothing is read or copied. `scan`: the scan of the file
+    `model` was just loaded from (`wire.scan_model`), which tells the lengths of raw data and where the large
+    Constant nodes are (else every node is looked at)."""
+    weights = Weights(None if base_dir is None else Path(base_dir), raw_sizes=dict(scan.raw_sizes) if scan else {})
+    for t in model.graph.initializer:
+        if _is_external(t) or _is_heavy_embedded(t):
+            weights.tensors[t.name] = t
+    declared = {t.name for t in model.graph.initializer} | {i.name for i in model.graph.input}
+    for node in large_nodes(model, scan):
+        value = stored_constant(node)
+        if value is not None and node.output[0] not in declared:  # (a clash stays for the checker to see)
+            weights.tensors[node.output[0]] = value
+            weights.constants.add(node.output[0])
+    return weights
 
 
-def weightless(model: onnx.ModelProto, weights: Weights) -> onnx.ModelProto:
-    """A copy of `model` for onnx.checker and shape inference: large stored weights become typed graph inputs,
-    small external ones are read in (shape inference needs the values of shape-like constants). Returns `model`
-    itself when it holds no stored weight."""
-    graph = model.graph
-    if not any(t.name in weights.tensors for t in graph.initializer):
-        return model
-    out = onnx.ModelProto()
-    copy_fields(model, out, skip={"graph"})
-    copy_fields(graph, out.graph, skip={"initializer"})
+def large_nodes(model: onnx.ModelProto, scan: wire.ModelScan | None) -> Iterator[onnx.NodeProto]:
+    """The nodes that may hold a stored Constant: those the file's scan found large, or every node without one."""
+    nodes = model.graph.node
+    if scan is not None and scan.complete and (not scan.large_nodes or scan.large_nodes[-1] < len(nodes)):
+        return (nodes[k] for k in scan.large_nodes)
+    return iter(nodes)
+
+
+def stored_constant(node: onnx.NodeProto) -> onnx.TensorProto | None:
+    """The value of a Constant node whose only attribute is an embedded tensor above `STORED_WEIGHT_BYTES`."""
+    if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or len(node.attribute) != 1:
+        return None
+    a = node.attribute[0]
+    if a.name != "value" or a.type != onnx.AttributeProto.TENSOR or len(node.output) != 1:
+        return None
+    return a.t if _is_heavy_embedded(a.t) else None
+
+
+def skeleton_bytes(model: onnx.ModelProto, weights: Weights) -> bytes:
+    """The serialized skeleton of `model` for onnx.checker and shape inference: stored tensors are typed graph
+    inputs (their Constant nodes left out), small external ones are read in (shape inference needs the values of
+    shape-like constants). Built record by record from the model's own messages: nothing is copied."""
+    return b"".join(wire.serialized(wire.model_pieces(model, skeleton_graph(model.graph, weights))))
+
+
+def skeleton_graph(graph: onnx.GraphProto, weights: Weights) -> Iterator[wire.Piece]:
+    """The graph records of the skeleton (see `skeleton_bytes`), in field order."""
+    stored = weights.tensors
+    for node in graph.node:
+        if not (node.op_type == "Constant" and node.output and node.output[0] in weights.constants):
+            yield wire.record(wire.GRAPH_NODE, node)
+    yield from wire.graph_name(graph)
     declared = {i.name for i in graph.input}
+    inputs = []
     for t in graph.initializer:
-        original = weights.tensors.get(t.name)
+        original = stored.get(t.name)
         if original is None:
-            out.graph.initializer.add().CopyFrom(t)
+            yield wire.record(wire.GRAPH_INITIALIZER, t)
         elif _is_external(original) and not _is_large(original) and weights.base_dir is not None:
-            out.graph.initializer.add().CopyFrom(_read_in(original, weights.base_dir))
+            yield wire.record(wire.GRAPH_INITIALIZER, _read_in(original, weights.base_dir))
         elif t.name not in declared:
-            out.graph.input.append(onnx.helper.make_tensor_value_info(t.name, original.data_type, list(original.dims)))
-    return out
+            inputs.append(_typed_input(t.name, original))
+    inputs += [_typed_input(name, stored[name]) for name in sorted(weights.constants) if name in stored]
+    yield from wire.graph_rest(graph, extra_inputs=inputs, drop_value_info=weights.constants)
 
 
-class _StoredValues(LazyValues):
-    """LazyValues of a stored weight: external data is read relative to the model's folder; reads are recorded."""
-
-    def __init__(self, tensor: onnx.TensorProto, weights: Weights) -> None:
-        super().__init__(tensor)
-        self.weights = weights
-        self.array: np.ndarray | None = None
-
-    def load(self) -> np.ndarray:
-        src = self.tensor
-        if _is_external(src):  # older onnx fills raw_data in while reading: never into the original reference
-            src = onnx.TensorProto()
-            src.CopyFrom(self.tensor)
-        base = "" if self.weights.base_dir is None else str(self.weights.base_dir)
-        array = np.array(onnx.numpy_helper.to_array(src, base_dir=base))
-        array.setflags(write=False)
-        self.weights.loaded.append(self.tensor.name)
-        self.array = array
-        return array
-
-
-@contextmanager
-def _stubbed(graph: gs.Graph, weights: Weights | None) -> Iterator[None]:
-    """Swap every stored weight the graph still holds, unchanged, for a data-less stub while exporting."""
-    if weights is None or not weights.tensors:
-        yield
-        return
-    swapped = []
-    for name, t in graph.tensors().items():
-        if not isinstance(t, gs.Constant) or name not in weights.tensors:
-            continue
-        swapped.append((t, t._values, t.data_location))
-        lazy = weights.lazy.get(name)
-        if lazy is not None and (t._values is lazy or t._values is lazy.array):
-            original = weights.tensors[name]
-            t._values = LazyValues(stub(original))
-            weights.stubbed.add(name)
-        t.data_location = None  # a constant whose values a pass replaced is written embedded
-    try:
-        yield
-    finally:
-        for t, values, location in swapped:
-            t._values, t.data_location = values, location
+def _typed_input(name: str, t: onnx.TensorProto) -> onnx.ValueInfoProto:
+    return onnx.helper.make_tensor_value_info(name, t.data_type, list(t.dims))
 
 
 def _nbytes(t: onnx.TensorProto) -> int | None:
@@ -138,6 +167,25 @@ def elem_nbytes(elem_type: int, shape) -> int | None:
     """Bytes of a tensor of this element type and (static) shape; None for an element type of unknown size."""
     bits = _BITS.get(elem_type)
     return None if bits is None else (math.prod(shape) * bits + 7) // 8
+
+
+def message_size(t: onnx.TensorProto, raw: int) -> int:
+    """The serialized size of `t`, whose raw_data is `raw` bytes long, without serializing (or copying) its data:
+    the other fields' size plus the raw_data record's (its tag, one byte; its length as a varint; its bytes)."""
+    others = onnx.TensorProto()
+    for fd in onnx.TensorProto.DESCRIPTOR.fields:
+        if fd.name == "raw_data":
+            continue
+        repeated = fd.is_repeated if hasattr(fd, "is_repeated") else fd.label == fd.LABEL_REPEATED
+        if repeated:
+            if len(getattr(t, fd.name)):
+                getattr(others, fd.name).extend(getattr(t, fd.name))
+        elif t.HasField(fd.name):
+            if fd.message_type is not None:
+                getattr(others, fd.name).CopyFrom(getattr(t, fd.name))
+            else:
+                setattr(others, fd.name, getattr(t, fd.name))
+    return others.ByteSize() + (1 + len(wire.varint(raw)) + raw if t.HasField("raw_data") else 0)
 
 
 def _is_external(t: onnx.TensorProto) -> bool:
@@ -169,37 +217,4 @@ def _read_in(t: onnx.TensorProto, base_dir: Path) -> onnx.TensorProto:
     del out.external_data[:]
     out.data_location = onnx.TensorProto.DEFAULT
     out.raw_data = data
-    return out
-
-
-def copy_fields(src, dst, skip: set[str]) -> None:
-    """Copy every set field of one protobuf message into another of the same type, except those in `skip`."""
-    for fd, value in src.ListFields():
-        if fd.name in skip:
-            continue
-        repeated = fd.is_repeated if hasattr(fd, "is_repeated") else fd.label == fd.LABEL_REPEATED
-        if repeated:
-            getattr(dst, fd.name).extend(value)
-        elif fd.message_type is not None:
-            getattr(dst, fd.name).CopyFrom(value)
-        else:
-            setattr(dst, fd.name, value)
-
-
-def stub(t: onnx.TensorProto) -> onnx.TensorProto:
-    """A data-less stand-in for a stored weight: name, type and shape only (the writer puts the data back)."""
-    return onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims)
-
-
-def stubbed_copy(model: onnx.ModelProto, weights: Weights) -> onnx.ModelProto:
-    """A copy of `model` with its stored weights as stubs (for `save_model_atomic(..., weights=weights)`)."""
-    out = onnx.ModelProto()
-    copy_fields(model, out, skip={"graph"})
-    copy_fields(model.graph, out.graph, skip={"initializer"})
-    for t in model.graph.initializer:
-        if t.name in weights.tensors:
-            out.graph.initializer.add().CopyFrom(stub(t))
-            weights.stubbed.add(t.name)
-        else:
-            out.graph.initializer.add().CopyFrom(t)
     return out

@@ -1,9 +1,10 @@
 """Writing: the rule "no input is modified and no partial output file is ever left behind" lives here.
 
-Every write goes to a temporary file in the target folder, is re-read and checked, and only then renamed over
-the target (a rename within one folder is atomic). The writer streams stored weights into the output: embedded
-ones tensor by tensor into the model file (no second copy of the model in memory), external ones into the
-output's own data file `<OUT>.data`, written through a temporary name like the model itself.
+Every write goes to a temporary file in the target folder, is checked (its size; the caller's checks and
+verification), and only then renamed over the target (a rename within one folder is atomic). The model is written
+record by record (wire.py): stored embedded tensors one at a time into the model file (no second copy of the model
+in memory), external ones into the output's own data file `<OUT>.data`, written through a temporary name like the
+model itself.
 """
 
 from __future__ import annotations
@@ -14,13 +15,15 @@ import os
 import secrets
 import shutil
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import onnx
 
 from ..errors import SurgeonError
-from .weights import Weights, _external_ref, _is_external, copy_fields
+from . import wire
+from .weights import Weights, _external_ref, _is_external
 
 _PROTOBUF_LIMIT = 2**31 - 1
 
@@ -71,48 +74,35 @@ def save_model_atomic(
     target: str | Path,
     verify: Callable[[Path], None] | None = None,
     weights: Weights | None = None,
+    check: Callable[[], None] | None = None,
 ) -> None:
-    """Write `model` to a temporary file, re-read it (checksum), run `verify(tmp_path)` if given, then rename it
-    into place.
+    """Write `model` to a temporary file, check its size, run `check()` and `verify(tmp_path)` if given (either may
+    raise: the temporary file is then removed), then rename it into place.
 
-    With `weights`, each stub named in `weights.stubbed` is replaced by its original tensor: embedded ones are
-    streamed into the model file one at a time (protobuf lets the graph's repeated `initializer` field continue
-    after its other fields, so no second in-memory copy of the model is ever built); external ones are copied
-    into `<target>.data` beside the output (a temporary name first, renamed just before the model), so the
-    output's references are relative to its own folder and the input's data file is never touched.
+    The model is written record by record (wire.py): no second copy of it is built in memory, and each stored
+    tensor (`weights`) is serialized only while it is written. External ones are copied into `<target>.data` beside
+    the output (a temporary name first, renamed just before the model), so the output's references are relative to
+    its own folder and the input's data file is never touched.
     """
     target = Path(target)
     weights = weights if weights is not None else Weights(None)
-    stubbed = [t.name for t in model.graph.initializer if t.name in weights.stubbed]
-    external = [n for n in stubbed if _is_external(weights.tensors[n])]
-    embedded = [weights.tensors[n] for n in stubbed if not _is_external(weights.tensors[n])]
-    head = model
-    if stubbed:
-        head = onnx.ModelProto()
-        head.CopyFrom(model)  # stubs only: small
-        drop = {t.name for t in embedded}
-        for i in reversed([i for i, t in enumerate(head.graph.initializer) if t.name in drop]):
-            del head.graph.initializer[i]
+    external = [t for t in model.graph.initializer if t.name in weights.tensors and _is_external(t)]
     try:
         with ExitStack() as stack:
             tmp = stack.enter_context(atomic_path(target))
+            layout: dict[str, tuple[int, int]] = {}
+            data_target = external_data_path(target)
             if external:  # exits first: the data file is in place before the model that names it
-                data_target = external_data_path(target)
                 tmp_data = stack.enter_context(atomic_path(data_target, suffix=".data"))
-                layout = _copy_external([weights.tensors[n] for n in external], weights.base_dir, tmp_data)
-                at = {t.name: i for i, t in enumerate(head.graph.initializer)}
-
-                def point(location: str) -> None:
-                    for n in external:
-                        _set_external(head.graph.initializer[at[n]], weights.tensors[n], location, *layout[n])
-
-                point(tmp_data.name if verify is not None else data_target.name)
-            _write_model(head, embedded, tmp, target)
+                layout = _copy_external(external, weights.base_dir, tmp_data)
+            location = tmp_data.name if external and verify is not None else data_target.name
+            _write_model(model, weights, layout, location, tmp, target)
+            if check is not None:
+                check()
             if verify is not None:
                 verify(tmp)
                 if external:
-                    point(data_target.name)
-                    _write_model(head, embedded, tmp, target)
+                    _write_model(model, weights, layout, data_target.name, tmp, target)
     except OSError as exc:
         raise SurgeonError(target, f"could not be written ({exc.strerror or exc})") from None
 
@@ -144,54 +134,51 @@ def check_external_output(out: str | Path, model_path: str | Path, weights: Weig
         raise SurgeonError(data, "is a folder; the output's external data file goes there")
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _key(message: type, field_name: str) -> bytes:
-    return _varint(message.DESCRIPTOR.fields_by_name[field_name].number << 3 | 2)  # wire type 2: length-delimited
-
-
-def _write_model(head: onnx.ModelProto, embedded: list[onnx.TensorProto], path: Path, target: Path) -> None:
-    """Serialise `head` plus `embedded` (appended to its graph's initializers) to `path`, one tensor at a time,
-    and check that the file has the size protobuf says it must (a failed write raises on its own)."""
-    if not embedded:
-        pieces = [head.SerializeToString()]
-        total = len(pieces[0])
-    else:
-        top = onnx.ModelProto()
-        copy_fields(head, top, skip={"graph"})
-        top_bytes, graph_bytes = top.SerializeToString(), head.graph.SerializeToString()
-        init_key = _key(onnx.GraphProto, "initializer")
-        sizes = [t.ByteSize() for t in embedded]
-        graph_len = len(graph_bytes) + sum(len(init_key) + len(_varint(n)) + n for n in sizes)
-        graph_head = _key(onnx.ModelProto, "graph") + _varint(graph_len)
-        total = len(top_bytes) + len(graph_head) + graph_len
-
-        def tensors() -> Iterator[bytes]:
-            for t, n in zip(embedded, sizes, strict=True):
-                data = t.SerializeToString()
-                if len(data) != n:
-                    raise SurgeonError(target, f"tensor '{t.name}' changed size while being written")
-                yield init_key + _varint(n)
-                yield data
-
-        pieces = (piece for part in ([top_bytes, graph_head, graph_bytes], tensors()) for piece in part)
+def _write_model(model: onnx.ModelProto, weights: Weights, layout: dict[str, tuple[int, int]], location: str,
+                 path: Path, target: Path) -> None:
+    """Serialize `model` to `path` record by record, its stored embedded tensors one at a time and its external
+    ones pointing at (offset, length) of `layout` in `location`, and check that the file has the size protobuf says
+    it must (a failed write raises on its own)."""
+    pieces = wire.model_pieces(model, _file_graph(model.graph, weights, layout, location))
+    total = sum(map(len, pieces))
     if total > _PROTOBUF_LIMIT:
         raise SurgeonError(target, "patched model exceeds protobuf's 2 GB limit",
                            "store the input's weights as external data (onnx.save(..., save_as_external_data=True))")
     size = 0
-    with open(path, "wb") as fh:
-        for piece in pieces:
-            fh.write(piece)
-            size += len(piece)
+    with open(path, "wb") as fh, ThreadPoolExecutor(1) as disk:  # a write gives up the GIL: the next piece is
+        writing = None  # serialized while the last one goes to disk (measured: 0.15 s of a 221 MB model's 0.6 s)
+        try:
+            for data in wire.serialized(pieces):
+                if writing is not None:
+                    writing.result()
+                writing = disk.submit(fh.write, data)
+                size += len(data)
+        except ValueError as exc:
+            raise SurgeonError(target, str(exc)) from None
+        finally:
+            if writing is not None:
+                writing.result()
     if size != total or os.path.getsize(path) != size:  # a failed write raises; this catches a short one
         raise SurgeonError(target, "written model is not complete (disk full?)")
+
+
+def _file_graph(graph: onnx.GraphProto, weights: Weights, layout: dict[str, tuple[int, int]], location: str
+                ) -> Iterator[wire.Piece]:
+    """The graph records of the written file: its fields in field order, external tensors re-pointed at the output's
+    data file, then the stored embedded tensors, framed (serialized one at a time while they are written)."""
+    for node in graph.node:
+        yield wire.record(wire.GRAPH_NODE, node)
+    yield from wire.graph_name(graph)
+    stored = []
+    for t in graph.initializer:
+        if t.name in layout:
+            yield wire.record(wire.GRAPH_INITIALIZER, _pointed(t, location, *layout[t.name]))
+        elif t.name in weights.tensors:
+            stored.append(t)
+        else:
+            yield wire.record(wire.GRAPH_INITIALIZER, t)
+    yield from wire.graph_rest(graph)
+    yield from (wire.framed(wire.GRAPH_INITIALIZER, t, weights.message_size(t.name)) for t in stored)
 
 
 def _copy_external(tensors: list[onnx.TensorProto], base_dir: Path | None, out: Path) -> dict[str, tuple[int, int]]:
@@ -244,7 +231,9 @@ def _copy_range(src, offset: int, length: int, dst) -> None:
         done += len(chunk)
 
 
-def _set_external(dst: onnx.TensorProto, original: onnx.TensorProto, location: str, offset: int, length: int) -> None:
+def _pointed(original: onnx.TensorProto, location: str, offset: int, length: int) -> onnx.TensorProto:
+    """A copy of external tensor `original` (which holds no data) pointing at `location`, `offset`, `length`."""
+    dst = onnx.TensorProto()
     dst.CopyFrom(original)
     keep = [(e.key, e.value) for e in original.external_data if e.key not in ("location", "offset", "length",
                                                                                "basepath")]
@@ -253,3 +242,4 @@ def _set_external(dst: onnx.TensorProto, original: onnx.TensorProto, location: s
         entry = dst.external_data.add()
         entry.key, entry.value = key, value
     dst.data_location = onnx.TensorProto.EXTERNAL
+    return dst
