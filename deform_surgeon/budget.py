@@ -70,8 +70,13 @@ def human(n: int | None) -> str:
     return f"{n:,} B"
 
 
+class _Record:
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
 @dataclass
-class TensorSize:
+class TensorSize(_Record):
     name: str
     nbytes: int
     dtype: str
@@ -80,12 +85,9 @@ class TensorSize:
     block: str | None  # the deformable-conv block (its Conv) the tensor belongs to, if any
     kind: str  # activation | input | initializer
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
 
 @dataclass
-class NodeBuffers:
+class NodeBuffers(_Record):
     """A node whose kernel binds more storage buffers than the device allows in one shader stage."""
 
     node: str
@@ -93,9 +95,6 @@ class NodeBuffers:
     buffers: int
     limit: int
     block: str | None
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass

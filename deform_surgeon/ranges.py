@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from fractions import Fraction
+from functools import partialmethod
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -272,6 +273,14 @@ _PASS_THROUGH = {"Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Tran
                  "Dropout", "DepthToSpace", "SpaceToDepth"}
 
 
+def _selected(dtype: np.dtype | None, data: Bound, selected: list[Span]) -> Bound:
+    """The bound of the parts `selected` of `data` along its part axis (a Slice or Split of it); none: the whole."""
+    if not selected:
+        return Bound(dtype, data.whole)
+    many = len(selected) >= 2
+    return Bound(dtype, _union(selected), tuple(selected) if many else None, data.axis if many else None)
+
+
 def _label(node: gs.Node) -> str:
     return f"{node.op} '{node.name}'"
 
@@ -437,7 +446,7 @@ class RangeProver:
                 )
         return Bound(dtype, whole, parts, axis if parts else None)
 
-    def _arith(self, node: gs.Node, dtype: np.dtype | None, fn) -> Bound:
+    def _arith(self, node: gs.Node, dtype: np.dtype | None, _: int = 0, *, fn) -> Bound:
         label = _label(node)
 
         def spans(s: list[Span]) -> Span:
@@ -459,17 +468,10 @@ class RangeProver:
         return self._elementwise(node, dtype, spans)
 
     # -- modelled ops: arithmetic -----------------------------------------------------------------------
-    def _op_Add(self, node, dtype, _):
-        return self._arith(node, dtype, _add)
-
-    def _op_Sub(self, node, dtype, _):
-        return self._arith(node, dtype, _sub)
-
-    def _op_Mul(self, node, dtype, _):
-        return self._arith(node, dtype, _mul)
-
-    def _op_Neg(self, node, dtype, _):
-        return self._arith(node, dtype, lambda a: (-_exact(a.hi), -_exact(a.lo)))
+    _op_Add = partialmethod(_arith, fn=_add)
+    _op_Sub = partialmethod(_arith, fn=_sub)
+    _op_Mul = partialmethod(_arith, fn=_mul)
+    _op_Neg = partialmethod(_arith, fn=lambda a: (-_exact(a.hi), -_exact(a.lo)))
 
     def _op_Div(self, node, dtype, _):
         def div(a: Span, b: Span):
@@ -490,7 +492,7 @@ class RangeProver:
                     math.ceil(hi) if not isinstance(hi, float) else hi)
             return lo, hi
 
-        return self._arith(node, dtype, div)
+        return self._arith(node, dtype, fn=div)
 
     def _monotone(self, node, dtype, fn) -> Bound:
         label = _label(node)
@@ -542,7 +544,7 @@ class RangeProver:
             parts = tuple(self._clamp(node, dtype, p, lo_s, hi_s) for p in bx.parts)
         return Bound(dtype, whole, parts, bx.axis if parts else None)
 
-    def _minmax(self, node, dtype, is_max: bool) -> Bound:
+    def _minmax(self, node, dtype, _: int = 0, *, is_max: bool) -> Bound:
         label = _label(node)
 
         def spans(s: list[Span]) -> Span:
@@ -557,11 +559,8 @@ class RangeProver:
 
         return self._elementwise(node, dtype, spans)
 
-    def _op_Max(self, node, dtype, _):
-        return self._minmax(node, dtype, True)
-
-    def _op_Min(self, node, dtype, _):
-        return self._minmax(node, dtype, False)
+    _op_Max = partialmethod(_minmax, is_max=True)
+    _op_Min = partialmethod(_minmax, is_max=False)
 
     # -- type conversion -------------------------------------------------------------------------------------
     def _op_Cast(self, node, dtype, _):
@@ -632,10 +631,7 @@ class RangeProver:
         for a, s, e, st in zip(axes, starts, ends, steps, strict=True):
             if (a - rank if a >= 0 else a) == data.axis:
                 selected = selected[int(s):int(e):st]
-        if not selected:
-            return Bound(dtype, data.whole)
-        return Bound(dtype, _union(selected), tuple(selected) if len(selected) >= 2 else None,
-                     data.axis if len(selected) >= 2 else None)
+        return _selected(dtype, data, selected)
 
     def _op_Split(self, node, dtype, index):
         data = self._in(node, 0)
@@ -657,10 +653,7 @@ class RangeProver:
             sizes = [len(data.parts) // n] * n
         start = int(sum(int(s) for s in list(sizes)[:index]))
         selected = data.parts[start:start + int(list(sizes)[index])]
-        if not selected:
-            return Bound(dtype, data.whole)
-        return Bound(dtype, _union(selected), tuple(selected) if len(selected) >= 2 else None,
-                     data.axis if len(selected) >= 2 else None)
+        return _selected(dtype, data, selected)
 
     def _op_Gather(self, node, dtype, _):
         data = self._in(node, 0)

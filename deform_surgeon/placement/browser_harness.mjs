@@ -20,6 +20,7 @@ import { fileURLToPath } from 'node:url';
 import {
   errorText,
   launchChromium,
+  newResult,
   parseArgs,
   progress,
   readInputsMeta,
@@ -125,20 +126,14 @@ async function main() {
   const external = args.external ? JSON.parse(args.external) : [];
   const io = args.io ? path.resolve(args.io) : null;
 
-  const result = {
+  const result = newResult({
     runtime: 'browser',
     bundle: bundleName,
     bundle_file: bundle.file,
     versions: { 'onnxruntime-web': ortWebVersion },
-    session_ok: false,
-    error: null,
-    adapter: null,
-    adapter_note: null,
-    timings: {},
-    run: null,
-    page_errors: [],
-    gpu_errors: [],
-  };
+  });
+  result.page_errors = [];
+  result.gpu_errors = [];
 
   let server = null;
   let context = null;

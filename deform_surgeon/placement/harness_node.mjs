@@ -76,6 +76,11 @@ export function progress(text) {
   fs.writeSync(1, `@@progress ${text}\n`);
 }
 
+/** The result every harness writes, as it stands before anything is known; `fields` are the harness's own. */
+export function newResult(fields) {
+  return { ...fields, session_ok: false, error: null, adapter: null, adapter_note: null, timings: {}, run: null };
+}
+
 /** Writes the result atomically so that a killed harness never leaves a half-written JSON behind. */
 export function writeResult(outPath, result) {
   const tmp = `${outPath}.tmp`;

@@ -14,6 +14,7 @@ import { fileURLToPath } from 'node:url';
 
 import {
   errorText,
+  newResult,
   parseArgs,
   progress,
   readInputsMeta,
@@ -44,17 +45,7 @@ function probeAdapter() {
 async function main() {
   const args = parseArgs(process.argv.slice(2));
   if (!args.model || !args.out) throw new Error('--model and --out are required');
-  const result = {
-    runtime: 'node',
-    bundle: null,
-    versions: {},
-    session_ok: false,
-    error: null,
-    adapter: null,
-    adapter_note: null,
-    timings: {},
-    run: null,
-  };
+  const result = newResult({ runtime: 'node', bundle: null, versions: {} });
   const finish = () => writeResult(args.out, result);
   // On a signal (or the caller's death) leave what is known so far and exit; the ORT session and its Dawn
   // device die with the process.
