@@ -7,9 +7,9 @@ result back through a pipe and ends with `os._exit`, so no `finally` of the call
 the caller's to remove).
 
 `Background(fn, *args).result()` returns what `fn(*args)` returned, or raises the `SurgeonError` it raised (its file
-and problem kept). Where a child cannot help or cannot be had (one core, no fork, a daemonic batch worker that may
-not have children, a child that died), `fn` runs in the caller when the result is asked for: the same answer,
-later.
+and problem kept). Where a child cannot help or cannot be had (one core, not Linux, a daemonic batch worker that
+may not have children, a child that died), `fn` runs in the caller when the result is asked for: the same
+answer, later.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ from .errors import SurgeonError
 
 
 def _can_fork() -> bool:
-    return ("fork" in multiprocessing.get_all_start_methods() and (os.cpu_count() or 1) > 1
+    """Linux (where fork is the system's own way to start a process; macOS's system libraries do not promise to
+    survive it), more than one core, and not a daemonic process (a batch worker: those may have no children)."""
+    return (sys.platform.startswith("linux") and (os.cpu_count() or 1) > 1
             and not multiprocessing.current_process().daemon)
 
 
