@@ -41,8 +41,8 @@ import onnx_graphsurgeon as gs
 
 from ..ops import ELEMENTWISE_UNARY, TAIL_OPS
 from ..pipeline import Action, Context, Outcome, Refuse
+from ..shapes import Shapes
 from .split import (
-    Shapes,
     SplitBlocks,
     SplitPlan,
     along_rows,
