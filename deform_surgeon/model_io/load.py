@@ -135,13 +135,16 @@ def check_spliced(model: onnx.ModelProto, region: onnx.ModelProto, path: str | P
 
 class TypeTable(Mapping):
     """tensor name -> (element type, shape or None), decoded from the inferred graph only when asked (a 19,000-node
-    model has some 80,000 entries, of which the passes read a few hundred)."""
+    model has some 80,000 entries, of which the passes read a few hundred: even looking at each one's element type
+    costs more than the rest of building the table). An entry without an element type counts as absent."""
 
     def __init__(self, graph: onnx.GraphProto) -> None:
         self._protos: dict[str, onnx.ValueInfoProto | onnx.TensorProto] = {}
         for vi in (*graph.input, *graph.value_info, *graph.output):
-            if vi.type.tensor_type.elem_type:
-                self._protos[vi.name] = vi
+            name = vi.name
+            if name in self._protos and not vi.type.tensor_type.elem_type:
+                continue  # an untyped declaration after a typed one does not hide it
+            self._protos[name] = vi
         for init in graph.initializer:
             self._protos[init.name] = init
         self._done: dict[str, tuple[int, tuple[int | str | None, ...] | None]] = {}
@@ -154,6 +157,8 @@ class TypeTable(Mapping):
                 got = (proto.data_type, tuple(proto.dims))
             else:
                 tt = proto.type.tensor_type
+                if not tt.elem_type:
+                    raise KeyError(name)
                 shape = None
                 if tt.HasField("shape"):
                     shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
@@ -170,13 +175,13 @@ class TypeTable(Mapping):
         return proto.data_type if isinstance(proto, onnx.TensorProto) else proto.type.tensor_type.elem_type
 
     def __contains__(self, name: object) -> bool:
-        return name in self._protos
+        return self.elem_type(name) != 0 if isinstance(name, str) else False
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._protos)
+        return (name for name in self._protos if self.elem_type(name))
 
     def __len__(self) -> int:
-        return len(self._protos)
+        return sum(1 for _ in self)
 
 
 def _first_line(exc: BaseException) -> str:
