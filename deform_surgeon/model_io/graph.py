@@ -33,9 +33,10 @@ def tidy(graph: gs.Graph) -> gs.Graph:
     these walks and 2.86 s with gs's (`scripts/bench_fastgraph.py`, medians of 3, spread 0.37 s, 2026-12-01).
     Anything else (subgraphs, functions, a producer that is not in the graph, a cycle) goes to gs's methods, which
     also report the errors."""
-    if not _flat(graph) or not _cleanup(graph):
+    flat = _flat(graph)  # (a cleanup keeps it so)
+    if not (flat and _cleanup(graph)):
         graph.cleanup()
-    if not _toposort(graph):
+    if not (flat and _toposort(graph)):
         graph.toposort()
     return graph
 
@@ -83,8 +84,6 @@ def _cleanup(graph: gs.Graph) -> bool:
 
 def _toposort(graph: gs.Graph) -> bool:
     """gs's default `toposort()` of a flat graph; False (nothing changed) where gs must decide."""
-    if not _flat(graph):
-        return False
     producers: dict[int, list[gs.Node]] = {}
     for node in graph.nodes:
         found: list[gs.Node] = []

@@ -193,19 +193,13 @@ def _check_stored_tensors(model: onnx.ModelProto, path: Path) -> None:
     """External references inside the model's folder, present and long enough; large embedded data complete (its
     length read from the file's scan: reading the field would copy it)."""
     scan = scan_model(path)
-    raw_sizes = scan.raw_sizes
-
-    def raw_size(name: str, t: onnx.TensorProto) -> int:
-        size = raw_sizes.get(name)
-        return len(t.raw_data) if size is None else size
-
     sizes: dict[Path, int | None] = {}
     for t in model.graph.initializer:
         expected = _nbytes(t)
         if not _is_external(t):
-            if _is_heavy_embedded(t) and raw_size(t.name, t) != expected:
-                raise SurgeonError(path, f"tensor '{t.name}' has {raw_size(t.name, t)} bytes of data; its shape and "
-                                         f"type need {expected}")
+            if _is_heavy_embedded(t) and (got := scan.raw_size(t.name, t)) != expected:
+                raise SurgeonError(path, f"tensor '{t.name}' has {got} bytes of data; its shape and type need "
+                                         f"{expected}")
             continue
         try:
             location, offset, length = _external_ref(t)
@@ -243,7 +237,7 @@ def _check_stored_tensors(model: onnx.ModelProto, path: Path) -> None:
                                      f"type need {expected}")
     for node in large_nodes(model, scan):  # the checker sees a stored Constant as a typed input (weights.py)
         value = stored_constant(node)
-        if value is not None and (got := raw_size(node.output[0], value)) != _nbytes(value):
+        if value is not None and (got := scan.raw_size(node.output[0], value)) != _nbytes(value):
             raise SurgeonError(path, f"Constant '{node.name or node.output[0]}' has {got} bytes of data; its shape "
                                      f"and type need {_nbytes(value)}")
     if _nested_external(model.graph):

@@ -44,13 +44,13 @@ class Weights:
     `tensors` maps each tensor's name in the graph (an initializer's, or a Constant node's output) to its original
     TensorProto: embedded data, or an external reference resolved against `base_dir`, the input model's folder.
     `constants` names those that are a Constant node's value; `loaded` those whose values were read, in order;
-    `raw_sizes` is the length of their raw data where a scan of the file told it (`wire.scan_model`).
+    `scan` is the scan of the file the model was loaded from (`wire.scan_model`; empty without one).
     """
 
     base_dir: Path | None
     tensors: dict[str, onnx.TensorProto] = field(default_factory=dict)
     constants: set[str] = field(default_factory=set)
-    raw_sizes: dict[str, int] = field(default_factory=dict)
+    scan: wire.ModelScan = field(default_factory=wire.ModelScan, repr=False)
     loaded: list[str] = field(default_factory=list)
     _values: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
@@ -72,10 +72,8 @@ class Weights:
         return array
 
     def raw_size(self, name: str) -> int:
-        """The length of a stored tensor's raw data (measured from the file when it was scanned: reading the field
-        copies it)."""
-        size = self.raw_sizes.get(name)
-        return len(self.tensors[name].raw_data) if size is None else size
+        """The length of a stored tensor's raw data (`wire.ModelScan.raw_size`)."""
+        return self.scan.raw_size(name, self.tensors[name])
 
     def message_size(self, name: str) -> int:
         """The serialized size of a stored tensor (what the writer announces before it serializes the tensor)."""
@@ -96,7 +94,7 @@ def split_weights(model: onnx.ModelProto, base_dir: str | Path | None, scan: wir
     """Which tensors of `model` are stored (see `Weights`); nothing is read or copied. `scan`: the scan of the file
     `model` was just loaded from (`wire.scan_model`), which tells the lengths of raw data and where the large
     Constant nodes are (else every node is looked at)."""
-    weights = Weights(None if base_dir is None else Path(base_dir), raw_sizes=dict(scan.raw_sizes) if scan else {})
+    weights = Weights(None if base_dir is None else Path(base_dir), scan=scan or wire.ModelScan())
     for t in model.graph.initializer:
         if _is_external(t) or _is_heavy_embedded(t):
             weights.tensors[t.name] = t
@@ -176,8 +174,7 @@ def message_size(t: onnx.TensorProto, raw: int) -> int:
     for fd in onnx.TensorProto.DESCRIPTOR.fields:
         if fd.name == "raw_data":
             continue
-        repeated = fd.is_repeated if hasattr(fd, "is_repeated") else fd.label == fd.LABEL_REPEATED
-        if repeated:
+        if wire.is_repeated(fd):
             if len(getattr(t, fd.name)):
                 getattr(others, fd.name).extend(getattr(t, fd.name))
         elif t.HasField(fd.name):

@@ -91,10 +91,14 @@ class ModelScan:
     large_nodes: list[int] = field(default_factory=list)  # positions of those node records in the graph
     complete: bool = False  # the whole file parsed as fields and it has a graph
 
+    def raw_size(self, name: str, t: onnx.TensorProto) -> int:
+        """len(t.raw_data) of tensor `name` (an initializer, or a large Constant's value), from the scan where it
+        measured it: reading the field would copy it."""
+        size = self.raw_sizes.get(name)
+        return len(t.raw_data) if size is None else size
+
     def feed_inputs(self) -> list:
         """The graph inputs a caller feeds (initializers excluded), as ValueInfoProtos."""
-        import onnx
-
         inputs = [onnx.ValueInfoProto.FromString(b) for b in self.inputs]
         return [vi for vi in inputs if vi.name not in self.initializers]
 
@@ -279,10 +283,14 @@ def copy_fields(src, dst, skip: set[str]) -> None:
     for fd, value in src.ListFields():
         if fd.name in skip:
             continue
-        repeated = fd.is_repeated if hasattr(fd, "is_repeated") else fd.label == fd.LABEL_REPEATED
-        if repeated:
+        if is_repeated(fd):
             getattr(dst, fd.name).extend(value)
         elif fd.message_type is not None:
             getattr(dst, fd.name).CopyFrom(value)
         else:
             setattr(dst, fd.name, value)
+
+
+def is_repeated(fd) -> bool:
+    """Whether a protobuf field descriptor is repeated (newer protobuf has the attribute, older ones the label)."""
+    return fd.is_repeated if hasattr(fd, "is_repeated") else fd.label == fd.LABEL_REPEATED
