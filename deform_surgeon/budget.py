@@ -33,7 +33,7 @@ from .blocks import deform_blocks
 from .device import SPEC_DEFAULT_LIMITS
 from .device import storage_buffers as bindings
 from .errors import SurgeonError
-from .model_io import check_model, infer_value_types, load_model
+from .model_io import Weights, check_model, infer_value_types, load_model
 
 SPEC_MAX_BUFFER = SPEC_DEFAULT_LIMITS["maxBufferSize"]
 SPEC_MAX_BINDING = SPEC_DEFAULT_LIMITS["maxStorageBufferBindingSize"]
@@ -213,16 +213,17 @@ class BudgetReport:
 
 def analyze(model_or_path: onnx.ModelProto | str | Path, max_buffer: int = SPEC_MAX_BUFFER,
             max_binding: int = SPEC_MAX_BINDING, limits_source: str = "WebGPU spec defaults",
-            top: int = 10, storage_buffers: int | None = None) -> BudgetReport:
-    """The budget report of a model (a path or a loaded ModelProto); with `storage_buffers`, also every node whose
-    kernel binds more storage buffers than that (`device.storage_buffers`)."""
+            top: int = 10, storage_buffers: int | None = None, weights: Weights | None = None) -> BudgetReport:
+    """The budget report of a model (a path, or a ModelProto and, if it was loaded by `load_model`, its stored
+    tensors); with `storage_buffers`, also every node whose kernel binds more storage buffers than that
+    (`device.storage_buffers`)."""
     if isinstance(model_or_path, onnx.ModelProto):
         model, name = model_or_path, "(in memory)"
     else:
-        model = load_model(model_or_path)
-        check_model(model, model_or_path)
+        model, weights = load_model(model_or_path)
+        check_model(model, model_or_path, weights)
         name = str(model_or_path)
-    types = infer_value_types(model)
+    types = infer_value_types(model, weights)
     graph = model.graph
     nodes = list(graph.node)
     blocks = deform_blocks(model)

@@ -119,7 +119,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         if not Path(path).is_file():
             raise SurgeonError(path, "no such file")
     for path in (args.original, args.patched):
-        check_model(load_model(path), path)
+        model, weights = load_model(path)
+        check_model(model, path, weights)
     result = verify(args.original, args.patched, **_verify_kwargs(args, args.original))
     print(result.summary())
     if args.json:
@@ -140,7 +141,7 @@ def _cmd_budget(args: argparse.Namespace) -> int:
     from .budget import analyze
 
     if not Path(args.model).is_file():
-        check_model(load_model(args.model), args.model)  # names a missing file / folder the usual way
+        load_model(args.model)  # names a missing file / folder the usual way
     check_io([args.model], others=[("--json", args.json)],
              other_reads=[(f"the --device-profile file {p}", p) for p in [args.device_limits or args.device_profile]
                           if p and p not in PROFILE_NAMES])

@@ -86,7 +86,7 @@ def fold_static(model: onnx.ModelProto, types: TypeTable, weights: Weights, limi
              if r in found.static and found.ops[r] in SHAPE_OF}
     cone, refused = _sized(found, cone, types, limit)
     try:
-        values, widened = _evaluate(model, found, cone, tainted, types)
+        values, widened = _evaluate(model, found, cone, tainted, types, weights)
     except Exception as exc:  # ORT could not run it: nothing is folded, and the report says why
         reason = f"static, but ORT CPU could not evaluate the static subgraph ({_first_line(exc)})"
         return [Action(PASS, found.nodes[k].name, found.ops[k], Outcome.REFUSED, reason) for k in sorted(tainted)]
@@ -251,7 +251,7 @@ def _sized(found: _Static, cone: set[int], types: TypeTable, limit: int) -> tupl
 
 
 def _evaluate(model: onnx.ModelProto, found: _Static, cone: set[int], tainted: set[int], types: TypeTable,
-              ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+              weights: Weights) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Every output of the cone's nodes on ORT CPU as the model has them, and the outputs of its tainted nodes
     with reduced floats widened (the rest, integer shape arithmetic, is the same in both by construction: it is
     fed to the widened run as initializers)."""
@@ -260,12 +260,12 @@ def _evaluate(model: onnx.ModelProto, found: _Static, cone: set[int], tainted: s
         if found.ops[k] in SHAPE_OF and found.producer.get(found.ins[k][0]) not in cone:
             nodes.append(_shape_constant(found.nodes[k], types))  # the shape of a tensor the subgraph does not compute
         else:
-            nodes.append(found.nodes[k])
+            nodes.append(_valued(found.nodes[k], weights))
     outputs = [o for k in sorted(cone) if found.ops[k] != "Constant" for o in found.outs[k] if o]
     values = dict(zip(outputs, _run(_submodel(model, nodes, {}, outputs)), strict=True))
     wide = sorted(tainted & cone)
     wide_nodes = [found.nodes[k] for k in wide]
-    constants = [found.nodes[p] for p in sorted({found.producer[i] for k in wide for i in found.ins[k]
+    constants = [_valued(found.nodes[p], weights) for p in sorted({found.producer[i] for k in wide for i in found.ins[k]
                                                  if found.producer.get(i) in cone and found.ops[found.producer[i]]
                                                  == "Constant"})]
     wide_outputs = [o for k in wide for o in found.outs[k] if o]
@@ -273,6 +273,17 @@ def _evaluate(model: onnx.ModelProto, found: _Static, cone: set[int], tainted: s
     widened = dict(zip(wide_outputs, _run(_widen(_submodel(model, constants + wide_nodes, fed, wide_outputs))),
                        strict=True))
     return values, widened
+
+
+def _valued(node: onnx.NodeProto, weights: Weights) -> onnx.NodeProto:
+    """`node`, or, for a stored Constant (its data left in the file: model_io/weights.py), a copy holding its value
+    for ORT to read."""
+    if node.op_type != "Constant" or not node.output or node.output[0] not in weights.data:
+        return node
+    valued = onnx.NodeProto()
+    valued.CopyFrom(node)
+    valued.attribute[0].t.raw_data = weights.read(node.output[0]).tobytes()
+    return valued
 
 
 def _submodel(model: onnx.ModelProto, nodes: list[onnx.NodeProto], fed: dict[str, np.ndarray],

@@ -31,8 +31,6 @@ from .model_io import (
     export_graph,
     load_model,
     save_model_atomic,
-    scan_model,
-    split_weights,
     tidy,
 )
 from .passes.bands import BandOversize
@@ -82,8 +80,7 @@ def _run(model_path: str | Path, options: Options, plan: SplitPlan | None = None
     computations are folded and float16 Splits become Slices on the whole model (fold.py, slices.py); only the
     deform regions are lifted into a graph (see region.py), stored tensors as its typed inputs, read through
     `Weights.read` (see model_io/weights.py)."""
-    model = load_model(model_path)
-    weights = split_weights(model, Path(model_path).parent, scan_model(model_path))
+    model, weights = load_model(model_path)
     checking = Background(checked_types, model, model_path, weights)
     try:
         ops_before = op_histogram(model)
@@ -159,10 +156,10 @@ def _lift(model_path: str | Path, options: Options, plan: SplitPlan, rounds: int
     limit = options.max_memory
     if limit is None:
         return lifted, ""
-    before = analyze(lifted.model).peak_bytes
+    before = analyze(lifted.model, weights=lifted.weights).peak_bytes
     best = None
     for k in range(rounds + 1):
-        peak = analyze(lifted.patched()[0])
+        peak = analyze(lifted.patched()[0], weights=lifted.weights)
         if best is None or peak.peak_bytes < best[0].peak_bytes:
             best = (peak, lifted, dict(plan.min_chunks))
         if peak.peak_bytes <= limit or k == rounds:

@@ -125,7 +125,7 @@ def input_signature(model_path: str | Path) -> list:
             return found.feed_inputs()
         except Exception:  # protobuf's DecodeError: load_model below names the problem
             pass
-    model = load_model(model_path)  # raises the one-line SurgeonError of a bad file
+    model, _ = load_model(model_path)  # raises the one-line SurgeonError of a bad file
     init = {i.name for i in model.graph.initializer}
     return [vi for vi in model.graph.input if vi.name not in init]
 

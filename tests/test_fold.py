@@ -189,8 +189,7 @@ def test_external_data_and_stored_weights(tmp_path):
 
 def _static_cast_pattern(path) -> set[tuple[str, int, tuple[str, ...]]]:
     """(producer op, Cast target, reader ops) of every Cast in the static float16 cone `fold` works on."""
-    model = load_model(path)
-    weights = split_weights(model, Path(path).parent)
+    model, weights = load_model(path)
     types = check_and_infer(model, path, weights)
     found = fold._find_static(model.graph, types, weights, fold.FOLD_LIMIT)
     pattern = set()

@@ -1,6 +1,7 @@
 """model_io's one weights form, the wire scan and writer, and background.py: stored tensors (large initializers and
-large Constant values) are read only through `Weights.read`, written as they were, dropped when nothing reads them;
-the whole-model checks give the same verdict from a forked child as inline."""
+large Constant values) are loaded without their data, read only through `Weights.read`, written byte for byte as
+protobuf would write them, their data copied from the input file (refused if that file changed), dropped when
+nothing reads them; the whole-model checks give the same verdict from a forked child as inline."""
 
 from __future__ import annotations
 
@@ -18,8 +19,15 @@ from onnx import TensorProto, helper, numpy_helper
 from deform_surgeon import background, patch, surgeon
 from deform_surgeon.background import Background
 from deform_surgeon.errors import SurgeonError
-from deform_surgeon.model_io import STORED_WEIGHT_BYTES, Weights, scan_model, split_weights
-from deform_surgeon.model_io.weights import message_size
+from deform_surgeon.model_io import (
+    STORED_WEIGHT_BYTES,
+    Weights,
+    load_model,
+    save_model_atomic,
+    scan_model,
+    split_weights,
+    wire,
+)
 from deform_surgeon.passes.split import SplitPlan
 from deform_surgeon.pipeline import Options
 from deform_surgeon.region import find_region, splice
@@ -80,26 +88,116 @@ def test_splice_keeps_a_stored_constant_the_region_reads_and_drops_one_it_does_n
     onnx.checker.check_model(out, full_check=True)
 
 
-@settings(max_examples=60, deadline=None)
-@given(raw=st.integers(0, 70_000), dims=st.lists(st.integers(0, 5000), max_size=4), name=st.text(max_size=40),
-       doc=st.text(max_size=300), dtype=st.sampled_from([TensorProto.FLOAT, TensorProto.INT64, TensorProto.UINT8]))
-def test_message_size_is_the_serialized_size(raw, dims, name, doc, dtype):
-    t = onnx.TensorProto(name=name, dims=dims, data_type=dtype, doc_string=doc, raw_data=bytes(raw))
-    assert message_size(t, raw) == len(t.SerializeToString())
+def _materialized(pieces: list, path) -> bytes:
+    """The bytes the writer would write for `pieces`, each Span read from `path`."""
+    data = path.read_bytes()
+    return b"".join(p if isinstance(p, bytes) else data[p.offset:p.offset + p.length] for p in pieces)
 
 
-def test_the_scan_tells_raw_data_lengths_and_where_the_large_nodes_are(tmp_path):
+@settings(max_examples=40, deadline=None)
+@given(raw=st.integers(STORED_WEIGHT_BYTES + 1, 70_000), name=st.text(max_size=40), doc=st.text(max_size=300),
+       node_doc=st.text(max_size=300), metadata=st.booleans())
+def test_a_model_loads_without_its_stored_data_and_is_written_as_protobuf_writes_it(tmp_path_factory, raw, name, doc,
+                                                                                     node_doc, metadata):
+    """The scan's cut (every enclosing record re-framed) parses to the model without those raw data fields, and the
+    writer's records, the data copied from the file, are protobuf's own serialization of the original messages:
+    fields after raw_data (doc_string, metadata) included, in protobuf's order."""
+    path = tmp_path_factory.mktemp("m") / "m.onnx"
+    table = TensorProto(name=name or "t", dims=[raw], data_type=TensorProto.UINT8, doc_string=doc,
+                        raw_data=np.random.default_rng(raw).integers(0, 256, raw, np.uint8).tobytes())
+    if metadata:
+        table.metadata_props.add(key="k", value="v")
+    floats = raw // 4 + 2  # over STORED_WEIGHT_BYTES too
+    value = TensorProto(dims=[floats], data_type=TensorProto.FLOAT, raw_data=bytes(floats * 4), doc_string=doc)
+    nodes = [helper.make_node("Constant", [], ["c"], name="const", value=value, doc_string=node_doc),
+             helper.make_node("Identity", [table.name], ["y"])]
+    graph = helper.make_graph(nodes, "g", [], [helper.make_tensor_value_info("y", TensorProto.UINT8, [raw]),
+                                               helper.make_tensor_value_info("c", TensorProto.FLOAT, [floats])],
+                              [table])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path.write_bytes(model.SerializeToString())
+    loaded, weights = load_model(path)
+    assert set(weights.data) == {table.name, "c"} and weights.constants == {"c"}
+    bare = onnx.ModelProto()
+    bare.CopyFrom(model)
+    bare.graph.initializer[0].ClearField("raw_data")
+    bare.graph.node[0].attribute[0].t.ClearField("raw_data")
+    assert loaded.SerializeToString() == bare.SerializeToString()
+    assert _materialized(wire.tensor_record(wire.GRAPH_INITIALIZER, loaded.graph.initializer[0],
+                                            weights.data[table.name]), path) == wire.record(wire.GRAPH_INITIALIZER,
+                                                                                            table)
+    assert _materialized(wire.constant_record(loaded.graph.node[0], weights.data["c"]), path) == wire.record(
+        wire.GRAPH_NODE, model.graph.node[0])
+    assert weights.read(table.name).tobytes() == table.raw_data
+    out = path.with_name("out.onnx")
+    save_model_atomic(loaded, out, weights=weights)
+    assert onnx.load(str(out)).SerializeToString() == model.SerializeToString()
+
+
+def test_the_scan_tells_where_raw_data_is_and_where_the_large_nodes_are(tmp_path):
     model = constant_grid_model()
     table = numpy_helper.from_array(np.zeros((100, 50), np.float32), "table")
     model.graph.initializer.append(table)
     path = tmp_path / "m.onnx"
     onnx.save(model, path)
     scan = scan_model(path)
-    assert scan.complete and scan.large_nodes == [0]
-    assert scan.raw_sizes["grid"] == 4800 and scan.raw_sizes["table"] == 20_000
-    weights = split_weights(onnx.load(str(path)), tmp_path, scan)
-    assert {"grid", "table"} <= set(weights.tensors) and weights.raw_size("table") == 20_000
-    assert all(len(weights.tensors[n].SerializeToString()) == weights.message_size(n) for n in weights.tensors)
+    assert scan.complete and scan.large_nodes == [0] and list(scan.constant_data) == [0]
+    data = path.read_bytes()
+    grid = scan.constant_data[0]
+    assert data[grid.offset:grid.offset + grid.length] == model.graph.node[0].attribute[0].t.raw_data
+    k = len(model.graph.initializer) - 1
+    assert scan.initializer_data[k].length == 20_000
+    weights = split_weights(onnx.load(str(path)), tmp_path, scan)  # in memory: the data is in the protobuf
+    assert {"grid", "table"} <= set(weights.tensors) and not weights.data and weights.data_length("table") == 20_000
+
+
+def test_data_left_in_the_file_of_a_tensor_that_is_not_stored_is_read_back(tmp_path):
+    """A large tensor attribute of a node that is not a plain Constant (a custom op's) is cut by the scan like a
+    Constant's; loading reads it back, so the model is whole and only stored tensors lack their data."""
+    big = numpy_helper.from_array(np.arange(3000, dtype=np.float32), "")
+    node = helper.make_node("Table", ["x"], ["y"], name="custom", domain="com.example", table=big)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
+    onnx.save(model, tmp_path / "m.onnx")
+    assert list(scan_model(tmp_path / "m.onnx").constant_data) == [0]
+    loaded, weights = load_model(tmp_path / "m.onnx")
+    assert not weights.tensors and loaded == model
+
+
+def test_an_input_changed_after_loading_is_refused_and_nothing_is_written(tmp_path):
+    model = constant_grid_model()
+    path, out = tmp_path / "m.onnx", tmp_path / "out.onnx"
+    onnx.save(model, path)
+    loaded, weights = load_model(path)
+    assert weights.data
+    grid = model.graph.node[0].attribute[0].t
+    grid.raw_data = bytes(len(grid.raw_data))  # same size, other bytes
+    onnx.save(model, path)
+    os.utime(path, ns=(1, 1))  # (a rewrite within one clock tick would still be caught: this one is)
+    with pytest.raises(SurgeonError, match="changed while it was being patched; nothing was written"):
+        save_model_atomic(loaded, out, weights=weights)
+    assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["m.onnx"]
+
+
+def test_a_tensor_with_two_raw_data_fields_keeps_protobufs_meaning(tmp_path):
+    """Protobuf keeps the last of two raw_data fields; the scan leaves such a tensor to protobuf, so the value
+    read and the value written are the last one's, never the first's."""
+    first, last = bytes(8000), np.arange(2000, dtype=np.float32).tobytes()
+    tensor = TensorProto(name="table", dims=[2000], data_type=TensorProto.FLOAT, raw_data=first)
+    tensor_bytes = tensor.SerializeToString() + wire._header(9, len(last)) + last  # TensorProto.raw_data is field 9
+    graph = helper.make_graph([helper.make_node("Identity", ["table"], ["y"])], "g", [],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2000])])
+    graph_bytes = graph.SerializeToString() + wire._header(wire.GRAPH_INITIALIZER, len(tensor_bytes)) + tensor_bytes
+    top = helper.make_model(onnx.GraphProto(), opset_imports=[helper.make_opsetid("", 17)])
+    top.ClearField("graph")
+    path = tmp_path / "m.onnx"
+    path.write_bytes(top.SerializeToString() + wire._header(wire.MODEL_GRAPH, len(graph_bytes)) + graph_bytes)
+    assert onnx.load(str(path)).graph.initializer[0].raw_data == last
+    loaded, weights = load_model(path)
+    assert "table" in weights.tensors and weights.read("table").tobytes() == last
+    save_model_atomic(loaded, tmp_path / "out.onnx", weights=weights)
+    assert onnx.load(str(tmp_path / "out.onnx")).graph.initializer[0].raw_data == last
 
 
 def test_a_stored_constant_with_missing_data_is_one_line_and_exit_2(tmp_path):

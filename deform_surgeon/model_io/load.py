@@ -1,8 +1,14 @@
 """Loading and checking: one line naming the file for a model that is not valid ONNX, and the inferred types
-the passes read (`TypeTable`), from one strict shape inference on a weight-less copy where the model allows it."""
+the passes read (`TypeTable`), from one strict shape inference on a weight-less copy where the model allows it.
+
+A model is parsed without its stored tensors' bytes (weights.py): the file's scan (wire.py) tells where each large
+raw data field is, and protobuf is handed the file without them (a few MB of a 221 MB export), so loading costs
+what the graph costs, not what the weights weigh."""
 
 from __future__ import annotations
 
+import mmap
+import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -10,25 +16,24 @@ from pathlib import Path
 import onnx
 
 from ..errors import SurgeonError
+from . import wire
 from .weights import (
     Weights,
     _external_ref,
     _is_external,
-    _is_heavy_embedded,
     _nbytes,
-    large_nodes,
+    left_out,
     skeleton_bytes,
     split_weights,
-    stored_constant,
 )
-from .wire import scan_model
 
 
-def load_model(path: str | Path) -> onnx.ModelProto:
-    """Load an ONNX model or raise a one-line `SurgeonError`.
+def load_model(path: str | Path) -> tuple[onnx.ModelProto, Weights]:
+    """Load an ONNX model and its stored tensors (weights.py), whose data stays in the files; or raise a one-line
+    `SurgeonError`.
 
-    External data stays on disk (the tensors keep their references, checked here: inside the model's folder,
-    present, long enough); its values are read only where needed, relative to the model's folder.
+    The stored tensors are checked here: external references inside the model's folder, present, long enough;
+    embedded data as long as shape and type need. Their values are read only where needed (`Weights.read`).
     """
     path = Path(path)
     if not path.exists():
@@ -37,15 +42,27 @@ def load_model(path: str | Path) -> onnx.ModelProto:
         raise SurgeonError(path, "is a folder, not an ONNX model file")
     if not path.is_file():  # a FIFO or a device: reading it would hang or never end
         raise SurgeonError(path, "is not a regular file (a FIFO, device or socket)", "give an .onnx file")
+    scan = wire.scan_model(path)
+    cut = [d for pieces in left_out(scan) for d in pieces.values()] if scan.complete else []
     try:
-        model = onnx.load(str(path), load_external_data=False)
+        if cut:
+            with open(path, "rb") as fh:
+                if wire.file_key(os.fstat(fh.fileno())) != scan.key:
+                    raise SurgeonError(path, "changed while it was being read", "run again once nothing writes to it")
+                with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+                    model = onnx.ModelProto.FromString(wire.without_data(buf, len(buf), cut))
+        else:
+            model = onnx.load(str(path), load_external_data=False)
+    except SurgeonError:
+        raise
     except Exception as exc:  # protobuf raises DecodeError, onnx raises others; all mean "not readable ONNX"
         raise SurgeonError(path, f"not a readable ONNX model ({_first_line(exc)})") from None
     if len(model.graph.node) == 0 and len(model.graph.output) == 0:
         # protobuf happily parses many non-ONNX byte strings into an empty ModelProto
         raise SurgeonError(path, "not an ONNX model (no graph: the file is empty, truncated or of another format)")
-    _check_stored_tensors(model, path)
-    return model
+    weights = split_weights(model, path.parent, scan, path if cut else None)
+    _check_stored_tensors(model, path, weights)
+    return model, weights
 
 
 def check_model(model: onnx.ModelProto, path: str | Path, weights: Weights | None = None) -> None:
@@ -189,17 +206,20 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0][:300]
 
 
-def _check_stored_tensors(model: onnx.ModelProto, path: Path) -> None:
-    """External references inside the model's folder, present and long enough; large embedded data complete (its
-    length read from the file's scan: reading the field would copy it)."""
-    scan = scan_model(path)
+def _check_stored_tensors(model: onnx.ModelProto, path: Path, weights: Weights) -> None:
+    """External references inside the model's folder, present and long enough; embedded stored data complete (its
+    length known without reading it: `Weights.data_length`)."""
+    for name, t in weights.tensors.items():
+        if not _is_external(t) and (got := weights.data_length(name)) != _nbytes(t):
+            what = f"tensor '{name}'"
+            if name in weights.constants:
+                node = next(n for n in model.graph.node if n.op_type == "Constant" and n.output[:1] == [name])
+                what = f"Constant '{node.name or name}'"
+            raise SurgeonError(path, f"{what} has {got} bytes of data; its shape and type need {_nbytes(t)}")
     sizes: dict[Path, int | None] = {}
     for t in model.graph.initializer:
         expected = _nbytes(t)
         if not _is_external(t):
-            if _is_heavy_embedded(t) and (got := scan.raw_size(t.name, t)) != expected:
-                raise SurgeonError(path, f"tensor '{t.name}' has {got} bytes of data; its shape and type need "
-                                         f"{expected}")
             continue
         try:
             location, offset, length = _external_ref(t)
@@ -235,11 +255,6 @@ def _check_stored_tensors(model: onnx.ModelProto, path: Path) -> None:
         if expected is not None and end - offset != expected:
             raise SurgeonError(path, f"external data of tensor '{t.name}' has {end - offset} bytes; its shape and "
                                      f"type need {expected}")
-    for node in large_nodes(model, scan):  # the checker sees a stored Constant as a typed input (weights.py)
-        value = stored_constant(node)
-        if value is not None and (got := scan.raw_size(node.output[0], value)) != _nbytes(value):
-            raise SurgeonError(path, f"Constant '{node.name or node.output[0]}' has {got} bytes of data; its shape "
-                                     f"and type need {_nbytes(value)}")
     if _nested_external(model.graph):
         raise SurgeonError(path, "external data in a Constant node or a subgraph is not supported",
                            "store only initializers of the main graph externally")

@@ -1,9 +1,11 @@
 """Stored tensors: the one form weights take on the way through `patch`, and the one way their values are read.
 
-A model is loaded with its external data left on disk. Every external initializer, every embedded initializer
-larger than `STORED_WEIGHT_BYTES` and the value of every Constant node larger than that is a *stored tensor*
-(`Weights`): its original protobuf stays where it is in the loaded model, is never copied, and is written once,
-by the writer (write.py). Everything else sees a stored tensor as a typed name only:
+A model is loaded without its weights' bytes (load.py): external data stays on disk, and the raw data of every
+embedded initializer larger than `STORED_WEIGHT_BYTES` and of every Constant node's value larger than that stays
+in the model file (the file's scan tells where: wire.py). These are the *stored tensors* (`Weights`): their
+protobuf stays where it is in the loaded model, holding no data, is never copied, and is written by the writer
+(write.py), which copies their bytes from the input's files into the output's. Everything else sees a stored
+tensor as a typed name only:
 
 - onnx.checker and shape inference see the model's *skeleton* (`skeleton_bytes`): stored tensors are typed graph
   inputs there (shape inference does not need their values; past 2 GB it could not take them; and the checker's
@@ -12,18 +14,24 @@ by the writer (write.py). Everything else sees a stored tensor as a typed name o
   is checked when the model is loaded (load.py);
 - the lifted region (region.py) sees them as typed graph inputs too, and the range prover reads the few values it
   needs (the sampling grids in the cone of gather indices, never a conv weight) through `Weights.read`.
+
+A model built in memory (`split_weights` without a source file) has the same stored tensors, their data in its
+protobuf.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import onnx
 
+from ..errors import SurgeonError
 from . import wire
 
 STORED_WEIGHT_BYTES = 1 << 12  # embedded tensors above this are stored (never copied); every external tensor is
@@ -42,15 +50,18 @@ class Weights:
     """The stored tensors of a loaded model (see the module docstring).
 
     `tensors` maps each tensor's name in the graph (an initializer's, or a Constant node's output) to its original
-    TensorProto: embedded data, or an external reference resolved against `base_dir`, the input model's folder.
-    `constants` names those that are a Constant node's value; `loaded` those whose values were read, in order;
-    `scan` is the scan of the file the model was loaded from (`wire.scan_model`; empty without one).
+    TensorProto: an external reference resolved against `base_dir`, the input model's folder, or an embedded
+    tensor whose raw data is the `Span` of `source` (the model file, as `source_key` tells it: `wire.file_key`) in
+    `data` (or, for a model built in memory, in its protobuf). `constants` names those that are a Constant node's
+    value; `loaded` those whose values were read, in order.
     """
 
     base_dir: Path | None
     tensors: dict[str, onnx.TensorProto] = field(default_factory=dict)
     constants: set[str] = field(default_factory=set)
-    scan: wire.ModelScan = field(default_factory=wire.ModelScan, repr=False)
+    source: Path | None = None
+    source_key: tuple = ()
+    data: dict[str, wire.Span] = field(default_factory=dict)
     loaded: list[str] = field(default_factory=list)
     _values: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
@@ -59,9 +70,12 @@ class Weights:
         array = self._values.get(name)
         if array is None:
             src = self.tensors[name]
-            if _is_external(src):  # older onnx fills raw_data in while reading: never into the original reference
+            if _is_external(src) or name in self.data:  # the data goes into a copy, never into the original
                 copy = onnx.TensorProto()
                 copy.CopyFrom(src)
+                if name in self.data:
+                    with self.open_source() as fh:
+                        copy.raw_data = self.read_span(fh, self.data[name])
                 src = copy
             base = "" if self.base_dir is None else str(self.base_dir)
             array = onnx.numpy_helper.to_array(src, base_dir=base)
@@ -71,13 +85,30 @@ class Weights:
             self.loaded.append(name)
         return array
 
-    def raw_size(self, name: str) -> int:
-        """The length of a stored tensor's raw data (`wire.ModelScan.raw_size`)."""
-        return self.scan.raw_size(name, self.tensors[name])
+    def data_length(self, name: str) -> int:
+        """The length of an embedded stored tensor's raw data (without reading it)."""
+        span = self.data.get(name)
+        return span.length if span is not None else len(self.tensors[name].raw_data)
 
-    def message_size(self, name: str) -> int:
-        """The serialized size of a stored tensor (what the writer announces before it serializes the tensor)."""
-        return message_size(self.tensors[name], self.raw_size(name))
+    @contextmanager
+    def open_source(self) -> Iterator:
+        """The model file the stored tensors' data is in, opened unbuffered; refused if it is not the file that was
+        loaded (changed, or replaced, since): its bytes would not be those tensors'."""
+        assert self.source is not None
+        with open(self.source, "rb", buffering=0) as fh:
+            self.check_source(fh)
+            yield fh
+
+    def check_source(self, fh) -> None:
+        if wire.file_key(os.fstat(fh.fileno())) != self.source_key:
+            raise SurgeonError(self.source, "changed while it was being patched; nothing was written",
+                               "run again once nothing writes to it")
+
+    def read_span(self, fh, span: wire.Span) -> bytes:
+        data = os.pread(fh.fileno(), span.length, span.offset)
+        if len(data) != span.length:
+            raise SurgeonError(self.source, "changed while it was being patched (it is shorter now)")
+        return data
 
     @property
     def external(self) -> bool:
@@ -89,40 +120,72 @@ class Weights:
         return {(base / _external_ref(t)[0]).resolve() for t in self.tensors.values() if _is_external(t)}
 
 
-def split_weights(model: onnx.ModelProto, base_dir: str | Path | None, scan: wire.ModelScan | None = None
-                  ) -> Weights:
+def left_out(scan: wire.ModelScan) -> tuple[dict[int, wire.RawData], dict[int, wire.RawData]]:
+    """The raw data load.py leaves in the file (by initializer position, by node position): every piece over
+    `STORED_WEIGHT_BYTES`. Those of tensors that are not stored after all are read back (`split_weights`)."""
+    return ({k: d for k, d in scan.initializer_data.items() if d.length > STORED_WEIGHT_BYTES},
+            {k: d for k, d in scan.constant_data.items() if d.length > STORED_WEIGHT_BYTES})
+
+
+def split_weights(model: onnx.ModelProto, base_dir: str | Path | None, scan: wire.ModelScan | None = None,
+                  source: str | Path | None = None) -> Weights:
     """Which tensors of `model` are stored (see `Weights`); nothing is read or copied. `scan`: the scan of the file
-    `model` was just loaded from (`wire.scan_model`), which tells the lengths of raw data and where the large
-    Constant nodes are (else every node is looked at)."""
-    weights = Weights(None if base_dir is None else Path(base_dir), scan=scan or wire.ModelScan())
-    for t in model.graph.initializer:
-        if _is_external(t) or _is_heavy_embedded(t):
+    `model` was just loaded from (`wire.scan_model`), which tells where the large Constant nodes are (else every
+    node is looked at); `source`: that file, if `model` was parsed from it without the raw data `left_out(scan)`
+    names (a piece of it whose tensor is not stored, a Constant that is not plain, say, is read back in)."""
+    weights = Weights(None if base_dir is None else Path(base_dir))
+    initializers, nodes = model.graph.initializer, model.graph.node
+    cut_initializers, cut_nodes = left_out(scan) if source is not None and scan is not None else ({}, {})
+    if source is not None:
+        weights.source, weights.source_key = Path(source), scan.key
+    declared = {t.name for t in initializers} | {i.name for i in model.graph.input}
+
+    def plain_constant(k: int) -> onnx.TensorProto | None:
+        value = stored_constant(nodes[k], k in cut_nodes)
+        return value if value is not None and nodes[k].output[0] not in declared else None  # (a clash stays
+        # for the checker to see)
+
+    back = [(initializers[k], cut_initializers.pop(k)) for k in list(cut_initializers)
+            if not _is_heavy_embedded(initializers[k], True)]
+    back += [(nodes[k].attribute[0].t, cut_nodes.pop(k)) for k in list(cut_nodes) if plain_constant(k) is None]
+    if back:
+        with weights.open_source() as fh:
+            for t, raw in back:
+                t.raw_data = weights.read_span(fh, wire.Span(raw.offset, raw.length))
+    for k, t in enumerate(initializers):
+        if _is_external(t) or _is_heavy_embedded(t, k in cut_initializers):
             weights.tensors[t.name] = t
-    declared = {t.name for t in model.graph.initializer} | {i.name for i in model.graph.input}
-    for node in large_nodes(model, scan):
-        value = stored_constant(node)
-        if value is not None and node.output[0] not in declared:  # (a clash stays for the checker to see)
-            weights.tensors[node.output[0]] = value
-            weights.constants.add(node.output[0])
+            if k in cut_initializers:
+                weights.data[t.name] = wire.Span(cut_initializers[k].offset, cut_initializers[k].length)
+    for k in large_nodes(model, scan):
+        value = plain_constant(k)
+        if value is not None:
+            name = nodes[k].output[0]
+            weights.tensors[name] = value
+            weights.constants.add(name)
+            if k in cut_nodes:
+                weights.data[name] = wire.Span(cut_nodes[k].offset, cut_nodes[k].length)
     return weights
 
 
-def large_nodes(model: onnx.ModelProto, scan: wire.ModelScan | None) -> Iterator[onnx.NodeProto]:
-    """The nodes that may hold a stored Constant: those the file's scan found large, or every node without one."""
-    nodes = model.graph.node
-    if scan is not None and scan.complete and (not scan.large_nodes or scan.large_nodes[-1] < len(nodes)):
-        return (nodes[k] for k in scan.large_nodes)
-    return iter(nodes)
+def large_nodes(model: onnx.ModelProto, scan: wire.ModelScan | None) -> Iterator[int]:
+    """The positions of the nodes that may hold a stored Constant: those the file's scan found large, or every
+    node without one."""
+    n = len(model.graph.node)
+    if scan is not None and scan.complete and (not scan.large_nodes or scan.large_nodes[-1] < n):
+        return iter(scan.large_nodes)
+    return iter(range(n))
 
 
-def stored_constant(node: onnx.NodeProto) -> onnx.TensorProto | None:
-    """The value of a Constant node whose only attribute is an embedded tensor above `STORED_WEIGHT_BYTES`."""
+def stored_constant(node: onnx.NodeProto, left_out: bool = False) -> onnx.TensorProto | None:
+    """The value of a Constant node whose only attribute is an embedded tensor above `STORED_WEIGHT_BYTES`
+    (`left_out`: its raw data was left in the file)."""
     if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or len(node.attribute) != 1:
         return None
     a = node.attribute[0]
     if a.name != "value" or a.type != onnx.AttributeProto.TENSOR or len(node.output) != 1:
         return None
-    return a.t if _is_heavy_embedded(a.t) else None
+    return a.t if _is_heavy_embedded(a.t, left_out) else None
 
 
 def skeleton_bytes(model: onnx.ModelProto, weights: Weights) -> bytes:
@@ -167,24 +230,6 @@ def elem_nbytes(elem_type: int, shape) -> int | None:
     return None if bits is None else (math.prod(shape) * bits + 7) // 8
 
 
-def message_size(t: onnx.TensorProto, raw: int) -> int:
-    """The serialized size of `t`, whose raw_data is `raw` bytes long, without serializing (or copying) its data:
-    the other fields' size plus the raw_data record's (its tag, one byte; its length as a varint; its bytes)."""
-    others = onnx.TensorProto()
-    for fd in onnx.TensorProto.DESCRIPTOR.fields:
-        if fd.name == "raw_data":
-            continue
-        if wire.is_repeated(fd):
-            if len(getattr(t, fd.name)):
-                getattr(others, fd.name).extend(getattr(t, fd.name))
-        elif t.HasField(fd.name):
-            if fd.message_type is not None:
-                getattr(others, fd.name).CopyFrom(getattr(t, fd.name))
-            else:
-                setattr(others, fd.name, getattr(t, fd.name))
-    return others.ByteSize() + (1 + len(wire.varint(raw)) + raw if t.HasField("raw_data") else 0)
-
-
 def _is_external(t: onnx.TensorProto) -> bool:
     return t.data_location == onnx.TensorProto.EXTERNAL
 
@@ -194,8 +239,10 @@ def _is_large(t: onnx.TensorProto) -> bool:
     return n is None or n > STORED_WEIGHT_BYTES
 
 
-def _is_heavy_embedded(t: onnx.TensorProto) -> bool:
-    return not _is_external(t) and t.HasField("raw_data") and _is_large(t) and _nbytes(t) is not None
+def _is_heavy_embedded(t: onnx.TensorProto, left_out: bool = False) -> bool:
+    """An embedded tensor with raw data (in its protobuf, or `left_out` in the file) over `STORED_WEIGHT_BYTES`."""
+    return (not _is_external(t) and (left_out or t.HasField("raw_data")) and _is_large(t)
+            and _nbytes(t) is not None)
 
 
 def _external_ref(t: onnx.TensorProto) -> tuple[str, int, int | None]:

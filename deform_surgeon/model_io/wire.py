@@ -3,14 +3,16 @@
 Reading (`scan_model`): what a model file names and holds, from its field headers only (memory-mapped, no tensor's
 bytes are read: the real BiRefNet-lite 1024 export, 221 MB and 18,813 nodes, is scanned in a few hundredths of a
 second, where `onnx.load` takes a few tenths): the external data files its initializers name (io_check.py refuses
-a write onto them before any work), its graph inputs (verify.py), and the length of every stored tensor's raw
-data (weights.py: protobuf hands out a copy of a bytes field on every access, even to measure it).
+a write onto them before any work), its graph inputs (verify.py), and where the raw data of every initializer and
+of every large node's tensor attribute is in the file (`RawData`). `without_data` gives the file's bytes with
+chosen raw data left out, every enclosing record re-framed: what load.py parses, so a stored tensor's bytes are
+never read into memory (weights.py).
 
 Writing (`model_pieces`): the two things that serialize a whole model, the skeleton onnx.checker and shape
 inference read (weights.py) and the written file (write.py). Protobuf lets a message's repeated fields be written
 one record at a time, so a model is serialized from its own messages without building a second ModelProto
-(copying every node and weight) and, for the file, with each stored tensor serialized only while it is written. A
-piece is a record's bytes, or a `Framed` record whose message is serialized when written.
+(copying every node and weight). A piece is a record's bytes, or a `Span` of the input file: a stored tensor's raw
+data, which the writer copies from file to file (`tensor_record`, `constant_record`).
 """
 
 from __future__ import annotations
@@ -56,9 +58,10 @@ def _varint(buf, pos: int, end: int) -> tuple[int, int]:
 
 
 def _fields(buf, pos: int, end: int) -> Iterable[tuple[int, int, int, int]]:
-    """(field number, wire type, start, length) of each length-delimited field of the message in `buf[pos:end]`
-    (the others are skipped); the field's bytes are `buf[start:start + length]`, never touched here."""
+    """(field number, start of its record, start, length) of each length-delimited field of the message in
+    `buf[pos:end]` (the others are skipped); the field's bytes are `buf[start:start + length]`, never touched here."""
     while pos < end:
+        head = pos
         key, pos = _varint(buf, pos, end)
         wire = key & 7
         if wire == _VARINT:
@@ -71,12 +74,25 @@ def _fields(buf, pos: int, end: int) -> Iterable[tuple[int, int, int, int]]:
             n, pos = _varint(buf, pos, end)
             if pos + n > end:
                 raise _Truncated
-            yield key >> 3, wire, pos, n
+            yield key >> 3, head, pos, n
             pos += n
         else:
             raise _Truncated
     if pos != end:
         raise _Truncated
+
+
+Record = tuple[int, int, int, int]  # (field number, start of the record, start of its bytes, end)
+
+
+@dataclass(frozen=True)
+class RawData:
+    """Where a tensor's raw data is in a model file: `length` bytes at `offset`; `records` are the nested records
+    from the graph's down to the raw data's own (what `without_data` re-frames and drops)."""
+
+    offset: int
+    length: int
+    records: tuple[Record, ...]
 
 
 @dataclass
@@ -86,16 +102,12 @@ class ModelScan:
     locations: list[str] = field(default_factory=list)  # external data files named by main-graph initializers
     inputs: list[bytes] = field(default_factory=list)  # serialized ValueInfoProtos of the graph inputs
     initializers: set[str] = field(default_factory=set)  # initializer names
-    raw_sizes: dict[str, int] = field(default_factory=dict)  # raw_data length of each initializer, and of each
-    # Constant node's value (by its output's name) of a node record over STORED_SCAN_BYTES
-    large_nodes: list[int] = field(default_factory=list)  # positions of those node records in the graph
+    initializer_data: dict[int, RawData] = field(default_factory=dict)  # initializer position -> its raw data
+    large_nodes: list[int] = field(default_factory=list)  # positions of the node records over STORED_SCAN_BYTES
+    constant_data: dict[int, RawData] = field(default_factory=dict)  # position of such a node with one attribute,
+    # a tensor -> that tensor's raw data
     complete: bool = False  # the whole file parsed as fields and it has a graph
-
-    def raw_size(self, name: str, t: onnx.TensorProto) -> int:
-        """len(t.raw_data) of tensor `name` (an initializer, or a large Constant's value), from the scan where it
-        measured it: reading the field would copy it."""
-        size = self.raw_sizes.get(name)
-        return len(t.raw_data) if size is None else size
+    key: tuple = ()  # the scanned file's (device, inode, size, modification time): the same file, unchanged
 
     def feed_inputs(self) -> list:
         """The graph inputs a caller feeds (initializers excluded), as ValueInfoProtos."""
@@ -104,16 +116,20 @@ class ModelScan:
 
 
 STORED_SCAN_BYTES = 1 << 12  # node records above this are looked into for a Constant's raw data
-_SCANS: dict[tuple, ModelScan] = {}  # (inode, size, mtime) -> scan: the CLI and patch() both check one command
+_SCANS: dict[tuple, ModelScan] = {}  # file_key -> scan: the CLI and patch() both check one command
+
+
+def file_key(st: os.stat_result) -> tuple:
+    """What tells one unchanged file: device, inode, size and modification time."""
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def scan_model(model_path: str | Path) -> ModelScan:
-    """`_scan_model`, remembered for an unchanged file (same device, inode, size and modification time)."""
+    """`_scan_model`, remembered for an unchanged file (`file_key`)."""
     try:
-        st = os.stat(model_path)
+        key = file_key(os.stat(model_path))
     except OSError:
         return _scan_model(model_path)
-    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
     if key not in _SCANS:
         _SCANS[key] = _scan_model(model_path)
     return _SCANS[key]
@@ -125,25 +141,30 @@ def _scan_model(model_path: str | Path) -> ModelScan:
     found = ModelScan()
     try:
         with open(model_path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            if size == 0:
+            st = os.fstat(fh.fileno())
+            found.key = file_key(st)
+            if st.st_size == 0:
                 return found
             with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
                 graphs = 0
-                for number, _, start, n in _fields(buf, 0, size):
+                for number, head, start, n in _fields(buf, 0, st.st_size):
                     if number != MODEL_GRAPH:
                         continue
                     graphs += 1
-                    nodes = 0
-                    for g_number, _, g_start, g_n in _fields(buf, start, start + n):
-                        nodes += g_number == GRAPH_NODE
-                        if g_number == _GRAPH_INPUT and g_n <= _SMALL:
+                    graph = (number, head, start, start + n)
+                    nodes = initializers = 0
+                    for g_number, g_head, g_start, g_n in _fields(buf, start, start + n):
+                        record = (g_number, g_head, g_start, g_start + g_n)
+                        if g_number == GRAPH_NODE:
+                            nodes += 1
+                            if g_n > STORED_SCAN_BYTES:
+                                found.large_nodes.append(nodes - 1)
+                                _scan_node(buf, (graph, record), found, nodes - 1)
+                        elif g_number == _GRAPH_INPUT and g_n <= _SMALL:
                             found.inputs.append(bytes(buf[g_start:g_start + g_n]))
                         elif g_number == GRAPH_INITIALIZER:
-                            _scan_initializer(buf, g_start, g_start + g_n, found)
-                        elif g_number == GRAPH_NODE and g_n > STORED_SCAN_BYTES:
-                            found.large_nodes.append(nodes - 1)
-                            _scan_node(buf, g_start, g_start + g_n, found)
+                            _scan_initializer(buf, (graph, record), found, initializers)
+                            initializers += 1
                 found.complete = graphs == 1  # (two graph records would merge: positions would not hold)
     except (_Truncated, OSError, ValueError):
         found.complete = False
@@ -151,36 +172,70 @@ def _scan_model(model_path: str | Path) -> ModelScan:
     return found
 
 
-def _scan_initializer(buf, start: int, end: int, found: ModelScan) -> None:
-    name, raw = None, 0
+def _raw_data(buf, records: tuple[Record, ...]) -> RawData | None:
+    """The raw data of the tensor whose record is `records[-1]`, if it has exactly one raw data field (protobuf
+    keeps the last of several: such a tensor is left to protobuf to parse)."""
+    _, _, start, end = records[-1]
+    found = [(number, head, t_start, t_start + t_n) for number, head, t_start, t_n in _fields(buf, start, end)
+             if number == _TENSOR_RAW_DATA]
+    if len(found) != 1:
+        return None
+    _, _, t_start, t_end = found[0]
+    return RawData(t_start, t_end - t_start, (*records, found[0]))
+
+
+def _scan_initializer(buf, records: tuple[Record, ...], found: ModelScan, position: int) -> None:
+    _, _, start, end = records[-1]
     for number, _, t_start, t_n in _fields(buf, start, end):
         if number == _TENSOR_NAME and t_n <= _SMALL:
-            name = bytes(buf[t_start:t_start + t_n]).decode("utf-8", "replace")
-            found.initializers.add(name)
-        elif number == _TENSOR_RAW_DATA:
-            raw = t_n
+            found.initializers.add(bytes(buf[t_start:t_start + t_n]).decode("utf-8", "replace"))
         elif number == _TENSOR_EXTERNAL_DATA and t_n <= _SMALL:
             entry = {e_number: bytes(buf[e_start:e_start + e_n])
                      for e_number, _, e_start, e_n in _fields(buf, t_start, t_start + t_n)}
             if entry.get(_ENTRY_KEY) == b"location" and _ENTRY_VALUE in entry:
                 found.locations.append(entry[_ENTRY_VALUE].decode("utf-8", "replace"))
-    if name is not None:
-        found.raw_sizes[name] = raw
+    data = _raw_data(buf, records)
+    if data is not None:
+        found.initializer_data[position] = data
 
 
-def _scan_node(buf, start: int, end: int, found: ModelScan) -> None:
-    """The raw data length of a large node's tensor attribute, by the node's first output (a Constant's value)."""
-    output, raw = None, None
-    for number, _, n_start, n_n in _fields(buf, start, end):
-        if number == _NODE_OUTPUT and output is None and n_n <= _SMALL:
-            output = bytes(buf[n_start:n_start + n_n]).decode("utf-8", "replace")
-        elif number == _NODE_ATTRIBUTE:
-            for a_number, _, a_start, a_n in _fields(buf, n_start, n_start + n_n):
-                if a_number == _ATTRIBUTE_T:
-                    raw = next((t_n for t_number, _, _, t_n in _fields(buf, a_start, a_start + a_n)
-                                if t_number == _TENSOR_RAW_DATA), 0)
-    if output is not None and raw is not None:
-        found.raw_sizes[output] = raw
+def _scan_node(buf, records: tuple[Record, ...], found: ModelScan, position: int) -> None:
+    """The raw data of a large node's tensor attribute, if the node has one attribute and it holds a tensor (what a
+    stored Constant is: weights.py)."""
+    _, _, start, end = records[-1]
+    attributes = [(number, head, a_start, a_start + a_n) for number, head, a_start, a_n in _fields(buf, start, end)
+                  if number == _NODE_ATTRIBUTE]
+    if len(attributes) != 1:
+        return
+    _, _, a_start, a_end = attributes[0]
+    tensors = [(number, head, t_start, t_start + t_n) for number, head, t_start, t_n in _fields(buf, a_start, a_end)
+               if number == _ATTRIBUTE_T]
+    if len(tensors) == 1:
+        data = _raw_data(buf, (*records, attributes[0], tensors[0]))
+        if data is not None:
+            found.constant_data[position] = data
+
+
+def without_data(buf, size: int, left_out: Iterable[RawData]) -> bytes:
+    """The bytes of the model file in `buf` (`size` bytes long) with the raw data records of `left_out` dropped and
+    every record that held one re-framed: the same model, but for those tensors' data."""
+    chains = [d.records for d in sorted(left_out, key=lambda d: d.offset)]
+    return b"".join(_without(buf, 0, size, chains))
+
+
+def _without(buf, start: int, end: int, chains: list[tuple[Record, ...]]) -> Iterator[bytes]:
+    pos, k = start, 0
+    while k < len(chains):
+        number, head, inner_start, inner_end = chains[k][0]
+        j = k
+        while j < len(chains) and chains[j][0][1] == head:
+            j += 1
+        yield buf[pos:head]
+        if len(chains[k]) > 1:  # a record holding what is left out: re-framed (else it is what is left out)
+            inner = b"".join(_without(buf, inner_start, inner_end, [c[1:] for c in chains[k:j]]))
+            yield _header(number, len(inner)) + inner
+        pos, k = inner_end, j
+    yield buf[pos:end]
 
 
 def varint(n: int) -> bytes:
@@ -202,18 +257,17 @@ def _header(number: int, size: int) -> bytes:
 
 
 @dataclass(frozen=True)
-class Framed:
-    """A record whose message is serialized only when it is written (a stored tensor: one at a time)."""
+class Span:
+    """Bytes of the input model file (a stored tensor's raw data): the writer copies them from file to file."""
 
-    header: bytes
-    message: Message
-    size: int
+    offset: int
+    length: int
 
     def __len__(self) -> int:
-        return len(self.header) + self.size
+        return self.length
 
 
-Piece = bytes | Framed
+Piece = bytes | Span
 
 
 def record(number: int, message: Message) -> bytes:
@@ -221,9 +275,34 @@ def record(number: int, message: Message) -> bytes:
     return _header(number, len(data)) + data
 
 
-def framed(number: int, message: Message, size: int) -> Framed:
-    """A record of `message`, whose serialized size is `size` (checked when it is written)."""
-    return Framed(_header(number, size), message, size)
+def tensor_record(number: int, tensor: onnx.TensorProto, data: Span) -> list[Piece]:
+    """The record of `tensor` (which holds no raw data) with `data` as its raw data."""
+    bare = onnx.TensorProto()
+    bare.CopyFrom(tensor)
+    bare.raw_data = b""
+    return _with_data(number, bare.SerializeToString(), (_TENSOR_RAW_DATA,), data)
+
+
+def constant_record(node: onnx.NodeProto, data: Span) -> list[Piece]:
+    """The graph's record of a Constant node whose one attribute's tensor (which holds no raw data) has `data` as
+    its raw data."""
+    bare = onnx.NodeProto()
+    bare.CopyFrom(node)
+    bare.attribute[0].t.raw_data = b""
+    return _with_data(GRAPH_NODE, bare.SerializeToString(), (_NODE_ATTRIBUTE, _ATTRIBUTE_T, _TENSOR_RAW_DATA), data)
+
+
+def _with_data(number: int, message: bytes, path: tuple[int, ...], data: Span) -> list[Piece]:
+    """The record of `message` (serialized, with an empty record at the field path `path`) with `data` as the bytes
+    of that record: where protobuf itself puts the field, so the file is what serializing the whole tensor gives."""
+
+    def grown(start: int, end: int, level: int) -> list[Piece]:
+        number, head, inner, n = next(f for f in _fields(message, start, end) if f[0] == path[level])
+        body = [data] if level == len(path) - 1 else grown(inner, inner + n, level + 1)
+        return [message[start:head], _header(number, sum(map(len, body))), *body, message[inner + n:end]]
+
+    body = grown(0, len(message), 0)
+    return [_header(number, sum(map(len, body))), *body]
 
 
 def graph_name(graph: onnx.GraphProto) -> Iterator[bytes]:
@@ -244,17 +323,16 @@ def graph_rest(graph: onnx.GraphProto, extra_inputs: Iterable[onnx.ValueInfoProt
 
 def model_pieces(model: onnx.ModelProto, graph: Iterable[Piece]) -> list[Piece]:
     """The pieces of `model` with `graph` (pieces of its GraphProto) as its graph: the model's other fields, then
-    the graph record, whose length is known before any Framed message is serialized."""
+    the graph record."""
     top = onnx.ModelProto()
     copy_fields(model, top, skip={"graph"})
     pieces = list(graph)
     return [top.SerializeToString(), _header(MODEL_GRAPH, sum(map(len, pieces))), *pieces]
 
 
-def serialized(pieces: Iterable[Piece], chunk: int = 1 << 20) -> Iterator[bytes]:
-    """The bytes of `pieces`, in chunks of about `chunk` bytes (records are small and many: one write a record
-    would cost more than the writing), each Framed message serialized as it comes and checked against its
-    announced size."""
+def serialized(pieces: Iterable[Piece], chunk: int = 1 << 20) -> Iterator[Piece]:
+    """`pieces` with runs of records joined into chunks of about `chunk` bytes (records are small and many: one
+    write a record would cost more than the writing); a Span is passed on as it is."""
     run: list[bytes] = []
     size = 0
     for piece in pieces:
@@ -263,17 +341,11 @@ def serialized(pieces: Iterable[Piece], chunk: int = 1 << 20) -> Iterator[bytes]
             size += len(piece)
             if size < chunk:
                 continue
-            piece = None
         if run:
             yield b"".join(run)
             run, size = [], 0
-        if piece is None:
-            continue
-        data = piece.message.SerializeToString()
-        if len(data) != piece.size:
-            raise ValueError(f"'{getattr(piece.message, 'name', '?')}' changed size while being written")
-        yield piece.header
-        yield data
+        if isinstance(piece, Span):
+            yield piece
     if run:
         yield b"".join(run)
 
