@@ -100,11 +100,13 @@ class Weights:
             yield fh
 
     def check_source(self, fh) -> None:
+        """Refuse an open `source` that is not the file the model was loaded from, unchanged (`wire.file_key`)."""
         if wire.file_key(os.fstat(fh.fileno())) != self.source_key:
             raise SurgeonError(self.source, "changed while it was being patched; nothing was written",
                                "run again once nothing writes to it")
 
     def read_span(self, fh, span: wire.Span) -> bytes:
+        """The bytes of `span` from the open `source` (`open_source`)."""
         data = os.pread(fh.fileno(), span.length, span.offset)
         if len(data) != span.length:
             raise SurgeonError(self.source, "changed while it was being patched (it is shorter now)")
