@@ -56,7 +56,7 @@ class Spec:
     use_gathernd: bool = True
     seed: int = 1234
     # BatchNorm parameters of the deformable branches at torch's initial values (weight 1, bias 0, running mean 0,
-    # running var 1), as in a BiRefNet built with random weights (make_birefnet.py): torch's exporter then keeps
+    # running var 1), as in a BiRefNet built from its own code with random weights: torch's exporter then keeps
     # one tensor per distinct value and every other use reads it through an Identity node (in the real
     # BiRefNet-lite export, 19 of the 20 deformable blocks' BatchNorms read their parameters that way). ORT folds
     # the Identity away and fuses the BatchNorm into the Conv; a pass that takes such a parameter for a runtime

@@ -174,8 +174,8 @@ INT64_MAX = np.iinfo(np.int64).max
 def swin_mask_fp16(tokens: int = 10, window: int = 7, shift: int = 3, heads: int = 2,
                    fp16: bool = True) -> onnx.ModelProto:
     """The shifted-window attention mask of one Swin stage, as BiRefNet's Swin backbone exports it (TorchScript,
-    opset 17) and onnxconverter-common converts it to fp16 (`keep_io_types=True`, then the Cast fix of
-    `make_birefnet.py`: a `Cast(to=FLOAT)` whose output the converter typed float16 targets FLOAT16).
+    opset 17) and onnxconverter-common converts it to fp16 (`keep_io_types=True`, then the Cast fix that lets
+    onnxruntime load its output: a `Cast(to=FLOAT)` whose output the converter typed float16 targets FLOAT16).
 
     Stands for `/bb/layers.N/...` of the real BiRefNet-lite fp16 export, whose nodes are all static for its fixed
     input size: the padded size `ceil(H / window) * window` (the features' Shape -> Gather -> Cast(int64) ->

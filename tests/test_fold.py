@@ -214,7 +214,7 @@ REAL_FP16 = os.environ.get("DEFORM_SURGEON_REAL_BIREFNET_FP16")
 
 
 @pytest.mark.skipif(not REAL_FP16, reason="set DEFORM_SURGEON_REAL_BIREFNET_FP16 to a real BiRefNet fp16 export "
-                                          "(make_birefnet.py) to compare")
+                                          "(BiRefNet's own code, random weights) to compare")
 def test_the_fp16_replicas_have_the_real_exports_cast_pattern(tmp_path):
     """Development check of what the fp16 replicas stand for, against the real BiRefNet-lite fp16 export (run with
     DEFORM_SURGEON_REAL_BIREFNET_FP16=/tmp/birefnet/out/birefnet_lite_512_fp16.onnx; measured 2026-12-01: passes).

@@ -497,7 +497,7 @@ def _block_signatures(model: onnx.ModelProto) -> set[tuple]:
 
 
 @pytest.mark.skipif(not os.environ.get("DEFORM_SURGEON_REAL_BIREFNET"),
-                    reason="set DEFORM_SURGEON_REAL_BIREFNET to a real BiRefNet export (make_birefnet.py) to compare")
+                    reason="set DEFORM_SURGEON_REAL_BIREFNET to a real BiRefNet export (its own code, random weights)")
 def test_the_birefnet_replica_has_the_real_exports_op_sequence_around_each_deform_block(birefnet64):
     """Development check of what the 1024 replicas stand for: the real BiRefNet-lite export (torch 2.14.1 +
     deform-conv2d-onnx-exporter 1.2.0, BiRefNet's code, random weights; 20 deform blocks, here 16) has the same
