@@ -322,12 +322,15 @@ def graph_rest(graph: onnx.GraphProto, extra_inputs: Iterable[onnx.ValueInfoProt
 
 
 def model_pieces(model: onnx.ModelProto, graph: Iterable[Piece]) -> list[Piece]:
-    """The pieces of `model` with `graph` (pieces of its GraphProto) as its graph: the model's other fields, then
-    the graph record."""
-    top = onnx.ModelProto()
-    copy_fields(model, top, skip={"graph"})
+    """The pieces of `model` with `graph` (pieces of its GraphProto) as its graph, in protobuf's field order: the
+    model's fields numbered below the graph's, the graph record, the fields numbered above it (opset_import,
+    metadata_props, functions, ...)."""
+    numbers = {fd.name: fd.number for fd in onnx.ModelProto.DESCRIPTOR.fields}
+    head, tail = onnx.ModelProto(), onnx.ModelProto()
+    copy_fields(model, head, skip={name for name, number in numbers.items() if number >= MODEL_GRAPH})
+    copy_fields(model, tail, skip={name for name, number in numbers.items() if number <= MODEL_GRAPH})
     pieces = list(graph)
-    return [top.SerializeToString(), _header(MODEL_GRAPH, sum(map(len, pieces))), *pieces]
+    return [head.SerializeToString(), _header(MODEL_GRAPH, sum(map(len, pieces))), *pieces, tail.SerializeToString()]
 
 
 def serialized(pieces: Iterable[Piece], chunk: int = 1 << 20) -> Iterator[Piece]:

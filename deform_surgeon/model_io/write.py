@@ -177,8 +177,9 @@ def _write_all(fh, data: bytes) -> None:
 
 def _file_graph(graph: onnx.GraphProto, weights: Weights, layout: dict[str, tuple[int, int]], location: str
                 ) -> Iterator[wire.Piece]:
-    """The graph records of the written file: its fields in field order, external tensors re-pointed at the output's
-    data file, then the stored embedded initializers, their raw data copied from the input file."""
+    """The graph records of the written file, in protobuf's own field order (an untouched model is written as
+    `SerializeToString` would write it): external tensors re-pointed at the output's data file, the stored embedded
+    ones with their raw data copied from the input file."""
     data = weights.data
     for node in graph.node:
         if node.op_type == "Constant" and node.output and node.output[0] in data:
@@ -186,17 +187,14 @@ def _file_graph(graph: onnx.GraphProto, weights: Weights, layout: dict[str, tupl
         else:
             yield wire.record(wire.GRAPH_NODE, node)
     yield from wire.graph_name(graph)
-    stored = []
     for t in graph.initializer:
         if t.name in layout:
             yield wire.record(wire.GRAPH_INITIALIZER, _pointed(t, location, *layout[t.name]))
         elif t.name in data:
-            stored.append(t)
+            yield from wire.tensor_record(wire.GRAPH_INITIALIZER, t, data[t.name])
         else:
             yield wire.record(wire.GRAPH_INITIALIZER, t)
     yield from wire.graph_rest(graph)
-    for t in stored:
-        yield from wire.tensor_record(wire.GRAPH_INITIALIZER, t, data[t.name])
 
 
 def _copy_external(tensors: list[onnx.TensorProto], base_dir: Path | None, out: Path) -> dict[str, tuple[int, int]]:
