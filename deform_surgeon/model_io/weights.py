@@ -153,12 +153,12 @@ def split_weights(model: onnx.ModelProto, base_dir: str | Path | None, scan: wir
     if back:
         with weights.open_source() as fh:
             for t, raw in back:
-                t.raw_data = weights.read_span(fh, wire.Span(raw.offset, raw.length))
+                t.raw_data = weights.read_span(fh, raw.span)
     for k, t in enumerate(initializers):
         if _is_external(t) or _is_heavy_embedded(t, k in cut_initializers):
             weights.tensors[t.name] = t
             if k in cut_initializers:
-                weights.data[t.name] = wire.Span(cut_initializers[k].offset, cut_initializers[k].length)
+                weights.data[t.name] = cut_initializers[k].span
     for k in large_nodes(model, scan):
         value = plain_constant(k)
         if value is not None:
@@ -166,7 +166,7 @@ def split_weights(model: onnx.ModelProto, base_dir: str | Path | None, scan: wir
             weights.tensors[name] = value
             weights.constants.add(name)
             if k in cut_nodes:
-                weights.data[name] = wire.Span(cut_nodes[k].offset, cut_nodes[k].length)
+                weights.data[name] = cut_nodes[k].span
     return weights
 
 

@@ -94,6 +94,11 @@ class RawData:
     length: int
     records: tuple[Record, ...]
 
+    @property
+    def span(self) -> Span:
+        """The bytes alone, as the writer and `Weights` take them."""
+        return Span(self.offset, self.length)
+
 
 @dataclass
 class ModelScan:
