@@ -8,7 +8,6 @@ from __future__ import annotations
 import collections
 import math
 import os
-import time
 from pathlib import Path
 
 import numpy as np
@@ -82,7 +81,6 @@ def test_birefnet64_has_birefnets_tensor_sizes(birefnet64):
 
 
 def test_birefnet64_split_at_256mib_leaves_nothing_over_the_limit(birefnet64):
-    t0 = time.monotonic()
     patched, actions = patch_in_memory(birefnet64, max_buffer=256 * MiB)
     (split,) = split_actions(actions)
     assert split.action == Outcome.REWRITTEN and chunks_of(split) == 4  # 64 of 256 rows: 205.5 MB per chunk tensor
@@ -95,7 +93,6 @@ def test_birefnet64_split_at_256mib_leaves_nothing_over_the_limit(birefnet64):
     before = analyze(birefnet64)
     assert report.blocks == before.blocks == 16  # the chunk Convs keep their block's label
     assert report.peak_bytes < before.peak_bytes / 3
-    assert time.monotonic() - t0 < 120
 
 
 # --------------------------------------------------------------------------------------- exactness on ORT CPU
