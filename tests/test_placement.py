@@ -369,9 +369,7 @@ def test_cli_json_and_device_limits(tmp_path: Path, capsys: pytest.CaptureFixtur
 def test_timeout_stops_every_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A timeout is reported as an error and leaves no browser/harness behind (found by our temp dir)."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    t0 = time.monotonic()
     p = measure_placement(sum_model(tmp_path / "sum.onnx"), runtime="browser", bundle="webgpu", timeout=1.0)
-    assert time.monotonic() - t0 < 30
     assert not p.session_ok and p.error is not None and "timed out after 1 s" in p.error
     time.sleep(0.5)
     leftovers = [pid for pid in runner_mod._pids_with_marker(str(tmp_path)) if _alive(pid)]
