@@ -13,7 +13,7 @@ Every fixture is built from fixed seeds and is byte-for-byte reproducible: runni
 identical files (see ``--only`` / sha256 in the printed report).  Needs the ``fixtures`` extra
 (torch==2.14.1, torchvision==0.29.1, deform-conv2d-onnx-exporter==1.2.0, onnxconverter-common).
 
-Quirks worked around here (see also the README, "Fixtures"):
+Quirks worked around here (see also docs/fixtures.md):
 
 * torch >= 2.9 exports with dynamo by default, which never calls the exporter's TorchScript symbolic, so we
   pass ``dynamo=False``.

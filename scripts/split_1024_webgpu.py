@@ -101,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--verify-iterations", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device-profile", default="adapter",
-                    help="device profile of the runs (default adapter: the README's numbers were measured on the "
-                         "adapter's own limits; with --max-buffer 128MiB the model also fits spec-default)")
+                    help="device profile of the runs (default adapter: docs/buffer-budget.md's numbers were measured on"
+                         " the adapter's own limits; with --max-buffer 128MiB the model also fits spec-default)")
     ap.add_argument("--out", type=Path, default=REPO / "out" / "split_1024")
     args = ap.parse_args(argv)
     limit = parse_size(args.max_buffer)

@@ -11,7 +11,7 @@ every node over 8.
 Models: `wide_split` (one Split into 32 outputs, the smallest failing case) and `legacy_patches` at a quarter of
 BiRefNet's size (image 256, patches 8..256: the same Split widths 32/16/8/4/1 and Concat widths 1024/256/64/16 as
 BiRefNet's 2024 export at 1024, with 16x less data so that a run takes seconds; the full-size form is measured in
-development and recorded in the README).
+development and recorded in docs/device-profiles.md).
 """
 
 from __future__ import annotations

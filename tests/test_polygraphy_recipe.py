@@ -1,4 +1,4 @@
-"""The README's polygraphy recipe, run verbatim (by bash, from the folder holding the models).
+"""docs/verify.md's polygraphy recipe, run verbatim (by bash, from the folder holding the models).
 
 Both runs feed the same inputs: polygraphy's data loader is seeded (default seed 1) and the value range is given
 explicitly; the second run compares its outputs with the saved ones at zero tolerance. The `--val-range` value is
@@ -79,6 +79,6 @@ def test_recipe_fails_on_perturbed_model(saved, tmp_path):
     assert "FAILED | Output: 'mask'" in proc.stdout + proc.stderr  # failed on the comparison, not on loading
 
 
-def test_the_readme_shows_exactly_this_recipe():
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
+def test_the_docs_show_exactly_this_recipe():
+    readme = (Path(__file__).parent.parent / "docs" / "verify.md").read_text()
     assert all(f"    {line}\n" in readme for line in RECIPE)
