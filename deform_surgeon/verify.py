@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .errors import SurgeonError
+from .verdict import BYTE_IDENTICAL, Verdict, judge
 
 if TYPE_CHECKING:
     import onnx
@@ -66,7 +67,8 @@ class VerifyResult:
 
     def summary(self) -> str:
         if self.identical:
-            return (f"verify: PASSED: {len(self.outputs_compared)} output(s) byte-identical on {self.iterations} "
+            return (f"verify: PASSED: {len(self.outputs_compared)} output(s) {Verdict(BYTE_IDENTICAL, 0.0, 0.0).text} "
+                    f"on {self.iterations} "
                     f"seeded input(s) (seed {self.seed}, ORT CPU, opt level '{self.opt_level}'; "
                     f"polygraphy atol=0 rtol=0: {'passed' if self.polygraphy_passed else 'failed (NaNs)'})")
         return f"verify: FAILED: {self.mismatch.text() if self.mismatch else 'outputs differ'}"
@@ -283,7 +285,8 @@ def compare_bytes(orig_iters, patch_iters, result: VerifyResult) -> Mismatch | N
                 bv = b.reshape(-1).view(np.uint8).reshape(b.size, -1) if b.size else b
                 flat = int(np.nonzero((av != bv).any(axis=1))[0][0])
                 idx = tuple(int(i) for i in np.unravel_index(flat, a.shape)) if a.shape else ()
-                first = Mismatch(it, name, f"bytes differ (max abs diff {diff:g})", idx,
+                verdict = judge({"max_abs_diff": diff, "dtype": str(a.dtype)}, same_runtime=True)
+                first = Mismatch(it, name, verdict.text, idx,
                                  repr(a.reshape(-1)[flat].item()), repr(b.reshape(-1)[flat].item()))
     return first
 

@@ -20,6 +20,7 @@ from typing import Any
 import onnx
 
 from ..blocks import OUTSIDE, count_per_block
+from ..verdict import combine, judge_outputs, split_errors, summarize_errors
 from .result import Placement
 from .runner import BUNDLES, DEFAULT_TIMEOUT, RUNTIMES, SetupMissing, measure_placement
 
@@ -244,7 +245,7 @@ def format_placement(p: Placement) -> str:
         f"session: {'ok' if p.session_ok else 'FAILED'}" + (f" in {t:.2f} s" if t is not None else "")
     )
     if p.error:
-        lines.append(f"error:   {p.error}")
+        lines += _error_lines("error:  ", p.error)
     lines.append(_adapter_line(p.adapter))
     lines += _profile_lines(p)
     if p.placement_logged:
@@ -271,12 +272,10 @@ def format_placement(p: Placement) -> str:
             + (f" in {p.timings['run_s']:.2f} s" if "run_s" in p.timings else "")
         )
         if r.get("error"):
-            lines.append(f"run error: {r['error']}")
-        for name, o in (r.get("outputs") or {}).items():
-            verdict = "identical" if o.get("identical") else "DIFFERENT"
-            lines.append(
-                f"  {name}: {verdict}  max|diff| {o.get('max_abs_diff')}  {o.get('dtype')} {o.get('shape')}"
-            )
+            lines += _error_lines("run error:", r["error"])
+        for name, v in judge_outputs(r.get("outputs") or {}, same_runtime=False).items():
+            o = r["outputs"][name]
+            lines.append(f"  {name} ({o.get('dtype')} {o.get('shape')}): {v.text}")
     for n in p.notes:
         lines.append(f"note:    {n}")
     return "\n".join(lines)
@@ -320,7 +319,8 @@ def format_comparison(a: Placement, b: Placement) -> str:
                 return "-"
             if not p.run.get("ok"):
                 return "FAILED"
-            return "identical" if p.run.get("identical") else "DIFFERENT"
+            v = combine(judge_outputs(p.run.get("outputs") or {}, same_runtime=False).values())
+            return v.short if v else "-"
 
         rows.append(("run vs ORT CPU", rv(a), rv(b)))
     ops = list(dict.fromkeys([*a.cpu_ops, *b.cpu_ops]))
@@ -334,7 +334,17 @@ def format_comparison(a: Placement, b: Placement) -> str:
     out += [f"{r[0]:<{w0}}  {r[1]:>{w1}}  {r[2]}" for r in rows]
     for label, p in (("original", a), ("patched", b)):
         if p.error:
-            out.append(f"{label} error: {p.error}")
+            out += _error_lines(f"{label} error:", p.error)
         if p.run and p.run.get("error"):
-            out.append(f"{label} run error: {p.run['error']}")
+            out += _error_lines(f"{label} run error:", p.run["error"])
     return "\n".join(out)
+
+
+def _error_lines(head: str, text: str) -> list[str]:
+    """A runtime error as `head` and its errors, each distinct one once with its count (the whole text is in the
+    --json file): JSEP's error for one failed shader repeats it for every kernel that used it."""
+    errors = split_errors(text)
+    lines = summarize_errors(errors)
+    if len(errors) <= 1:
+        return [f"{head} {text.strip()}"]
+    return [f"{head} {len(errors)} errors, {len(lines)} distinct (full text: --json FILE)"] + [f"  {x}" for x in lines]

@@ -19,6 +19,33 @@ export function errorText(e) {
   return msg;
 }
 
+// The one JS copy of deform_surgeon/verdict.py's split_errors / summarize_errors (tests/test_verdict.py runs both
+// on the same text): the page collects its WebGPU errors before any server round trip.
+const ERROR_START = /^(?=GPU validation error for kernel |GPUValidationError: |GPUOutOfMemoryError: |GPUInternalError: |device lost )/m;
+const KERNEL_NAME = /kernel "\[([^\]"]+)\] [^"]*"/g;
+
+/** The errors of one runtime error text (JSEP joins one paragraph per failed kernel). */
+export function splitErrors(text) {
+  const parts = String(text).split(ERROR_START).map((p) => p.trim()).filter(Boolean);
+  return parts.length ? parts : (String(text).trim() ? [String(text).trim()] : []);
+}
+
+/** Each distinct error once, in order: its first line (cut at `width`) and "(xN)" when it came N > 1 times. */
+export function summarizeErrors(errors, width = 240) {
+  const counts = new Map();
+  for (const raw of errors) {
+    const e = String(raw).trim();
+    const key = e.replace(KERNEL_NAME, 'kernel "[$1] *"');
+    if (counts.has(key)) counts.get(key)[1] += 1;
+    else counts.set(key, [e, 1]);
+  }
+  return [...counts.values()].map(([first, n]) => {
+    let line = first.split('\n')[0];
+    if (line.length > width) line = `${line.slice(0, width)}…`;
+    return n > 1 ? `${line} (x${n})` : line;
+  });
+}
+
 /** Typed array constructors per ONNX tensor type as onnxruntime-js names them. */
 const TYPED = {
   float32: Float32Array,

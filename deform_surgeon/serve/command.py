@@ -22,6 +22,8 @@ from typing import Any
 
 from .. import runtimes
 from ..errors import SurgeonError
+from ..verdict import split_errors, summarize_errors
+from .server import BUNDLES, DEFAULT_RUNS
 
 HEADLESS_TIMEOUT = 600.0
 
@@ -39,12 +41,21 @@ def register_cli(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--device-profile", default=None, metavar="NAME|FILE.json",
                    help="limits the page requests its WebGPU device with: adapter (default: every limit the "
                         "browser's adapter offers), spec-default (what a page gets without asking), or a "
-                        "`placement --device-limits-out` file")
-    p.add_argument("--runs", type=int, default=None, help="warm inferences per model (default 5)")
+                        "`placement --device-limits-out` file. Why serve's default differs from every other "
+                        "command's (spec-default): this page shows what THIS GPU does with the model, as your "
+                        "own page can when it asks for the adapter's limits; patch, budget and placement check "
+                        "a model you ship to every user's GPU, so they hold it to the limits any device has")
+    p.add_argument("--runs", type=int, default=None,
+                   help=f"warm inferences per model (default: {DEFAULT_RUNS['hardware']} on a hardware GPU, "
+                        f"{DEFAULT_RUNS['software']} on a software adapter, whose timings are not GPU timings)")
+    p.add_argument("--image", metavar="FILE", default=None,
+                   help="the picture the page starts with (default: a bundled sample); the page has a picker")
     p.add_argument("--open", action="store_true", help="open the page in the default browser")
-    p.add_argument("--bundle", choices=("jsep", "webgpu"), default=None,
-                   help="bundle the page starts with (the page has a picker): jsep = `import 'onnxruntime-web'` "
-                        "(default), webgpu = `import 'onnxruntime-web/webgpu'`")
+    p.add_argument("--bundle", choices=BUNDLES, default=None,
+                   help="bundle the page starts with (the page has a picker): webgpu = "
+                        "`import 'onnxruntime-web/webgpu'` (default; what transformers.js imports), jsep = "
+                        "`import 'onnxruntime-web'`, where the original model's deformable convolutions fail: "
+                        "the bug the patch fixes")
     g = p.add_argument_group("headless (CI): run the page in headless Chromium on this machine and exit")
     g.add_argument("--headless", metavar="RESULT.json", help="write the page's result JSON here")
     g.add_argument("--screenshot", metavar="PAGE.png", help="with --headless: also save a screenshot of the page")
@@ -61,7 +72,7 @@ def _err(msg: str) -> int:
 
 def run_serve(args: argparse.Namespace) -> int:
     from ..device import ADAPTER, resolve_profile
-    from .server import DEFAULT_RUNS, ServeApp, ServedModel, make_server
+    from .server import ServeApp, ServedModel, make_server
 
     runtimes.sigterm_raises_interrupt()
     try:
@@ -73,6 +84,9 @@ def run_serve(args: argparse.Namespace) -> int:
             if problem:
                 raise SurgeonError(m.path, problem)
         profile = None if args.device_profile in (None, ADAPTER) else resolve_profile(args.device_profile)
+        image = Path(args.image).resolve() if args.image else None
+        if image is not None and not image.is_file():
+            raise SurgeonError(args.image, "no such file")
         for path in (args.headless, args.screenshot):
             if path and any(Path(path).resolve() == m.path for m in models):
                 raise SurgeonError(path, "output path is one of the models", "choose another name")
@@ -85,7 +99,7 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.runs is not None and args.runs < 1:
         return _err("--runs must be at least 1")
     try:
-        app = ServeApp(models, profile, runs=args.runs or DEFAULT_RUNS)
+        app = ServeApp(models, profile, runs=args.runs, image=image)
     except RuntimeError as e:
         return _err(str(e))
     try:
@@ -122,7 +136,7 @@ def _headless(url: str, args: argparse.Namespace) -> int:
     out = Path(args.headless)
     tmp = Path(tempfile.mkdtemp(prefix="ds-serve-"))
     try:
-        query = f"?autorun=1&bundle={args.bundle or 'jsep'}"
+        query = f"?autorun=1&bundle={args.bundle or BUNDLES[0]}"
         cmd = ["node", str(Path(__file__).resolve().parent / "headless.mjs"), "--url", url.split("?")[0] + query,
                "--out", str(tmp / "result.json"), "--user-data-dir", str(tmp / "chromium-profile"),
                "--chromium", str(runtimes.CHROMIUM), "--timeout", str(args.timeout), "--watch-stdin"]
@@ -158,6 +172,8 @@ def format_result(r: dict[str, Any]) -> str:
              f"bundle {r.get('bundle')}; device profile {(r.get('profile') or {}).get('name')}"]
     if r.get("software_adapter"):
         lines.append("software adapter: the timings below are not GPU timings")
+    if r.get("error"):
+        lines.append(f"page: {r['error']}")
 
     def row(name: str, fn) -> None:
         lines.append(f"  {name:<26}" + "".join(f"{fn(m)!s:>16}" for m in models))
@@ -173,10 +189,17 @@ def format_result(r: dict[str, Any]) -> str:
     row("CPU nodes", lambda m: (m.get("placement") or {}).get("cpu_nodes", "-"))
     row("Memcpy nodes", lambda m: (m.get("placement") or {}).get("memcpy", "-"))
     row("WebGPU errors", lambda m: len(m.get("gpu_errors") or []))
-    row("max |diff| vs ORT CPU", lambda m: num(m.get("max_abs_diff_vs_cpu"), "{:.3g}"))
-    row("identical to original", lambda m: {True: "yes", False: "NO", None: "-"}[m.get("identical_to_original")])
     for m in models:
-        if m.get("error"):
-            first = m["error"].splitlines()[0]
-            lines.append(f"  {m.get('label')}: {first[:240]}" + ("…" if len(first) > 240 else ""))
+        lines.append(f"  {m.get('label')} vs ORT CPU: {_verdict(m, 'verdict_vs_cpu')}")
+        if m.get("verdict_vs_original"):
+            lines.append(f"  {m.get('label')} vs the original: {_verdict(m, 'verdict_vs_original')}")
+    for m in models:
+        errors = summarize_errors(m.get("gpu_errors") or split_errors(m.get("error") or ""))
+        for e in errors:
+            lines.append(f"  {m.get('label')}: {e}")
     return "\n".join(lines)
+
+
+def _verdict(m: dict[str, Any], key: str) -> str:
+    v = m.get(key)
+    return v["text"] if v else "-"

@@ -8,19 +8,32 @@
 // which parses it with the placement parser; the outputs are posted with their input, and the server compares
 // them byte for byte with ORT CPU's outputs for that input and with the original model's outputs.
 //
-// URL parameters: bundle=jsep|webgpu, runs=N, autorun=1 (run at once; `serve --headless` uses it).
+// The user's picture keeps its aspect ratio: it is letterboxed into the model's input (scaled to fit, centred, the
+// bars filled with the ImageNet mean, which normalises to 0), and each model's mask is cut back out of the letterbox
+// and shown at the picture's own size, with a cutout (the picture, the mask as its alpha), each downloadable as PNG.
+//
+// URL parameters: bundle=webgpu|jsep, runs=N, autorun=1 (run at once; `serve --headless` uses it).
 
 import { adapterInfo, applyProfile, gpuErrors, hookDevices } from '/browser_device.mjs';
-import { BUNDLES, bytesOfData, errorText } from '/harness_node_and_page.mjs';
+import { BUNDLES, bytesOfData, errorText, splitErrors, summarizeErrors } from '/harness_node_and_page.mjs';
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
 const MEAN = [0.485, 0.456, 0.406];
 const STD = [0.229, 0.224, 0.225];
 const BUNDLE_LABELS = {
-  jsep: "import 'onnxruntime-web' (default: JSEP, ort.min.mjs)",
-  webgpu: "import 'onnxruntime-web/webgpu' (native EP, ort.webgpu.min.mjs)",
+  webgpu: "import 'onnxruntime-web/webgpu' (native EP, ort.webgpu.min.mjs; what transformers.js uses)",
+  jsep: "import 'onnxruntime-web' (JSEP, ort.min.mjs)",
 };
+// The bars of a letterboxed picture: the ImageNet mean, 0 after normalisation.
+const FILL = MEAN.map((m) => Math.round(255 * m));
+const DISPLAY_PX = 180; // the longer side of a picture on the page (the PNG downloads keep their own size)
+const ENABLE_WEBGPU = 'To enable WebGPU: Chrome or Edge 113+ on Windows, macOS or ChromeOS has it on; on Linux start '
+  + 'Chrome with --enable-unsafe-webgpu --enable-features=Vulkan (or turn on chrome://flags/#enable-unsafe-webgpu); '
+  + 'Safari 26+, Firefox 141+ on Windows.';
+const JSEP_NOTE = "JSEP (import 'onnxruntime-web'): here the original model fails or leaves its deformable "
+  + "convolutions on the CPU (its rank-5 GatherND does not compile: \"no matching constructor for 'i32(vec4<u32>)'\"). "
+  + 'That failure is the bug the patched model fixes.';
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 /** Text for innerHTML: file names and adapter strings are data, never markup. */
 const esc = (v) => String(v).replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
@@ -81,28 +94,86 @@ async function loadImage(src) {
   const img = new Image();
   img.src = src;
   await img.decode();
+  if (!img.naturalWidth || !img.naturalHeight) throw new Error('the image has no pixels');
   return img;
 }
 
-function pixels(img, w, h) {
+function canvasOf(w, h) {
   const c = document.createElement('canvas');
   c.width = w;
   c.height = h;
-  const ctx = c.getContext('2d', { willReadFrequently: true });
-  ctx.drawImage(img, 0, 0, w, h);
-  return ctx.getImageData(0, 0, w, h);
+  return c;
 }
 
-function drawGrey(canvas, values, w, h) {
-  canvas.width = w;
-  canvas.height = h;
-  const ctx = canvas.getContext('2d');
+/** Shows a canvas with its own aspect ratio, its longer side DISPLAY_PX (small model outputs: pixelated). */
+function fitDisplay(canvas) {
+  const k = DISPLAY_PX / Math.max(canvas.width, canvas.height);
+  canvas.style.width = `${Math.round(canvas.width * k)}px`;
+  canvas.style.height = `${Math.round(canvas.height * k)}px`;
+  canvas.style.imageRendering = k > 1 ? 'pixelated' : 'auto';
+}
+
+/**
+ * Where the picture goes in a W x H input without changing its aspect ratio: scaled to fit, centred; the rest
+ * (the bars) is FILL.
+ */
+function letterboxRect(img, W, H) {
+  const scale = Math.min(W / img.naturalWidth, H / img.naturalHeight);
+  const w = Math.max(1, Math.round(img.naturalWidth * scale));
+  const h = Math.max(1, Math.round(img.naturalHeight * scale));
+  return { x: Math.floor((W - w) / 2), y: Math.floor((H - h) / 2), w, h, scale };
+}
+
+/** The picture letterboxed into W x H: the canvas the page shows and the pixels the model's input is made of. */
+function letterbox(img, W, H) {
+  const c = canvasOf(W, H);
+  const ctx = c.getContext('2d', { willReadFrequently: true });
+  ctx.fillStyle = `rgb(${FILL.join(',')})`;
+  ctx.fillRect(0, 0, W, H);
+  const r = letterboxRect(img, W, H);
+  ctx.drawImage(img, r.x, r.y, r.w, r.h);
+  return { canvas: c, pixels: ctx.getImageData(0, 0, W, H), rect: r };
+}
+
+function greyCanvas(values, w, h) {
+  const c = canvasOf(w, h);
+  const ctx = c.getContext('2d');
   const im = ctx.createImageData(w, h);
   for (let i = 0; i < w * h; i++) {
     const v = Math.round(255 * Math.min(1, Math.max(0, values[i])));
     im.data.set([v, v, v, 255], 4 * i);
   }
   ctx.putImageData(im, 0, 0);
+  return c;
+}
+
+/**
+ * A model's picture (w x h, at the model's output resolution) cut back out of the letterbox and scaled to the
+ * user's image size (iw x ih): the part of the output that covers the picture, without the bars.
+ */
+function atImageSize(pic, rect, W, H, iw, ih) {
+  const src = greyCanvas(pic.values, pic.w, pic.h);
+  const sx = pic.w / W;
+  const sy = pic.h / H;
+  const c = canvasOf(iw, ih);
+  const ctx = c.getContext('2d', { willReadFrequently: true });
+  ctx.imageSmoothingEnabled = true;
+  ctx.imageSmoothingQuality = 'high';
+  ctx.drawImage(src, rect.x * sx, rect.y * sy, rect.w * sx, rect.h * sy, 0, 0, iw, ih);
+  return c;
+}
+
+/** The picture at its own size with the mask (grey, same size) as its alpha: the object cut out. */
+function cutout(img, mask) {
+  const { width: w, height: h } = mask;
+  const c = canvasOf(w, h);
+  const ctx = c.getContext('2d', { willReadFrequently: true });
+  ctx.drawImage(img, 0, 0, w, h);
+  const im = ctx.getImageData(0, 0, w, h);
+  const m = mask.getContext('2d', { willReadFrequently: true }).getImageData(0, 0, w, h).data;
+  for (let i = 0; i < w * h; i++) im.data[4 * i + 3] = m[4 * i];
+  ctx.putImageData(im, 0, 0);
+  return c;
 }
 
 /**
@@ -134,42 +205,32 @@ function picture(outs, names) {
     values: v.map((x) => (x - lo) / span) };
 }
 
-function resampled(values, w, h, W, H) {
-  const c = document.createElement('canvas');
-  drawGrey(c, values, w, h);
-  const im = pixels(c, W, H);
-  const out = new Float32Array(W * H);
-  for (let i = 0; i < W * H; i++) out[i] = im.data[4 * i] / 255;
-  return out;
-}
-
-/** The input dimmed to grey with the original's mask in red and the patched's in cyan (both: white). */
-function drawOverlay(canvas, input, masks) {
-  const { width: W, height: H } = input;
-  canvas.width = W;
-  canvas.height = H;
-  const [a, b] = masks.map((m) => resampled(m.values, m.w, m.h, W, H));
-  const ctx = canvas.getContext('2d');
-  const im = ctx.createImageData(W, H);
-  for (let i = 0; i < W * H; i++) {
-    const p = input.data;
-    const grey = 0.5 * (0.299 * p[4 * i] + 0.587 * p[4 * i + 1] + 0.114 * p[4 * i + 2]);
-    const mb = b ? b[i] : a[i];
-    im.data.set([grey + 127 * a[i], grey + 127 * mb, grey + 127 * mb, 255], 4 * i);
-  }
-  ctx.putImageData(im, 0, 0);
-}
-
-function figure(id, caption) {
-  let c = $(id);
-  if (!c) {
-    const f = document.createElement('figure');
-    f.innerHTML = `<canvas id="${id}"></canvas><figcaption></figcaption>`;
+/** Puts `canvas` on the page in the figure `id` (replacing what it showed), with a PNG download when `file`. */
+function figure(id, canvas, caption, file = null) {
+  let f = document.getElementById(`f-${id}`);
+  if (!f) {
+    f = document.createElement('figure');
+    f.id = `f-${id}`;
     $('images').appendChild(f);
-    c = $(id);
   }
-  c.parentElement.querySelector('figcaption').textContent = caption;
-  return c;
+  canvas.id = `c-${id}`;
+  fitDisplay(canvas);
+  f.replaceChildren(canvas);
+  const cap = document.createElement('figcaption');
+  cap.textContent = caption;
+  f.appendChild(cap);
+  if (file) {
+    const a = document.createElement('a');
+    a.textContent = `download ${file}`;
+    a.download = file;
+    a.dataset.download = file;
+    a.href = canvas.toDataURL('image/png');
+    f.appendChild(a);
+  }
+}
+
+function clearFigures() {
+  for (const f of [...$('images').querySelectorAll('figure')]) if (f.id !== 'f-input') f.remove();
 }
 
 // ---------------------------------------------------------------------------------------------- runs
@@ -180,8 +241,8 @@ async function fetchOk(url, init) {
   return r;
 }
 
-function inputTensor(ort, input, img, W, H, normalize) {
-  const im = pixels(img, W, H);
+/** The model's input from the letterboxed pixels (an ImageData of W x H). */
+function inputTensor(ort, input, im, W, H, normalize) {
   const data = new Float32Array(3 * W * H);
   for (let c = 0; c < 3; c++) {
     for (let i = 0; i < W * H; i++) {
@@ -197,8 +258,8 @@ function inputTensor(ort, input, img, W, H, normalize) {
 async function runModel(ort, m, tensor, runs) {
   const e = { label: m.label, file: m.name, ok: false, error: null, fetch_s: null, session_create_s: null,
     first_run_ms: null, runs_ms: [], min_ms: null, median_ms: null, placement: null, gpu_errors: [], outputs: [],
-    vs_cpu: null, max_abs_diff_vs_cpu: null, within_tolerance: null, vs_original: null,
-    identical_to_original: null, cpu_reference_s: null, display: null };
+    vs_cpu: null, max_abs_diff_vs_cpu: null, within_tolerance: null, verdict_vs_cpu: null, vs_original: null,
+    identical_to_original: null, verdict_vs_original: null, cpu_reference_s: null, display: null };
   const before = gpuErrors.length;
   let session = null;
   let outs = null;
@@ -216,8 +277,8 @@ async function runModel(ort, m, tensor, runs) {
     const t1 = performance.now();
     try {
       session = await ort.InferenceSession.create(bytes, options);
+      e.session_create_s = (performance.now() - t1) / 1000; // a failed creation has no creation time
     } finally {
-      e.session_create_s = (performance.now() - t1) / 1000;
       lines = logSink.lines;
       logSink.lines = null;
     }
@@ -258,15 +319,17 @@ async function runModel(ort, m, tensor, runs) {
     e.vs_cpu = c.vs_cpu;
     e.cpu_reference_s = c.cpu_run_s;
     e.within_tolerance = c.within_tolerance;
+    e.verdict_vs_cpu = c.verdict_vs_cpu;
     const diffs = Object.values(c.vs_cpu).map((x) => x.max_abs_diff);
     e.max_abs_diff_vs_cpu = diffs.includes(null) ? null : Math.max(...diffs);
     if (c.vs_original) {
       e.vs_original = c.vs_original;
       e.identical_to_original = c.identical_to_original;
+      e.verdict_vs_original = c.verdict_vs_original;
     }
     e.ok = e.gpu_errors.length === 0 && c.within_tolerance;
     if (e.gpu_errors.length) e.error = `uncaptured WebGPU error (session.run() resolved anyway): ${e.gpu_errors[0]}`;
-    else if (!c.within_tolerance) e.error = 'outputs differ from ORT CPU beyond the tolerance';
+    else if (!c.within_tolerance) e.error = `outputs vs ORT CPU: ${c.verdict_vs_cpu.text}`;
   } catch (err) {
     e.error = errorText(err);
     e.gpu_errors = gpuErrors.slice(before);
@@ -285,40 +348,45 @@ async function runModel(ort, m, tensor, runs) {
 // ---------------------------------------------------------------------------------------------- page
 
 function fmt(v, digits = 3) {
-  if (v === null || v === undefined) return '–';
+  if (v === null || v === undefined) return '-';
   if (Number.isInteger(v)) return String(v);
   if (typeof v === 'number') return Math.abs(v) > 0 && Math.abs(v) < 1e-3 ? v.toExponential(2) : v.toFixed(digits);
   return String(v);
 }
 
-function firstLine(text) {
-  const line = text.split('\n')[0];
-  return line.length > 240 ? `${line.slice(0, 240)}…` : line;
+/** A verdict from the server (deform_surgeon/verdict.py): its short text, green when it passed. */
+function verdictCell(v) {
+  if (!v) return '-';
+  return `<span class="${v.passed ? 'good' : 'bad'}" title="${esc(v.text)}">${esc(v.short)}</span>`;
 }
 
+/** The errors of a model, each distinct one once with its count (the full text is in the results JSON). */
+function errorsCell(e) {
+  const errors = e.gpu_errors.length ? e.gpu_errors : splitErrors(e.error || '');
+  return summarizeErrors(errors).map((x) => `<span class="bad">${esc(x)}</span>`).join('<br>');
+}
+
+/** The table; an entry that has not run (`ran` false: no WebGPU, or before the first run) shows '-' throughout. */
 function showTable(entries) {
+  const ran = (fn) => (e) => (e.ran ? fn(e) : '-');
   const rows = [
     ['file', (e) => esc(e.file)],
-    ['runs on WebGPU without error, agrees with ORT CPU', (e) => (e.ok ? '<span class="good">yes</span>'
-      : '<span class="bad">NO</span>')],
-    ['model download (s)', (e) => fmt(e.fetch_s)],
-    ['session creation (s)', (e) => fmt(e.session_create_s)],
-    ['first run (ms)', (e) => fmt(e.first_run_ms, 1)],
-    [`warm runs: min (ms)`, (e) => fmt(e.min_ms, 1)],
-    ['warm runs: median (ms)', (e) => fmt(e.median_ms, 1)],
-    ['nodes after ORT\'s optimisation', (e) => fmt(e.placement && e.placement.total_nodes)],
-    ['CPU nodes', (e) => fmt(e.placement && e.placement.cpu_nodes)],
-    ['Memcpy nodes (CPU↔GPU copies)', (e) => fmt(e.placement && e.placement.memcpy)],
-    ['WebGPU errors', (e) => fmt(e.gpu_errors.length)],
-    ['max |output − ORT CPU|', (e) => fmt(e.max_abs_diff_vs_cpu)],
-    ['identical to the original (bytes)', (e) => (e.identical_to_original === null ? '–'
-      : e.identical_to_original ? '<span class="good">yes</span>' : '<span class="bad">NO</span>')],
-    ['max |output − original|', (e) => (e.vs_original ? fmt(Math.max(...Object.values(e.vs_original)
-      .map((x) => x.max_abs_diff ?? Infinity))) : '–')],
-    ['error (full text in the results JSON)', (e) => (e.error ? `<span class="bad">${esc(firstLine(e.error))}</span>`
-      : '')],
+    ['runs on WebGPU without error', ran((e) => (e.outputs.length && !e.gpu_errors.length
+      ? '<span class="good">yes</span>' : '<span class="bad">NO</span>'))],
+    ['model download (s)', ran((e) => fmt(e.fetch_s))],
+    ['session creation (s)', ran((e) => fmt(e.session_create_s))],
+    ['first run (ms)', ran((e) => fmt(e.first_run_ms, 1))],
+    ['warm runs: min (ms)', ran((e) => fmt(e.min_ms, 1))],
+    ['warm runs: median (ms)', ran((e) => fmt(e.median_ms, 1))],
+    ['nodes after ORT\'s optimisation', ran((e) => fmt(e.placement && e.placement.total_nodes))],
+    ['CPU nodes', ran((e) => fmt(e.placement && e.placement.cpu_nodes))],
+    ['Memcpy nodes (CPU↔GPU copies)', ran((e) => fmt(e.placement && e.placement.memcpy))],
+    ['WebGPU errors', ran((e) => fmt(e.gpu_errors.length))],
+    ['outputs vs ORT CPU', ran((e) => verdictCell(e.verdict_vs_cpu))],
+    ['outputs vs the original (same page)', ran((e) => verdictCell(e.verdict_vs_original))],
+    ['errors (full text in the results JSON)', ran(errorsCell)],
   ];
-  let html = `<tr><th></th>${entries.map((e) => `<th>${e.label}</th>`).join('')}</tr>`;
+  let html = `<tr><th></th>${entries.map((e) => `<th>${esc(e.label)}</th>`).join('')}</tr>`;
   for (const [name, fn] of rows) html += `<tr><td>${name}</td>${entries.map((e) => `<td>${fn(e)}</td>`).join('')}</tr>`;
   $('table').innerHTML = html;
 }
@@ -332,6 +400,8 @@ function isSoftware(a) {
 function showAdapter(a, note, profile, applied) {
   if (!a) {
     $('adapter').innerHTML = `<span class="bad">no WebGPU adapter: ${esc(note)}</span>`;
+    $('no-webgpu').hidden = false;
+    $('no-webgpu').textContent = `This browser gives the page no WebGPU adapter, so nothing can run here. ${ENABLE_WEBGPU}`;
     return;
   }
   const keys = Object.keys(a.limits);
@@ -341,7 +411,7 @@ function showAdapter(a, note, profile, applied) {
     <b>${a.isFallbackAdapter}</b>, ${a.features.length} features (shader-f16: ${a.features.includes('shader-f16')})</p>
     <p>device profile <b>${esc(profile.name)}</b>: ${esc(profile.source)}</p></div>
     <table><tr><th>limit</th><th>adapter</th><th>requested for ORT's device</th></tr>
-    ${keys.map((k) => `<tr><td>${k}</td><td>${a.limits[k]}</td><td>${applied ? applied[k] : '–'}</td></tr>`).join('')}
+    ${keys.map((k) => `<tr><td>${k}</td><td>${a.limits[k]}</td><td>${applied ? applied[k] : '-'}</td></tr>`).join('')}
     </table></div>`;
   if (isSoftware(a)) {
     $('software').hidden = false;
@@ -351,26 +421,55 @@ function showAdapter(a, note, profile, applied) {
   }
 }
 
-const state = { config: null, bundle: null, image: null, imageName: null, result: null };
+const state = { config: null, bundle: null, image: null, imageName: null, imageError: null, result: null,
+  canRun: null };
+
+/** "run" is enabled only when the page can run (WebGPU and ORT are there) and the current image decoded. */
+function updateRun() {
+  $('run').disabled = Boolean(state.canRun || state.imageError) || !state.image;
+  window.__serveState = { runDisabled: $('run').disabled, status: $('status').textContent, image: state.imageName,
+    imageError: state.imageError };
+}
 
 async function main() {
   const config = await (await fetchOk('/config.json')).json();
   const bundle = params.get('bundle') || config.default_bundle;
   Object.assign(state, { config, bundle });
+  const one = config.models.length === 1;
+  const title = one ? `deform-surgeon serve: ${config.models[0].name} on this GPU`
+    : 'deform-surgeon serve: original and patched on this GPU';
+  $('title').textContent = title;
+  document.title = title;
+  if (one) {
+    $('one-model').hidden = false;
+    $('one-model').textContent = 'One model. To see it beside its patched version: deform-surgeon patch MODEL.onnx '
+      + 'MODEL.patched.onnx, then deform-surgeon serve MODEL.onnx MODEL.patched.onnx.';
+  }
   for (const b of config.bundles) $('bundle').add(new Option(BUNDLE_LABELS[b] || b, b, false, b === bundle));
   $('bundle').onchange = () => {
     params.set('bundle', $('bundle').value);
     params.delete('autorun');
     location.search = params.toString(); // one bundle per page load: ORT and the device hooks load once
   };
-  $('runs').value = params.get('runs') || config.runs;
+  if (bundle === 'jsep') {
+    $('jsep-note').hidden = false;
+    $('jsep-note').textContent = JSEP_NOTE;
+  }
   const input = config.models[0].inputs[0];
   for (const [id, d] of [['height', input.dims[2]], ['width', input.dims[3]]]) {
     $(id).value = d ?? 1024;
     $(id).disabled = d !== null; // fixed by the model
   }
+  const blank = config.models.map((m) => ({ label: m.label, file: m.name, ran: false }));
+  showTable(blank);
 
   const probe = await adapterInfo();
+  const software = isSoftware(probe.adapter);
+  const runsDefault = config.runs ?? config.default_runs[software ? 'software' : 'hardware'];
+  $('runs').value = params.get('runs') || runsDefault;
+  $('runs-note').textContent = config.runs ? `warm runs: ${config.runs} (serve --runs)`
+    : `warm runs: ${runsDefault} by default on a ${software ? 'software adapter, whose timings are not GPU timings'
+      : 'hardware adapter'} (serve --runs N, or the field above, for more)`;
   let applied = null;
   if (probe.adapter) {
     const adapter = await navigator.gpu.requestAdapter();
@@ -384,28 +483,56 @@ async function main() {
   hookDevices(); // after applyProfile: every device the page creates reports its errors
   showAdapter(probe.adapter, probe.error, config.profile, applied);
 
-  progress(`importing /ort/${BUNDLES[bundle].file}`);
-  const ort = await import(`/ort/${BUNDLES[bundle].file}`);
-  ort.env.wasm.wasmPaths = '/ort/';
-  ort.env.wasm.numThreads = 1; // no cross-origin isolation on this page
-  ort.env.logLevel = 'verbose';
-  if (BUNDLES[bundle].debug) ort.env.debug = true; // JSEP: a WGSL compile failure rejects session.run()
+  let ort = null;
+  if (!probe.adapter) {
+    state.canRun = `no WebGPU adapter (${probe.error})`;
+  } else {
+    progress(`importing /ort/${BUNDLES[bundle].file}`);
+    ort = await import(`/ort/${BUNDLES[bundle].file}`);
+    ort.env.wasm.wasmPaths = '/ort/';
+    ort.env.wasm.numThreads = 1; // no cross-origin isolation on this page
+    ort.env.logLevel = 'verbose';
+    if (BUNDLES[bundle].debug) ort.env.debug = true; // JSEP: a WGSL compile failure rejects session.run()
+  }
 
+  const modelSize = () => [Number($('width').value), Number($('height').value)];
   const showInput = () => {
-    const W = Number($('width').value);
-    const H = Number($('height').value);
-    const c = figure('c-input', `input: ${state.imageName}, resized to ${W}×${H}`);
-    c.width = W;
-    c.height = H;
-    c.getContext('2d').drawImage(state.image, 0, 0, W, H);
+    if (!state.image) return null;
+    const [W, H] = modelSize();
+    const lb = letterbox(state.image, W, H);
+    const { naturalWidth: iw, naturalHeight: ih } = state.image;
+    figure('input', lb.canvas, `input: ${state.imageName}`);
+    $('letterbox').textContent = `${state.imageName} (${iw}×${ih}) keeps its aspect ratio: scaled by `
+      + `${lb.rect.scale.toFixed(3)} to ${lb.rect.w}×${lb.rect.h} and letterboxed into the model's ${W}×${H} input `
+      + `(bars: the ImageNet mean). The masks and cutouts below are at the image's own size, ${iw}×${ih}.`;
+    return lb;
   };
   const setImage = async (src, name) => {
-    state.image = await loadImage(src);
-    state.imageName = name;
-    showInput();
+    document.body.dataset.image = 'loading';
+    try {
+      state.image = await loadImage(src);
+      state.imageName = name;
+      state.imageError = null;
+      showInput();
+      clearFigures();
+      progress(state.canRun ? `cannot run: ${state.canRun}` : 'ready');
+    } catch (err) {
+      state.image = null;
+      state.imageName = name;
+      state.imageError = `${name} cannot be decoded as an image (${errorText(err)}): choose another image`;
+      $('file').value = ''; // the picker must not go on naming a file the page will not run
+      const blankInput = canvasOf(1, 1);
+      figure('input', blankInput, `input: none (${name} is not an image)`);
+      $('letterbox').textContent = '';
+      clearFigures();
+      progress(state.imageError);
+    } finally {
+      updateRun();
+      document.body.dataset.image = state.imageError ? 'bad' : 'ok';
+    }
   };
-  await setImage('/sample.png', 'sample.png (bundled)');
-  const pick = (f) => f && setImage(URL.createObjectURL(f), f.name).catch((e) => progress(`${f.name}: ${errorText(e)}`));
+  await setImage(config.image.url, config.image.name);
+  const pick = (f) => f && setImage(URL.createObjectURL(f), f.name);
   $('file').onchange = () => pick($('file').files[0]);
   const drop = $('drop');
   drop.ondragover = (ev) => {
@@ -420,35 +547,47 @@ async function main() {
   };
 
   const run = async () => {
+    if (state.canRun || state.imageError || !state.image) {
+      throw new Error(state.canRun ? `cannot run: ${state.canRun}` : state.imageError || 'no image');
+    }
     $('run').disabled = true;
-    const W = Number($('width').value);
-    const H = Number($('height').value);
+    const [W, H] = modelSize();
     const runs = Math.max(1, Number($('runs').value) || 1);
-    showInput();
-    const tensor = inputTensor(ort, input, state.image, W, H, $('normalize').checked);
-    const entries = [];
-    const pictures = [];
-    for (const m of config.models) {
+    const img = state.image;
+    const lb = showInput();
+    clearFigures();
+    const tensor = inputTensor(ort, input, lb.pixels, W, H, $('normalize').checked);
+    const { naturalWidth: iw, naturalHeight: ih } = img;
+    const stem = state.imageName.replace(/\.[^.]*$/, '').replace(/[^\w.-]+/g, '_') || 'image';
+    const entries = blank.map((b) => ({ ...b }));
+    for (const [k, m] of config.models.entries()) {
       const { entry, picture: pic } = await runModel(ort, m, tensor, runs);
-      entries.push(entry);
-      showTable(entries);
+      entries[k] = { ...entry, ran: true, image_outputs: [] };
       if (pic) {
-        pictures.push(pic);
-        drawGrey(figure(`c-${m.label}`, `${m.label}: ${pic.kind}`), pic.values, pic.w, pic.h);
+        const full = atImageSize(pic, lb.rect, W, H, iw, ih);
+        const isMask = pic.kind.startsWith('mask');
+        const what = isMask ? 'mask' : 'output';
+        figure(`${m.label}-${what}`, full, `${m.label}: ${pic.kind}, at the image's size ${iw}×${ih}`,
+          `${stem}.${m.label}.${what}.png`);
+        entries[k].image_outputs.push({ kind: what, width: iw, height: ih, file: `${stem}.${m.label}.${what}.png` });
+        if (isMask) {
+          figure(`${m.label}-cutout`, cutout(img, full), `${m.label}: cutout (the image, the mask as alpha)`,
+            `${stem}.${m.label}.cutout.png`);
+          entries[k].image_outputs.push({ kind: 'cutout', width: iw, height: ih,
+            file: `${stem}.${m.label}.cutout.png` });
+        }
       }
+      showTable(entries);
     }
-    if (pictures.length) {
-      drawOverlay(figure('c-overlay', pictures.length > 1 ? 'overlay: original red, patched cyan, both white'
-        : 'overlay'), pixels(state.image, W, H), pictures);
-    }
-    $('legend').textContent = `Tolerance against ORT CPU (max |difference| of the raw outputs): float32 `
-      + `${config.tolerance.float32}, float16 ${config.tolerance.float16}: GPU kernels add in another order. `
-      + 'The patched model is held to byte identity with the original on the same runtime.';
+    $('legend').textContent = 'Verdicts: byte-identical (max |diff| 0); agrees with ORT CPU within the GPU tolerance '
+      + `(float32 ${config.tolerance.float32}, float16 ${config.tolerance.float16}: GPU kernels add in another `
+      + 'order); or differs (max |diff| > tolerance). The patched model is held to byte identity with the original '
+      + 'on this page (tolerance 0). Hover a verdict for its full text.';
     state.result = {
       tool: 'deform-surgeon serve',
       generated_at: new Date().toISOString(),
-      ok: entries.every((e) => e.ok) && entries.every((e) => e.identical_to_original !== false),
-      software_adapter: isSoftware(probe.adapter),
+      ok: entries.every((e) => e.ok) && entries.every((e) => !e.verdict_vs_original || e.verdict_vs_original.passed),
+      software_adapter: software,
       timing_note: 'Timings are GPU timings only on a hardware adapter; on a software adapter (SwiftShader, '
         + 'fallback) they are not GPU timings.',
       adapter: probe.adapter,
@@ -460,8 +599,10 @@ async function main() {
       ort_env_debug: { session_and_first_run: Boolean(BUNDLES[bundle].debug), timed_runs: false },
       versions: { ...config.versions, 'onnxruntime-web (page)': ort.env.versions ? ort.env.versions.web : null,
         browser: navigator.userAgent },
-      image: { name: state.imageName, width: state.image.naturalWidth, height: state.image.naturalHeight,
-        resized_to: [H, W], normalize: $('normalize').checked ? { mean: MEAN, std: STD } : null },
+      image: { name: state.imageName, width: iw, height: ih, normalize: $('normalize').checked
+        ? { mean: MEAN, std: STD } : null,
+      letterbox: { into: [H, W], x: lb.rect.x, y: lb.rect.y, width: lb.rect.w, height: lb.rect.h,
+        scale: lb.rect.scale, fill_rgb: FILL } },
       input: { name: input.name, dtype: tensor.type, dims: Array.from(tensor.dims) },
       runs,
       tolerance: config.tolerance,
@@ -470,20 +611,26 @@ async function main() {
     };
     window.__serveResult = state.result;
     $('download').disabled = false;
-    $('run').disabled = false;
+    updateRun();
     progress(state.result.ok ? 'done' : 'done, with failures (see the table)');
   };
-  $('run').onclick = () => run().catch((e) => progress(`failed: ${errorText(e)}`));
+  $('run').onclick = () => run().catch((e) => {
+    progress(`failed: ${errorText(e)}`);
+    updateRun();
+  });
   $('download').onclick = () => {
     const a = document.createElement('a');
     a.href = URL.createObjectURL(new Blob([JSON.stringify(state.result, null, 1)], { type: 'application/json' }));
     a.download = 'deform-surgeon-serve-results.json';
     a.click();
   };
-  progress('ready');
+  if (state.canRun) progress(`cannot run: ${state.canRun}`);
+  updateRun();
+  document.body.dataset.ready = '1';
   if (params.get('autorun') === '1') {
     await run().catch((e) => {
-      window.__serveResult = { ok: false, error: errorText(e), models: [] };
+      window.__serveResult = { ok: false, error: errorText(e), models: [], adapter: probe.adapter,
+        adapter_note: probe.error, bundle, profile: config.profile };
     });
     window.__serveDone = true;
   }
