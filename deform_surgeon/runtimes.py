@@ -35,6 +35,12 @@ SETUP_COMMAND = "deform-surgeon setup"
 CHROMIUM = Path("/usr/bin/chromium")
 SWIFTSHADER_ICD = Path("/usr/lib/chromium/vk_swiftshader_icd.json")
 MIN_NODE_MAJOR = 20  # playwright-core 1.65 declares engines.node >= 20
+# What `setup` downloads for this package-lock.json, said before it starts: the npm tarballs of the 40 locked
+# packages (sizes from npm's cache after `npm ci`) and the folder they unpack to (`du -sb` of the install);
+# onnxruntime-node is most of it (114 MB download, 301 MB on disk). tests/test_runtimes.py checks the installed size
+# against an install of this lock, so a new lock cannot leave these numbers stale.
+DOWNLOAD_BYTES = 202_691_412
+INSTALLED_BYTES = 605_722_598
 
 # What the harnesses load, relative to the runtimes folder: a folder without one of them is not an install.
 REQUIRED_FILES = (
@@ -110,16 +116,36 @@ def _os_release() -> dict[str, str]:
     return out
 
 
-def install_hint(debian_packages: str) -> str:
-    """How to install `debian_packages` (Debian names) on this OS, as one phrase."""
+def _os_family() -> str:
+    """debian (Debian, Ubuntu and their derivatives), fedora (Fedora, RHEL, CentOS), macos, or '' (another)."""
+    if sys.platform == "darwin":
+        return "macos"
     rel = _os_release()
     family = " ".join([rel.get("ID", ""), rel.get("ID_LIKE", "")])
     if "debian" in family or "ubuntu" in family:
-        return f"install with: sudo apt-get install {debian_packages}"
-    if sys.platform == "darwin":
-        return "install with Homebrew: brew install node (and Chromium: brew install --cask chromium)"
-    name = rel.get("PRETTY_NAME") or sys.platform
-    return f"install the packages Debian calls '{debian_packages}' with {name}'s package manager"
+        return "debian"
+    if "fedora" in family or "rhel" in family or "centos" in family:
+        return "fedora"
+    return ""
+
+
+# The same packages by OS family: (Debian name, Fedora name, Homebrew command).
+_PACKAGES = {"nodejs npm": ("nodejs npm", "nodejs npm", "brew install node"),
+             "chromium libvulkan1": ("chromium libvulkan1", "chromium vulkan-loader", "brew install --cask chromium")}
+
+
+def install_hint(debian_packages: str) -> str:
+    """How to install `debian_packages` (Debian names) on this OS, as one phrase."""
+    debian, fedora, brew = _PACKAGES.get(debian_packages, (debian_packages, debian_packages, None))
+    family = _os_family()
+    if family == "debian":
+        return f"install with: sudo apt-get install {debian}"
+    if family == "fedora":
+        return f"install with: sudo dnf install {fedora}"
+    if family == "macos" and brew:
+        return f"install with Homebrew: {brew}"
+    name = _os_release().get("PRETTY_NAME") or sys.platform
+    return (f"install the packages Debian calls '{debian}' (Fedora: '{fedora}') with {name}'s package manager")
 
 
 def browser_problem() -> str | None:
@@ -127,7 +153,19 @@ def browser_problem() -> str | None:
     missing = [str(p) for p in (CHROMIUM, SWIFTSHADER_ICD) if not p.exists()]
     if not missing:
         return None
-    return f"Chromium not found ({', '.join(missing)}); {install_hint('chromium libvulkan1')}"
+    hint = install_hint("chromium libvulkan1")
+    if _os_family() != "debian":  # the headless runs use Debian's layout; say so rather than let a user guess
+        hint += (f"; the headless runs look for Debian's layout ({CHROMIUM} and {SWIFTSHADER_ICD}), so on this OS "
+                 "`serve` without --headless, in your own browser, is the way to see the page")
+    return f"Chromium not found ({', '.join(missing)}); {hint}"
+
+
+def download_note(folder: Path) -> str:
+    """What `setup` is about to download, and where to: said before it starts."""
+    pins = json.loads((PINS_DIR / "package.json").read_text())["dependencies"]
+    return (f"setup: downloading {', '.join(f'{k} {v}' for k, v in pins.items())} and their dependencies from npm: "
+            f"{DOWNLOAD_BYTES / 1e6:.0f} MB to download, {INSTALLED_BYTES / 1e6:.0f} MB on disk in {folder} "
+            "(shared by every install with these pins; remove the folder to free the space)")
 
 
 def chromium_version() -> str | None:
@@ -163,7 +201,8 @@ def install(log: Callable[[str], None] = print) -> Path:
         try:
             for name in ("package.json", "package-lock.json"):
                 shutil.copyfile(PINS_DIR / name, work / name)
-            log(f"setup: installing the pinned npm packages into {target} (npm ci --ignore-scripts)")
+            log(download_note(target))
+            log("setup: npm ci --ignore-scripts")
             t0 = time.monotonic()
             npm = subprocess.Popen(["npm", "ci", "--ignore-scripts", "--no-audit", "--no-fund", "--loglevel=error"],
                                    cwd=work, stdout=sys.stderr, stderr=sys.stderr)
@@ -220,6 +259,9 @@ def run_setup(args: argparse.Namespace) -> int:
             print(f"deform-surgeon setup: {p}", file=sys.stderr)
         if folder and not problems:
             print(f"runtimes: {folder}")
+        elif not folder:
+            print(download_note(cache_dir()).replace("setup: downloading", "setup would download"),
+                  file=sys.stderr)
         return 2 if problems else 0
     try:
         folder = install(log=lambda m: print(m, file=sys.stderr))

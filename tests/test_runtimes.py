@@ -108,3 +108,46 @@ def test_interrupted_setup_leaves_no_partial_install(sig: signal.Signals, tmp_pa
     left = sorted(p.name for p in (cache / "deform-surgeon").iterdir())
     assert left == [f".{runtimes.cache_dir().name}.lock"], left  # the lock file only: no partial, no install
     assert "interrupted" in proc.stderr.read()
+
+
+def test_setup_says_what_it_will_download_before_it_does(tmp_path: Path) -> None:
+    """Size and folder, before npm starts (--check says the same without installing anything)."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    r = _setup(["--check"], env)
+    folder = tmp_path / "cache" / "deform-surgeon" / runtimes.cache_dir().name
+    assert "setup would download onnxruntime-node 1.30.0, onnxruntime-web 1.30.0" in r.stderr
+    assert f"{runtimes.DOWNLOAD_BYTES / 1e6:.0f} MB to download, {runtimes.INSTALLED_BYTES / 1e6:.0f} MB on disk " \
+           f"in {folder}" in r.stderr
+    bare = tmp_path / "bin"  # a real install without node stops before downloading: no size promised then
+    bare.mkdir()
+    r = _setup([], {**env, "PATH": str(bare)})
+    assert r.returncode == 2 and "MB to download" not in r.stderr
+
+
+@pytest.mark.skipif(runtimes.runtimes_dir() is None or runtimes.runtimes_dir() == runtimes.IN_TREE,
+                    reason="no `deform-surgeon setup` install of this lock")
+def test_the_size_setup_announces_is_the_size_it_installs() -> None:
+    folder = runtimes.runtimes_dir()
+    size = sum(p.lstat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+    assert abs(size - runtimes.INSTALLED_BYTES) < 0.05 * runtimes.INSTALLED_BYTES, size
+
+
+@pytest.mark.parametrize("os_release, platform, want", [
+    ('ID=debian\n', "linux", "sudo apt-get install chromium libvulkan1"),
+    ('ID=ubuntu\nID_LIKE=debian\n', "linux", "sudo apt-get install chromium libvulkan1"),
+    ('ID=fedora\n', "linux", "sudo dnf install chromium vulkan-loader"),
+    ('', "darwin", "brew install --cask chromium"),
+    ('ID=arch\nPRETTY_NAME="Arch Linux"\n', "linux", "with Arch Linux's package manager"),
+])
+def test_setup_browser_says_how_to_get_chromium_on_each_os(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                           os_release: str, platform: str, want: str) -> None:
+    release = tmp_path / "os-release"
+    release.write_text(os_release)
+    real = Path.read_text
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: real(release if str(self) == "/etc/os-release"
+                                                                      else self, *a, **k))
+    monkeypatch.setattr(runtimes.sys, "platform", platform)
+    monkeypatch.setattr(runtimes, "CHROMIUM", tmp_path / "chromium")
+    problem = runtimes.browser_problem()
+    assert problem.startswith(f"Chromium not found ({tmp_path / 'chromium'}") and want in problem, problem
+    assert ("Debian's layout" in problem) == ("apt-get" not in want)

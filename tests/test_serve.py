@@ -209,8 +209,8 @@ def test_page_runs_both_models_in_headless_chromium(tmp_path: Path, patched: Pat
     both models run without a WebGPU error, agree with ORT CPU within the tolerance, and with each other byte for
     byte; the patched one has no CPU node and no Memcpy."""
     result, shot = tmp_path / "result.json", tmp_path / "page.png"
-    r = _cli(str(ORIGINAL), str(patched), "--headless", str(result), "--screenshot", str(shot), "--bundle",
-             "webgpu", "--runs", "2", "--device-profile", "spec-default", timeout=900)
+    r = _cli(str(ORIGINAL), str(patched), "--headless", str(result), "--screenshot", str(shot), "--runs", "1",
+             "--device-profile", "spec-default", timeout=900)  # the default bundle: onnxruntime-web/webgpu
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     doc = json.loads(result.read_text())
     assert doc["ok"] is True and doc["bundle_file"] == "ort.webgpu.min.mjs"
@@ -221,16 +221,24 @@ def test_page_runs_both_models_in_headless_chromium(tmp_path: Path, patched: Pat
     original, patched_run = doc["models"]
     for m in (original, patched_run):
         assert m["ok"] and m["error"] is None and m["gpu_errors"] == []
-        assert len(m["runs_ms"]) == 2 and m["min_ms"] <= m["median_ms"]
+        assert len(m["runs_ms"]) == 1 and m["min_ms"] <= m["median_ms"]
         assert m["session_create_s"] > 0 and m["placement"]["placement_logged"]
         assert m["outputs"] == [{"name": "mask", "dtype": "float32", "dims": [1, 1, 64, 64]}]
         assert 0 <= m["vs_cpu"]["mask"]["max_abs_diff"] <= GPU_TOLERANCE["float32"]
+        assert m["verdict_vs_cpu"]["passed"] and m["verdict_vs_cpu"]["kind"] in ("byte-identical", "agrees")
+        # the mask and the cutout at the sample's own size (256 x 256), each a PNG download
+        assert [(o["kind"], o["width"], o["height"]) for o in m["image_outputs"]] == [
+            ("mask", 256, 256), ("cutout", 256, 256)]
     assert original["placement"]["cpu_nodes"] > 0 and original["placement"]["memcpy"] > 0
     assert patched_run["placement"]["cpu_nodes"] == 0 and patched_run["placement"]["memcpy"] == 0
     assert patched_run["identical_to_original"] is True
     assert patched_run["vs_original"]["mask"]["max_abs_diff"] == 0
+    assert patched_run["verdict_vs_original"]["text"] == "byte-identical (max |diff| 0)"
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "software adapter: the timings below are not GPU timings" in r.stdout
+    assert "patched vs the original: byte-identical (max |diff| 0)" in r.stdout
+    v = original["verdict_vs_cpu"]
+    assert f"original vs ORT CPU: {v['text']}" in r.stdout and f"max |diff| {v['max_abs_diff']:.3g}" in v["text"]
 
 
 @pytest.mark.webgpu
@@ -304,3 +312,151 @@ def test_any_image_model_runs_and_shows_its_first_output(tmp_path: Path) -> None
     assert m["ok"] and sorted(m["vs_cpu"]) == ["features", "relu"]
     assert all(v["max_abs_diff"] <= GPU_TOLERANCE["float32"] for v in m["vs_cpu"].values())
     assert m["display"].startswith("first output 'features'")
+
+
+# ------------------------------------------------------------------------------ the page as a user drives it
+
+DRIVER = Path(__file__).parent / "helpers" / "serve_page.mjs"
+
+
+def _grey_model(path: Path, size: int = 64) -> Path:
+    """mask = the mean of the three channels: what the page shows is the picture it fed the model, in grey."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("ReduceMean", ["image"], ["mask"], axes=[1], keepdims=1)], "grey",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, size, size])],
+        [helper.make_tensor_value_info("mask", TensorProto.FLOAT, [1, 1, size, size])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    return path
+
+
+def _ellipse(path: Path, w: int = 40, h: int = 80) -> np.ndarray:
+    """A white ellipse filling a tall black picture (RGB), as a PNG; returns its grey values."""
+    from helpers.png import write_png
+
+    y, x = np.mgrid[0:h, 0:w]
+    inside = ((x + 0.5 - w / 2) / (w / 2 - 2)) ** 2 + ((y + 0.5 - h / 2) / (h / 2 - 2)) ** 2 <= 1
+    grey = np.where(inside, 255, 0).astype(np.uint8)
+    write_png(path, np.repeat(grey[:, :, None], 3, axis=2))
+    return grey
+
+
+def _drive(tmp_path: Path, models: list[Path], steps: list[dict], query: str = "", webgpu: bool = True) -> dict:
+    """Serves `models` and runs tests/helpers/serve_page.mjs on the page; its report of every step."""
+    from deform_surgeon.placement.runner import _harness_env
+
+    app = ServeApp([ServedModel.load(label, m) for label, m in zip(("original", "patched")[:len(models)], models,
+                                                                   strict=True)], None)
+    srv = make_server(app)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    out = tmp_path / "state.json"
+    try:
+        cmd = ["node", str(DRIVER), "--url", f"http://127.0.0.1:{srv.server_address[1]}/{query}", "--out",
+               str(out), "--steps", json.dumps(steps), "--chromium", str(runtimes.CHROMIUM)]
+        r = subprocess.run(cmd + ([] if webgpu else ["--no-webgpu"]), env=_harness_env(tmp_path),
+                           capture_output=True, text=True, timeout=900)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert not report.get("page_errors"), report["page_errors"]
+    return report
+
+
+@pytest.mark.webgpu
+@needs_runtimes
+def test_page_blocks_a_bad_image_keeps_the_aspect_ratio_and_downloads_pngs(tmp_path: Path) -> None:
+    """A user's session on one model: a file that is not an image blocks "run" (and leaves the picker empty) until
+    a good one is chosen; a tall 40x80 picture is letterboxed into the 64x64 input, not squashed; the mask and the
+    cutout come back at 40x80 as PNG downloads."""
+    from helpers.png import read_png
+
+    model = _grey_model(tmp_path / "grey.onnx")
+    bad, tall = tmp_path / "not_an_image.png", tmp_path / "tall.png"
+    bad.write_text("this is text, not a picture\n")
+    grey = _ellipse(tall)
+    downloads = tmp_path / "downloads"
+    report = _drive(tmp_path, [model], [{"pick": str(bad)}, {"pick": str(tall)}, {"uncheck": "normalize"},
+                                        {"run": True}, {"downloads": str(downloads)}], query="?runs=1")
+    opened, after_bad, after_good, _, _, downloaded = report["states"]
+    assert opened["run_disabled"] is False and opened["title"] == "deform-surgeon serve: grey.onnx on this GPU"
+    assert "deform-surgeon patch MODEL.onnx MODEL.patched.onnx" in opened["one_model"]
+    assert opened["runs"] == "1"
+    assert after_bad["run_disabled"] is True and after_bad["picker"] == ""
+    assert after_bad["status"].startswith("not_an_image.png cannot be decoded as an image")
+    assert after_good["run_disabled"] is False and after_good["status"] == "ready"
+
+    # letterboxed: scaled by 0.8 to 32x64, bars of 16 columns left and right in the ImageNet mean (124, 116, 104)
+    row = after_good["input_canvas"]["middle_row_grey"]
+    assert after_good["input_canvas"]["width"] == 64 and len(row) == 64
+    assert set(row[:16]) == set(row[48:]) == {115}, row
+    assert min(row[18:46]) > 200, row  # the ellipse is 32 columns wide at its middle, not 64
+    assert "(40×80) keeps its aspect ratio: scaled by 0.800 to 32×64" in after_good["letterbox"]
+    result = report["result"]
+    assert result["ok"] is True and result["image"]["letterbox"] == {
+        "into": [64, 64], "x": 16, "y": 0, "width": 32, "height": 64, "scale": 0.8, "fill_rgb": [124, 116, 104]}
+    assert result["models"][0]["verdict_vs_cpu"]["passed"]
+
+    assert sorted(downloaded["downloads"]) == sorted(p.name for p in downloads.iterdir()) == [
+        "tall.original.cutout.png", "tall.original.mask.png"]
+    mask = read_png(downloads / "tall.original.mask.png")
+    cut = read_png(downloads / "tall.original.cutout.png")
+    assert mask.shape[:2] == cut.shape[:2] == (80, 40)  # the image's own size
+    # the mask is the picture the model was given, cut back out of the letterbox: the ellipse, edges blurred by the
+    # 40x80 -> 32x64 -> 40x80 resampling
+    diff = np.abs(mask[:, :, 0].astype(int) - grey.astype(int))
+    assert diff.mean() < 12 and (diff > 128).mean() < 0.02, diff.mean()
+    assert cut.shape[2] == 4 and np.array_equal(cut[:, :, 3], mask[:, :, 0])  # the mask is the cutout's alpha
+    assert cut[40, 20, 3] == 255 and cut[40, 20, :3].min() > 240 and cut[2, 2, 3] == 0
+
+
+@pytest.mark.webgpu
+@needs_runtimes
+def test_page_without_webgpu_cannot_run_and_says_how_to_enable_it(tmp_path: Path, patched: Path) -> None:
+    """Chromium without --enable-unsafe-webgpu: "run" is disabled, every cell of the table reads "-", one line says
+    how to enable WebGPU; with the JSEP bundle the page says that the original's failure is the bug the patch
+    fixes."""
+    report = _drive(tmp_path, [ORIGINAL, patched], [], query="?bundle=jsep", webgpu=False)
+    (page,) = report["states"]
+    assert page["run_disabled"] is True and page["status"].startswith("cannot run: no WebGPU adapter")
+    assert page["no_webgpu"].startswith("This browser gives the page no WebGPU adapter") \
+        and "To enable WebGPU:" in page["no_webgpu"]
+    header, file_row, *rows = page["table"]
+    assert header == ["", "original", "patched"] and file_row[1:] == ["decoder_gathernd.onnx", patched.name]
+    assert len(rows) >= 10 and all(r[1:] == ["-", "-"] for r in rows), rows
+    assert page["title"] == "deform-surgeon serve: original and patched on this GPU" and page["one_model"] is None
+    assert "That failure is the bug the patched model fixes." in page["jsep_note"]
+
+
+def test_help_says_why_serves_device_profile_differs_and_which_bundle_is_default() -> None:
+    r = _cli("--help")
+    text = " ".join(r.stdout.split())
+    assert r.returncode == 0
+    assert "Why serve's default differs from every other command's (spec-default)" in text
+    assert "webgpu = `import 'onnxruntime-web/webgpu'` (default; what transformers.js imports)" in text
+    assert "(default: 5 on a hardware GPU, 1 on a software adapter" in text
+
+
+def test_config_names_the_default_bundle_runs_and_image(tmp_path: Path) -> None:
+    web = tmp_path / "onnxruntime-web"
+    web.mkdir()
+    picture = tmp_path / "photo.jpg"
+    picture.write_bytes(b"\xff\xd8 not checked here: the browser decodes it")
+    config = ServeApp([ServedModel.load("original", ORIGINAL)], None, ort_web=web).config()
+    assert config["default_bundle"] == "webgpu" and config["runs"] is None
+    assert config["default_runs"] == {"hardware": 5, "software": 1}
+    assert config["image"] == {"url": "/sample.png", "name": "sample.png (bundled)"}
+    app = ServeApp([ServedModel.load("original", ORIGINAL)], None, runs=3, ort_web=web, image=picture)
+    assert app.config()["runs"] == 3 and app.config()["image"] == {"url": "/image", "name": "photo.jpg"}
+    srv = make_server(app)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        assert _request(srv, "GET", "/image") == (200, picture.read_bytes())
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    r = _cli(str(ORIGINAL), "--image", str(tmp_path / "missing.png"))
+    assert r.returncode == 2 and r.stderr.strip().endswith("missing.png: no such file")

@@ -41,13 +41,17 @@ export const CHROMIUM_FLAGS = [
   '--disable-quic',
 ];
 
-/** A playwright persistent context on the system Chromium; signals are left to the caller's handlers. */
-export function launchChromium(userDataDir, executablePath) {
+/**
+ * A playwright persistent context on the system Chromium; signals are left to the caller's handlers. `flags`:
+ * CHROMIUM_FLAGS unless a caller needs others (tests/test_serve.py: a browser without WebGPU).
+ */
+export function launchChromium(userDataDir, executablePath, flags = CHROMIUM_FLAGS) {
   const { chromium } = runtimeRequire('playwright-core');
   return chromium.launchPersistentContext(userDataDir, {
     executablePath: executablePath || '/usr/bin/chromium',
     headless: true,
-    args: CHROMIUM_FLAGS,
+    args: flags,
+    acceptDownloads: true,
     handleSIGINT: false,
     handleSIGTERM: false,
     handleSIGHUP: false,
