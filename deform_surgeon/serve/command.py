@@ -194,7 +194,10 @@ def format_result(r: dict[str, Any]) -> str:
         if m.get("verdict_vs_original"):
             lines.append(f"  {m.get('label')} vs the original: {_verdict(m, 'verdict_vs_original')}")
     for m in models:
-        errors = summarize_errors(m.get("gpu_errors") or split_errors(m.get("error") or ""))
+        # as the page lists them: the run's error (unless it only repeats the first uncaptured one), then the rest
+        own = m.get("error") or ""
+        errors = summarize_errors([*([] if own.startswith("uncaptured WebGPU error") else split_errors(own)),
+                                   *(m.get("gpu_errors") or [])])
         for e in errors:
             lines.append(f"  {m.get('label')}: {e}")
     return "\n".join(lines)

@@ -34,6 +34,7 @@ const ENABLE_WEBGPU = 'To enable WebGPU: Chrome or Edge 113+ on Windows, macOS o
 const JSEP_NOTE = "JSEP (import 'onnxruntime-web'): here the original model fails or leaves its deformable "
   + "convolutions on the CPU (its rank-5 GatherND does not compile: \"no matching constructor for 'i32(vec4<u32>)'\"). "
   + 'That failure is the bug the patched model fixes.';
+const UNCAPTURED = 'uncaptured WebGPU error';
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 /** Text for innerHTML: file names and adapter strings are data, never markup. */
 const esc = (v) => String(v).replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
@@ -328,7 +329,7 @@ async function runModel(ort, m, tensor, runs) {
       e.verdict_vs_original = c.verdict_vs_original;
     }
     e.ok = e.gpu_errors.length === 0 && c.within_tolerance;
-    if (e.gpu_errors.length) e.error = `uncaptured WebGPU error (session.run() resolved anyway): ${e.gpu_errors[0]}`;
+    if (e.gpu_errors.length) e.error = `${UNCAPTURED} (session.run() resolved anyway): ${e.gpu_errors[0]}`;
     else if (!c.within_tolerance) e.error = `outputs vs ORT CPU: ${c.verdict_vs_cpu.text}`;
   } catch (err) {
     e.error = errorText(err);
@@ -360,10 +361,15 @@ function verdictCell(v) {
   return `<span class="${v.passed ? 'good' : 'bad'}" title="${esc(v.text)}">${esc(v.short)}</span>`;
 }
 
+/** A model's errors: its run's (unless it only repeats the first uncaptured one), then the uncaptured ones. */
+function modelErrors(e) {
+  const own = e.error && !e.error.startsWith(UNCAPTURED) ? splitErrors(e.error) : [];
+  return [...own, ...e.gpu_errors];
+}
+
 /** The errors of a model, each distinct one once with its count (the full text is in the results JSON). */
 function errorsCell(e) {
-  const errors = e.gpu_errors.length ? e.gpu_errors : splitErrors(e.error || '');
-  return summarizeErrors(errors).map((x) => `<span class="bad">${esc(x)}</span>`).join('<br>');
+  return summarizeErrors(modelErrors(e)).map((x) => `<span class="bad">${esc(x)}</span>`).join('<br>');
 }
 
 /** The table; an entry that has not run (`ran` false: no WebGPU, or before the first run) shows '-' throughout. */
