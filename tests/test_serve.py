@@ -460,3 +460,18 @@ def test_config_names_the_default_bundle_runs_and_image(tmp_path: Path) -> None:
         srv.server_close()
     r = _cli(str(ORIGINAL), "--image", str(tmp_path / "missing.png"))
     assert r.returncode == 2 and r.stderr.strip().endswith("missing.png: no such file")
+
+
+@pytest.mark.webgpu
+@needs_runtimes
+def test_headless_run_on_an_image_that_does_not_decode_fails_and_says_why(tmp_path: Path) -> None:
+    """`serve --image` with a file the browser cannot decode: nothing runs (not even on the sample), exit 1."""
+    bad = tmp_path / "scan.png"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n truncated")
+    result = tmp_path / "result.json"
+    r = _cli(str(_grey_model(tmp_path / "grey.onnx")), "--image", str(bad), "--headless", str(result), timeout=600)
+    assert r.returncode == 1, r.stdout + r.stderr[-2000:]
+    doc = json.loads(result.read_text())
+    assert doc["ok"] is False and doc["models"] == []
+    assert doc["error"].startswith("scan.png cannot be decoded as an image")
+    assert "page: scan.png cannot be decoded as an image" in r.stdout
