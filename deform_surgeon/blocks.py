@@ -14,6 +14,10 @@ of the sampling coordinates and ends it in the `Conv` that consumes the sampled 
 The region the passes see, the budget's and placement's per-block tables all read these blocks, so a node has the
 same block everywhere. A block is labelled by its Conv's name, which a patch never changes (a split Conv's chunks
 are named `<conv>/chunk<k>`), so an original model and its patched form line up.
+
+torch's dynamo exporter writes a deformable conv as one ONNX `DeformConv`: that node is a block by itself (its
+`conv`, with its feeders and tail). Lowered (passes/deform_conv.py), it becomes a sampling that starts at a Floor
+and ends in a `MatMul` named as the DeformConv was; both are labelled `DeformConv '<name>'`.
 """
 
 from __future__ import annotations
@@ -25,7 +29,17 @@ from dataclasses import dataclass
 
 import onnx
 
-from .ops import CONTROL_FLOW, EXPORTED_SAMPLERS, HEAVY, SAMPLERS, SAMPLING_START, TAIL_OPS, TAIL_STEPS
+from .ops import (
+    BLOCK_GEMMS,
+    CONTROL_FLOW,
+    DEFORM_CONV,
+    EXPORTED_SAMPLERS,
+    HEAVY,
+    SAMPLERS,
+    SAMPLING_START,
+    TAIL_OPS,
+    TAIL_STEPS,
+)
 
 FORWARD_LIMIT = 2000  # nodes forward of one start before it is taken for something other than a deform block
 _DATA_PATH = {"Pad", "Reshape", "Transpose", "Flatten", "Cast", "Unsqueeze", "Squeeze", "Identity", "Constant"}
@@ -104,13 +118,16 @@ def find_blocks(index: GraphIndex) -> list[DeformBlock]:
     found: dict[str, tuple[int, int | None, set[int]]] = {}  # label -> start, conv, sampling
     covered: set[int] = set()
     for k, op in enumerate(index.ops):
+        if op == DEFORM_CONV and k not in index.nested:
+            found[_label(index, k)] = (k, k, set())
+            continue
         if (op != SAMPLING_START and op not in EXPORTED_SAMPLERS) or k in covered or k in index.nested:
             continue
         walk = _forward(index, k)
         if walk is None or not any(index.ops[n] in SAMPLERS for n in walk):
             continue
         covered |= walk
-        convs = sorted(n for n in walk if index.ops[n] == "Conv")
+        convs = [n for gemm in BLOCK_GEMMS for n in sorted(walk) if index.ops[n] == gemm]  # a Conv first
         conv = convs[0] if convs else None
         sampling = _reaching(index, walk, conv) if conv is not None else walk
         label = _label(index, conv) if conv is not None else f"{op} '{index.name(k)}'"
@@ -119,16 +136,21 @@ def find_blocks(index: GraphIndex) -> list[DeformBlock]:
         else:
             found[label] = (k, conv, set(sampling))
     return [DeformBlock(label, start, conv, frozenset(sampling), index.tail(conv) if conv is not None else (),
-                        _feeders(index, frozenset(sampling)))
+                        _feeders(index, frozenset(sampling or {start})))
             for label, (start, conv, sampling) in found.items()]
 
 
 def _label(index: GraphIndex, conv: int) -> str:
     """`Conv '<name>'`, with its weight's name when the exporter kept the module's (`Conv 'Conv_1004'` alone says
     little; `(decoder_blocks.0.dec_att.aspp_deforms.2.atrous_conv.weight)` says which layer)."""
-    weight = index.ins[conv][1] if len(index.ins[conv]) > 1 else ""
+    op = index.ops[conv]
+    slot = 0 if op == "MatMul" else 1
+    weight = index.ins[conv][slot] if len(index.ins[conv]) > slot else ""
+    if op == "MatMul" and index.producer.get(weight) is not None and index.ops[index.producer[weight]] == "Reshape":
+        weight = index.ins[index.producer[weight]][0]  # the lowered DeformConv's weight, reshaped to its groups
     named = weight in index.initializers and not _UNNAMED.match(weight)
-    return f"Conv '{block_conv_name(index.name(conv))}'" + (f" ({weight})" if named else "")
+    kind = "Conv" if op == "Conv" else DEFORM_CONV
+    return f"{kind} '{block_conv_name(index.name(conv))}'" + (f" ({weight})" if named else "")
 
 
 def deform_blocks(model: onnx.ModelProto) -> dict[str, str]:
@@ -151,12 +173,12 @@ def _forward(index: GraphIndex, start: int) -> set[int] | None:
             for c in index.consumers.get(o, ()):
                 if c in seen or c in index.nested:
                     continue
-                if index.ops[c] in HEAVY and index.ops[c] != "Conv":
+                if index.ops[c] in HEAVY and index.ops[c] not in BLOCK_GEMMS:
                     continue
                 seen.add(c)
                 if len(seen) > FORWARD_LIMIT:
                     return None
-                if index.ops[c] != "Conv":
+                if index.ops[c] not in BLOCK_GEMMS:
                     stack.append(c)
     return seen
 
@@ -167,7 +189,7 @@ def _reaching(index: GraphIndex, walk: set[int], conv: int) -> set[int]:
     stack = [i for i in index.ins[conv] if i]
     while stack:
         k = index.producer.get(stack.pop())
-        if k is None or k in keep or k not in walk or index.ops[k] == "Conv":
+        if k is None or k in keep or k not in walk or index.ops[k] in BLOCK_GEMMS:
             continue
         keep.add(k)
         stack.extend(i for i in index.ins[k] if i)
@@ -179,7 +201,7 @@ def _feeders(index: GraphIndex, sampling: frozenset[int]) -> frozenset[int]:
     out: set[int] = set()
     stack: list[tuple[str, bool]] = []
     for k in sampling:
-        data_slot = 0 if index.ops[k] in SAMPLERS else -1
+        data_slot = 0 if index.ops[k] in SAMPLERS or index.ops[k] == DEFORM_CONV else -1
         stack.extend((i, slot == data_slot) for slot, i in enumerate(index.ins[k]) if i)
     while stack:
         name, data = stack.pop()

@@ -10,6 +10,9 @@ from __future__ import annotations
 SAMPLERS = {"GatherND", "GatherElements", "Gather"}  # a deform block samples with one of these (Gather once lowered)
 EXPORTED_SAMPLERS = {"GatherND", "GatherElements"}  # as deform-conv2d-onnx-exporter writes them
 SAMPLING_START = "Floor"  # the exporter's sampling starts at a Floor of the sampling coordinates
+DEFORM_CONV = "DeformConv"  # torch's dynamo exporter writes a whole deformable conv as this one ONNX op
+# the op that consumes a block's sampled values: the exporter's Conv, or the MatMul a lowered DeformConv ends in
+BLOCK_GEMMS = ("Conv", "MatMul")
 
 # Ops that do real work on every element of large tensors (or hold subgraphs): a walk through a model's
 # structure stops at them, because past them lies another layer, not the deform block.

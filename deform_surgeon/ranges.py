@@ -668,7 +668,48 @@ class RangeProver:
 
     def _op_Where(self, node, dtype, _):
         a, b = self._in(node, 1), self._in(node, 2)
-        return Bound(dtype, _union([a.whole, b.whole]))
+        return Bound(dtype, _union([self._taken(node, a.whole), b.whole]))
+
+    def _taken(self, node: gs.Node, x: Span) -> Span:
+        """The span of `Where(cond, x, y)`'s `x` where it is taken: `cond` an `And` of comparisons of `x` itself
+        with constants (`x >= c`, `x <= c`, `x > c`, `x < c`) bounds it there, and excludes NaN, which every such
+        comparison rejects. Element for element: each comparison reads `x` at the position `Where` reads it."""
+        taken = node.inputs[1]
+        lo, hi, narrowed = x.lo, x.hi, False
+        stack = [node.inputs[0]]
+        while stack:
+            t = stack.pop()
+            producer = t.inputs[0] if len(t.inputs) == 1 else None
+            if producer is None:
+                continue
+            if producer.op == "And":
+                stack.extend(producer.inputs)
+                continue
+            if producer.op not in _COMPARE or len(producer.inputs) != 2:
+                continue
+            p, q = producer.inputs
+            flip = q is taken and p is not taken
+            if flip:
+                p, q = q, p
+            c = self.constant(q) if p is taken else None
+            if c is None or c.size == 0 or (np.issubdtype(c.dtype, np.floating) and np.isnan(c).any()):
+                continue
+            below = (producer.op in ("GreaterOrEqual", "Greater")) == flip  # x <= c (or <)
+            if below:
+                hi = min(hi, _number(c.max()))
+            else:
+                lo = max(lo, _number(c.min()))
+            narrowed = True
+        if not narrowed:
+            return x
+        return Span(lo, hi, False, x.source, f"{_label(node)} (taken where {node.inputs[0].name} holds)", ())
+
+
+_COMPARE = {"GreaterOrEqual", "Greater", "LessOrEqual", "Less"}
+
+
+def _number(v: np.generic) -> Number:
+    return int(v) if np.issubdtype(type(v), np.integer) else float(v)
 
 
 def _union(spans: Sequence[Span]) -> Span:
@@ -712,7 +753,7 @@ def gathernd_verdict(prover: RangeProver, node: gs.Node) -> IndexVerdict:
 
 
 def gather_elements_verdict(prover: RangeProver, node: gs.Node) -> IndexVerdict:
-    """Prove that every index of a GatherElements lies in [0, dim(axis) - 1]."""
+    """Prove that every index of a GatherElements (or a Gather: the same condition) lies in [0, dim(axis) - 1]."""
     data, indices = node.inputs[0], node.inputs[1]
     dshape = prover.static_shape(data)
     if dshape is None:
@@ -720,3 +761,4 @@ def gather_elements_verdict(prover: RangeProver, node: gs.Node) -> IndexVerdict:
     axis = int(node.attrs.get("axis", 0)) % len(dshape)
     part = judge(axis, dshape[axis], prover.bound(indices).whole)
     return combine(node.name, node.op, [part])
+

@@ -34,6 +34,7 @@ from .model_io import (
     tidy,
 )
 from .passes.bands import BandOversize
+from .passes.deform_conv import LowerDeformConv
 from .passes.fit import FitStorageBuffers
 from .passes.gather_elements import LowerGatherElements
 from .passes.gathernd import LowerGatherND
@@ -57,7 +58,8 @@ MEMORY_ROUNDS = 6  # --max-memory: at most this many re-chunkings after the firs
 def default_passes(plan: SplitPlan | None = None) -> list:
     """The passes `patch` runs, in order (to a fixed point); the split and bands passes share `plan`."""
     plan = plan if plan is not None else SplitPlan()
-    return [LowerGatherND(), LowerGatherElements(), IndexChainResidency(), ChainSum(), FitStorageBuffers(),
+    return [LowerDeformConv(plan.keep_whole), LowerGatherND(), LowerGatherElements(), IndexChainResidency(),
+            ChainSum(), FitStorageBuffers(),
             SplitBlocks(plan), BandOversize(plan)]
 
 

@@ -1,0 +1,286 @@
+"""ONNX `DeformConv` -> the gather form the WebGPU EPs run: float sampling arithmetic, int32 row indices, four
+`Gather`s, an `Add` chain and one `MatMul`, in the order ORT CPU's own DeformConv kernel computes.
+
+Why: torch's dynamo exporter writes torchvision's `deform_conv2d` as one `DeformConv` (opset 19+), for which
+neither WebGPU EP of onnxruntime-web has a kernel: it runs on the CPU EP with two Memcpy around it.
+
+What ORT CPU computes (onnxruntime/core/providers/cpu/nn/deform_conv.cc), per image, offset group `og`, kernel
+tap `k = (i, j)` and output position `p = (oy, ox)`, and what this pass builds for each step:
+
+    h = (oy*stride_h - pad_h + i*dil_h) + offset_h        Add(constant grid, offset): one rounding, as there
+    outside = h <= -1 or h >= H or w <= -1 or w >= W      all four weights 0, all four indices 0
+    y0 = floor(h), lh = h - y0, hh = 1 - lh               Floor, Sub, Sub (likewise x0, lw, hw)
+    w00 = hh*hw, w01 = hh*lw, w10 = lh*hw, w11 = lh*lw     Mul
+    corner (a, b) valid: y_a, x_b inside the image         else its weight and its index are 0
+    sample = w00*X[i00] + w01*X[i01] + w10*X[i10] + w11*X[i11]   (left to right), then `*= mask`
+    Y[g] = W[g] @ col[g]  (MLAS SGEMM, M/g x P x K)        MatMul of the same shapes: the same MLAS SGEMM
+    Y += bias[m]                                          Add
+
+ORT's corner validity compares the *integer* floor: `int(NaN)` is INT_MIN there, so a NaN coordinate keeps some
+corners "valid" with a NaN weight (the sample is NaN). The validity here is written so that NaN gives the same
+answers (`h_high < H` is `not (floor(h) >= H - 1)`), so a NaN offset gives a NaN sample as on ORT CPU. Where
+ORT then reads memory at an index computed from INT_MIN, the gather index here is proven in range instead: every
+row index is built from coordinates clamped by `Where(0 <= c <= size-1, c, 0)` (NaN fails both comparisons), and
+the range prover (ranges.py) checks every Gather's index against its data before the rewrite is kept.
+
+Exactness: every elementwise step is the same IEEE float32 operation on the same operands as ORT's C++ (compiled
+without FMA contraction on x86-64), and the GEMM is the MLAS SGEMM MatMul uses for the same M, N, K. The latter is
+a property of ORT's kernels, not of the graph, so the rewrite is marked `needs_verify`: `patch` writes it only
+after the whole patched model verified byte-identical on ORT CPU, and undoes it otherwise (docs/deformconv.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from ..pipeline import Action, Context, Outcome, Refuse, rewrite_each
+from ..ranges import gather_elements_verdict
+from .gathernd import INT32_MAX
+
+OP = "DeformConv"
+
+
+@dataclass(frozen=True)
+class DeformConvPlan:
+    """The static shapes and attributes of one DeformConv (ONNX DeformConv-19 defaults filled in)."""
+
+    n: int
+    c: int
+    h: int
+    w: int
+    m: int
+    kh: int
+    kw: int
+    oh: int
+    ow: int
+    strides: tuple[int, int]
+    dilations: tuple[int, int]
+    pads: tuple[int, int, int, int]
+    group: int
+    offset_group: int
+    has_bias: bool
+    has_mask: bool
+
+    @property
+    def taps(self) -> int:
+        return self.kh * self.kw
+
+    @property
+    def points(self) -> int:
+        return self.oh * self.ow
+
+
+class LowerDeformConv:
+    """Rewrite every float32 2-D DeformConv with static shapes into the sampling form (module docstring)."""
+
+    name = "deform_conv"
+
+    def __init__(self, keep_whole: dict[str, str] | None = None) -> None:
+        self.keep_whole = keep_whole if keep_whole is not None else {}  # node -> why it stays (a failed check)
+
+    def run(self, ctx: Context) -> list[Action]:
+        return rewrite_each(self.name, [n for n in ctx.graph.nodes if n.op == OP and n.domain in (None, "", "ai.onnx")],
+                            lambda node: self.check(ctx, node), lambda node, plan: self.rewrite(ctx, node, plan))
+
+    def check(self, ctx: Context, node: gs.Node) -> DeformConvPlan:
+        """The plan for `node`, or `Refuse` with the reason it stays a DeformConv (on the CPU EP in the browser)."""
+        if node.name in self.keep_whole:
+            raise Refuse(self.keep_whole[node.name])
+        prover = ctx.prover
+        ins = list(node.inputs) + [gs.Variable("")] * (5 - len(node.inputs))
+        x, weight, offset, bias, mask = ins[:5]
+        dtype = prover.dtype(x)
+        if dtype != np.dtype(np.float32):
+            raise Refuse(f"element type {dtype} (only float32 is lowered: the WebGPU EPs have no float64)")
+        shapes = [prover.static_shape(t) for t in (x, weight, offset)]
+        if any(s is None for s in shapes):
+            raise Refuse("input, weight or offset shape not known statically")
+        (n, c, h, w), wshape, oshape = shapes[0], shapes[1], shapes[2]
+        if len(shapes[0]) != 4 or len(wshape) != 4:
+            raise Refuse("only the 2-D DeformConv (rank-4 input and weight) is lowered")
+        attrs = node.attrs
+        m, kh, kw = wshape[0], wshape[2], wshape[3]
+        if list(attrs.get("kernel_shape", [kh, kw])) != [kh, kw]:
+            raise Refuse(f"kernel_shape {attrs['kernel_shape']} differs from the weight's {[kh, kw]}")
+        strides = tuple(attrs.get("strides", [1, 1]))
+        dilations = tuple(attrs.get("dilations", [1, 1]))
+        pads = tuple(attrs.get("pads", [0, 0, 0, 0]))
+        group, og = int(attrs.get("group", 1)), int(attrs.get("offset_group", 1))
+        if len(strides) != 2 or len(dilations) != 2 or len(pads) != 4:
+            raise Refuse("strides, dilations or pads do not have the 2-D lengths")
+        if c % group or m % group or c % og or wshape[1] * group != c:
+            raise Refuse(f"channels {c}, output channels {m}, group {group}, offset_group {og} do not divide")
+        oh = (h + pads[0] + pads[2] - (dilations[0] * (kh - 1) + 1)) // strides[0] + 1
+        ow = (w + pads[1] + pads[3] - (dilations[1] * (kw - 1) + 1)) // strides[1] + 1
+        if oh < 1 or ow < 1:
+            raise Refuse(f"empty output ({oh} x {ow})")
+        if tuple(oshape) != (n, og * 2 * kh * kw, oh, ow):
+            raise Refuse(f"offset shape {list(oshape)} is not {[n, og * 2 * kh * kw, oh, ow]}")
+        has_mask = mask.name != ""
+        if has_mask and prover.static_shape(mask) != (n, og * kh * kw, oh, ow):
+            raise Refuse(f"mask shape {prover.static_shape(mask)} is not {[n, og * kh * kw, oh, ow]}")
+        has_bias = bias.name != ""
+        if has_bias and prover.static_shape(bias) != (m,):
+            raise Refuse(f"bias shape {prover.static_shape(bias)} is not {[m]}")
+        if n * og * h * w - 1 > INT32_MAX:
+            raise Refuse(f"{n * og * h * w} sampled rows, more than an int32 index can address")
+        return DeformConvPlan(n, c, h, w, m, kh, kw, oh, ow, strides, dilations, pads, group, og, has_bias, has_mask)
+
+    def rewrite(self, ctx: Context, node: gs.Node, plan: DeformConvPlan) -> Action:
+        before = len(ctx.graph.nodes)
+        out = node.outputs[0]
+        name = node.name or out.name
+        node.name = ctx.names.fresh(f"{name}/lowered")  # the MatMul takes its name: the block keeps its label
+        ctx.names.used.add(name)
+        node.outputs.clear()
+        b = _Builder(ctx, name)
+        gathers = self._build(b, node, plan, out)
+        verdicts = [gather_elements_verdict(ctx.prover, g) for g in gathers]
+        if not all(v.proven for v in verdicts):  # cannot happen by construction; never written unproven
+            del ctx.graph.nodes[before:]
+            node.outputs.append(out)
+            node.name = name
+            why = "; ".join(v.reason for v in verdicts if not v.proven)
+            return Action(self.name, name, OP, Outcome.REFUSED, f"sampling index not proven in range: {why}")
+        p = plan
+        what = (f"{p.kh}x{p.kw}, stride {list(p.strides)}, dilation {list(p.dilations)}, pads {list(p.pads)}, "
+                f"group {p.group}, offset_group {p.offset_group}, {'with' if p.has_mask else 'no'} mask, "
+                f"{'with' if p.has_bias else 'no'} bias")
+        reason = (f"DeformConv ({what}) -> 4 Gathers + Add chain + MatMul in ORT CPU's own order; indices "
+                  f"proven in range ({verdicts[0].reason})")
+        return Action(self.name, name, OP, Outcome.REWRITTEN, reason,
+                      tuple(n.name for n in ctx.graph.nodes[before:]), needs_verify=True)
+
+    @staticmethod
+    def _build(b: _Builder, node: gs.Node, p: DeformConvPlan, out: gs.Tensor) -> list[gs.Node]:
+        """Build the replacement; return its four Gathers (whose indices the caller proves)."""
+        ins = list(node.inputs) + [gs.Variable("")] * (5 - len(node.inputs))
+        x, weight, offset, bias, mask = ins[:5]
+        og, k, pts, cg = p.offset_group, p.taps, p.points, p.c // p.offset_group
+        lead = [p.n, og, k, pts]  # one sampling point per image, offset group, kernel tap, output position
+
+        # the image as rows of channels: row (n*og + g)*H*W + y*W + x holds X[n, g*cg:(g+1)*cg, y, x]
+        grouped = b.op("Reshape", [x, b.i64([p.n, og, cg, p.h * p.w])], "image_grouped")
+        rows_first = b.op("Transpose", [grouped], "image_rows_first", perm=[0, 1, 3, 2])
+        table = b.op("Reshape", [rows_first, b.i64([-1, cg])], "image_rows", shape=[p.n * og * p.h * p.w, cg])
+
+        # sampling coordinates: the integer grid plus the offset, one rounding
+        pairs = b.op("Reshape", [offset, b.i64([p.n, og, k, 2, pts])], "offset_pairs")
+        coords = []
+        for axis, (stride, dil, pad, size, kdim) in enumerate(
+                ((p.strides[0], p.dilations[0], p.pads[0], p.h, 0), (p.strides[1], p.dilations[1], p.pads[1], p.w, 1))):
+            tap = np.arange(k) // p.kw if kdim == 0 else np.arange(k) % p.kw
+            out_pos = np.arange(pts) // p.ow if kdim == 0 else np.arange(pts) % p.ow
+            # the grid out_pos*stride - pad + tap*dil, made from its two small factors (exact: small integers)
+            grid = b.op("Add", [b.const((tap[:, None] * dil).astype(np.float32)),
+                                b.const((out_pos[None, :] * stride - pad).astype(np.float32))], f"grid_{'hw'[axis]}")
+            shift = b.op("Gather", [pairs, b.const(np.array(axis, np.int32))], f"offset_{'hw'[axis]}", axis=3)
+            coords.append((b.op("Add", [grid, shift], f"{'hw'[axis]}_im"), size))
+        (hi, hsize), (wi, wsize) = coords
+
+        # not (h <= -1 or h >= H or w <= -1 or w >= W), as And of Nots (no WebGPU EP has an Or kernel); NaN: inside
+        bounds = [b.op("Not", [b.cmp(cmp, t, v)]) for t, size in ((hi, hsize), (wi, wsize))
+                  for cmp, v in (("LessOrEqual", -1.0), ("GreaterOrEqual", float(size)))]
+        inside = b.op("And", [b.op("And", bounds[:2]), b.op("And", bounds[2:])], "inside")
+
+        # bilinear weights, ORT's expressions; then zeroed where ORT zeroes them
+        y0, x0 = b.op("Floor", [hi], "y_low"), b.op("Floor", [wi], "x_low")
+        lh, lw = b.op("Sub", [hi, y0], "lh"), b.op("Sub", [wi, x0], "lw")
+        hh, hw = b.op("Sub", [b.f32(1.0), lh], "hh"), b.op("Sub", [b.f32(1.0), lw], "hw")
+        raw = {(0, 0): (hh, hw), (0, 1): (hh, lw), (1, 0): (lh, hw), (1, 1): (lh, lw)}
+        # ORT: h_low >= 0, h_high < H (on the integer floor: NaN -> INT_MIN -> "low" invalid, "high" valid)
+        ok_y = {0: b.cmp("GreaterOrEqual", y0, 0.0), 1: b.op("Not", [b.cmp("GreaterOrEqual", y0, hsize - 1.0)])}
+        ok_x = {0: b.cmp("GreaterOrEqual", x0, 0.0), 1: b.op("Not", [b.cmp("GreaterOrEqual", x0, wsize - 1.0)])}
+        rows_ok = {a: b.op("And", [inside, ok_y[a]], f"row{a}_valid") for a in (0, 1)}
+
+        # row indices: coordinates clamped to the image (NaN -> 0) by a Where the prover reads, then int32
+        y1, x1 = b.op("Add", [y0, b.f32(1.0)], "y_high"), b.op("Add", [x0, b.f32(1.0)], "x_high")
+        ys = {a: b.op("Mul", [b.to_int32(b.clamp(c, hsize), f"y{a}"), b.const(np.array(wsize, np.int32))],
+                      f"y{a}_row") for a, c in ((0, y0), (1, y1))}
+        xs = {a: b.to_int32(b.clamp(c, wsize), f"x{a}") for a, c in ((0, x0), (1, x1))}
+        base = None
+        if p.n * og > 1:
+            starts = (np.arange(p.n * og, dtype=np.int64) * p.h * p.w).astype(np.int32).reshape(p.n, og, 1, 1)
+            base = b.const(starts)
+
+        gathers, total = [], None
+        for (a, c), (wa, wb) in raw.items():
+            tag = f"{a}{c}"
+            valid = b.op("And", [rows_ok[a], ok_x[c]], f"corner{tag}_valid")
+            weight_k = b.op("Where", [valid, b.op("Mul", [wa, wb], f"w{tag}"), b.f32(0.0)], f"w{tag}_kept")
+            index = b.op("Where", [valid, b.op("Add", [ys[a], xs[c]], f"i{tag}"), b.const(np.array(0, np.int32))],
+                         f"i{tag}_kept")
+            if base is not None:
+                index = b.op("Add", [index, base], f"i{tag}_row")
+            picked = b.op("Gather", [table, index], f"corner{tag}", axis=0)
+            gathers.append(picked.inputs[0])  # the Gather node
+            term = b.op("Mul", [b.op("Reshape", [weight_k, b.i64([*lead, 1])], f"w{tag}_col"), picked], f"t{tag}")
+            total = term if total is None else b.op("Add", [total, term], f"sum{tag}")
+        if p.has_mask:
+            total = b.op("Mul", [total, b.op("Reshape", [mask, b.i64([*lead, 1])], "mask_col")], "masked")
+
+        # im2col layout [N, C*kH*kW, P] (row c*K + k), per group; then W[g] @ col[g]
+        col = b.op("Transpose", [total], "col_channels_first", perm=[0, 1, 4, 2, 3])
+        kdim = (p.c // p.group) * k
+        col = b.op("Reshape", [col, b.i64([p.n, p.group, kdim, pts])], "col")
+        wmat = b.op("Reshape", [weight, b.i64([p.group, p.m // p.group, kdim])], "weight_rows")
+        prod = b.op("MatMul", [wmat, col], "", exact_name=True)
+        if p.has_bias:
+            y = b.op("Reshape", [prod, b.i64([p.n, p.m, p.oh, p.ow])], "unbiased")
+            bias_col = b.op("Reshape", [bias, b.i64([p.m, 1, 1])], "bias_col")
+            b.op("Add", [y, bias_col], "bias", into=out)
+        else:
+            b.op("Reshape", [prod, b.i64([p.n, p.m, p.oh, p.ow])], "output", into=out)
+        return gathers
+
+
+_BOOL_OPS = {"And", "Or", "Not", "GreaterOrEqual", "LessOrEqual", "Greater", "Less"}
+
+
+class _Builder:
+    """Nodes named `<deformconv>/<step>`, their outputs typed (the prover reads the types): `op` returns the
+    output tensor."""
+
+    def __init__(self, ctx: Context, name: str) -> None:
+        self.ctx, self.name = ctx, name
+
+    def op(self, op: str, inputs: list[gs.Tensor], step: str = "", *, into: gs.Tensor | None = None,
+           exact_name: bool = False, shape: list[int] | None = None, **attrs) -> gs.Tensor:
+        out = into if into is not None else self.ctx.var(f"{self.name}/{step or op}", self._dtype(op, inputs, attrs),
+                                                         shape)
+        node = gs.Node(op=op, name=self.name if exact_name else self.ctx.names.fresh(f"{self.name}/{step or op}"),
+                       attrs=attrs, inputs=inputs, outputs=[out])
+        self.ctx.graph.nodes.append(node)
+        return out
+
+    def _dtype(self, op: str, inputs: list[gs.Tensor], attrs: dict) -> np.dtype | None:
+        if op in _BOOL_OPS:
+            return np.dtype(np.bool_)
+        if op == "Cast":
+            return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(attrs["to"]))
+        return self.ctx.prover.dtype(inputs[1] if op == "Where" else inputs[0])
+
+    def const(self, values: np.ndarray) -> gs.Constant:
+        return self.ctx.const(f"{self.name}/const", values)
+
+    def i64(self, values: list[int]) -> gs.Constant:
+        return self.const(np.array(values, np.int64))
+
+    def f32(self, v: float) -> gs.Constant:
+        return self.const(np.array(v, np.float32))
+
+    def cmp(self, op: str, t: gs.Tensor, v: float) -> gs.Tensor:
+        return self.op(op, [t, self.f32(v)], f"{t.name.rsplit('/', 1)[-1]}_{op}")
+
+    def clamp(self, t: gs.Tensor, size: int) -> gs.Tensor:
+        """`t` where `0 <= t <= size-1`, else 0: in range for every input, NaN and infinities included."""
+        inside = self.op("And", [self.cmp("GreaterOrEqual", t, 0.0), self.cmp("LessOrEqual", t, size - 1.0)],
+                         f"{t.name.rsplit('/', 1)[-1]}_in_image")
+        return self.op("Where", [inside, t, self.f32(0.0)], f"{t.name.rsplit('/', 1)[-1]}_clamped")
+
+    def to_int32(self, t: gs.Tensor, step: str) -> gs.Tensor:
+        return self.op("Cast", [t], f"{step}_int32", to=onnx.TensorProto.INT32)
