@@ -256,7 +256,9 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
         report.note = f"--strict: {len(report.refused)} node(s) refused; {output_path} not written"
         return report
     if not report.changed:
-        report.note = "; ".join(x for x in (f"nothing to rewrite in {model_path}", memory) if x)
+        nothing = f"nothing to rewrite in {model_path}" + (
+            f" ({len(report.refused)} node(s) refused: see their reasons)" if report.refused else "")
+        report.note = "; ".join(x for x in (nothing, memory) if x)
         if output_path is not None and copy_unchanged:
             if weights.external:  # its data must move beside the copy: same tensors, references re-pointed
                 stage("write")

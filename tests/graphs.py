@@ -451,6 +451,59 @@ FIXTURES = {
 }
 
 
+def deform_conv(n: int = 1, c: int = 4, h: int = 9, w: int = 10, m: int = 6, kernel: tuple[int, int] = (3, 3),
+                strides: tuple[int, int] = (1, 1), dilations: tuple[int, int] = (1, 1),
+                pads: tuple[int, int, int, int] = (1, 1, 1, 1), group: int = 1, offset_group: int = 1,
+                mask: bool = True, bias: bool = True, offset_conv: bool = False, dtype: type = np.float32,
+                seed: int = 0) -> onnx.ModelProto:
+    """One ONNX `DeformConv` (opset 19), as torch's dynamo exporter writes torchvision's `deform_conv2d`.
+
+    With `offset_conv` the offsets (and the mask, through a Sigmoid) come from a 3x3 Conv of the input and a Relu
+    follows, the shape of a `DeformableConv2d` layer in BiRefNet's dynamo export; without it offset and mask are
+    graph inputs, so a test can feed any value (NaN, infinities, samples far outside the image).
+    """
+    rng = np.random.default_rng(seed)
+    kh, kw = kernel
+    oh = (h + pads[0] + pads[2] - (dilations[0] * (kh - 1) + 1)) // strides[0] + 1
+    ow = (w + pads[1] + pads[3] - (dilations[1] * (kw - 1) + 1)) // strides[1] + 1
+    taps = offset_group * kh * kw
+    elem = _NP_TO_ONNX[np.dtype(dtype)]
+    nodes, inits, inputs = [], [], [helper.make_tensor_value_info("X", elem, [n, c, h, w])]
+
+    def const(name: str, value: np.ndarray) -> str:
+        inits.append(numpy_helper.from_array(value.astype(dtype), name))
+        return name
+
+    const("deform.weight", rng.standard_normal((m, c // group, kh, kw)))
+    slots = ["X", "deform.weight", "offset", const("deform.bias", rng.standard_normal(m)) if bias else "",
+             "mask" if mask else ""]
+    if offset_conv:
+        assert (oh, ow) == (h, w), "the offset Conv keeps the input size: use stride 1 and 'same' pads"
+        nodes.append(helper.make_node("Conv", ["X", const("offset.weight", rng.standard_normal(
+            (2 * taps, c, 3, 3)) * 0.3)], ["offset"], name="node_offset_conv", pads=[1, 1, 1, 1]))
+        if mask:
+            nodes.append(helper.make_node("Conv", ["X", const("mask.weight", rng.standard_normal(
+                (taps, c, 3, 3)) * 0.3)], ["mask_logits"], name="node_mask_conv", pads=[1, 1, 1, 1]))
+            nodes.append(helper.make_node("Sigmoid", ["mask_logits"], ["mask"], name="node_sigmoid"))
+    else:
+        inputs.append(helper.make_tensor_value_info("offset", elem, [n, 2 * taps, oh, ow]))
+        if mask:
+            inputs.append(helper.make_tensor_value_info("mask", elem, [n, taps, oh, ow]))
+    while slots[-1] == "":
+        slots.pop()
+    out = "deformed" if offset_conv else "Y"
+    nodes.append(helper.make_node("DeformConv", slots, [out], name="node_deform_conv2d", kernel_shape=[kh, kw],
+                                  strides=list(strides), dilations=list(dilations), pads=list(pads), group=group,
+                                  offset_group=offset_group))
+    if offset_conv:
+        nodes.append(helper.make_node("Relu", [out], ["Y"], name="node_relu"))
+    graph = helper.make_graph(nodes, "deform_conv", inputs, [helper.make_tensor_value_info("Y", elem, [n, m, oh, ow])],
+                              inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    model.ir_version = 9
+    return model
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default=str(Path(__file__).parent / "fixtures"))

@@ -8,7 +8,7 @@ What ORT CPU computes (onnxruntime/core/providers/cpu/nn/deform_conv.cc), per im
 tap `k = (i, j)` and output position `p = (oy, ox)`, and what this pass builds for each step:
 
     h = (oy*stride_h - pad_h + i*dil_h) + offset_h        Add(constant grid, offset): one rounding, as there
-    outside = h <= -1 or h >= H or w <= -1 or w >= W      all four weights 0, all four indices 0
+    inside = -1 < h < H and -1 < w < W                    else all four weights 0, all four indices 0
     y0 = floor(h), lh = h - y0, hh = 1 - lh               Floor, Sub, Sub (likewise x0, lw, hw)
     w00 = hh*hw, w01 = hh*lw, w10 = lh*hw, w11 = lh*lw     Mul
     corner (a, b) valid: y_a, x_b inside the image         else its weight and its index are 0
@@ -16,10 +16,8 @@ tap `k = (i, j)` and output position `p = (oy, ox)`, and what this pass builds f
     Y[g] = W[g] @ col[g]  (MLAS SGEMM, M/g x P x K)        MatMul of the same shapes: the same MLAS SGEMM
     Y += bias[m]                                          Add
 
-ORT's corner validity compares the *integer* floor: `int(NaN)` is INT_MIN there, so a NaN coordinate keeps some
-corners "valid" with a NaN weight (the sample is NaN). The validity here is written so that NaN gives the same
-answers (`h_high < H` is `not (floor(h) >= H - 1)`), so a NaN offset gives a NaN sample as on ORT CPU. Where
-ORT then reads memory at an index computed from INT_MIN, the gather index here is proven in range instead: every
+A NaN coordinate fails the inside test, so its sample is an outside one (weights 0, index 0), as on ORT 1.32 CPU
+(measured: NaN offsets give the bytes +inf offsets give). The gather indices never depend on that reasoning: every
 row index is built from coordinates clamped by `Where(0 <= c <= size-1, c, 0)` (NaN fails both comparisons), and
 the range prover (ranges.py) checks every Gather's index against its data before the rewrite is kept.
 
@@ -42,6 +40,7 @@ from ..ranges import gather_elements_verdict
 from .gathernd import INT32_MAX
 
 OP = "DeformConv"
+STAYS = "it stays a DeformConv, which runs on the CPU EP in onnxruntime-web (no WebGPU EP has a kernel for it)"
 
 
 @dataclass(frozen=True)
@@ -88,6 +87,12 @@ class LowerDeformConv:
 
     def check(self, ctx: Context, node: gs.Node) -> DeformConvPlan:
         """The plan for `node`, or `Refuse` with the reason it stays a DeformConv (on the CPU EP in the browser)."""
+        try:
+            return self._plan(ctx, node)
+        except Refuse as why:
+            raise Refuse(f"{why}; {STAYS}") from None
+
+    def _plan(self, ctx: Context, node: gs.Node) -> DeformConvPlan:
         if node.name in self.keep_whole:
             raise Refuse(self.keep_whole[node.name])
         prover = ctx.prover
@@ -145,7 +150,7 @@ class LowerDeformConv:
             node.outputs.append(out)
             node.name = name
             why = "; ".join(v.reason for v in verdicts if not v.proven)
-            return Action(self.name, name, OP, Outcome.REFUSED, f"sampling index not proven in range: {why}")
+            return Action(self.name, name, OP, Outcome.REFUSED, f"sampling index not proven in range: {why}; {STAYS}")
         p = plan
         what = (f"{p.kh}x{p.kw}, stride {list(p.strides)}, dilation {list(p.dilations)}, pads {list(p.pads)}, "
                 f"group {p.group}, offset_group {p.offset_group}, {'with' if p.has_mask else 'no'} mask, "
@@ -182,9 +187,9 @@ class LowerDeformConv:
             coords.append((b.op("Add", [grid, shift], f"{'hw'[axis]}_im"), size))
         (hi, hsize), (wi, wsize) = coords
 
-        # not (h <= -1 or h >= H or w <= -1 or w >= W), as And of Nots (no WebGPU EP has an Or kernel); NaN: inside
-        bounds = [b.op("Not", [b.cmp(cmp, t, v)]) for t, size in ((hi, hsize), (wi, wsize))
-                  for cmp, v in (("LessOrEqual", -1.0), ("GreaterOrEqual", float(size)))]
+        # -1 < h < H and -1 < w < W: NaN (and +-inf) fail it, the sample is outside (no WebGPU EP has an Or kernel)
+        bounds = [b.cmp(cmp, t, v) for t, size in ((hi, hsize), (wi, wsize))
+                  for cmp, v in (("Greater", -1.0), ("Less", float(size)))]
         inside = b.op("And", [b.op("And", bounds[:2]), b.op("And", bounds[2:])], "inside")
 
         # bilinear weights, ORT's expressions; then zeroed where ORT zeroes them
@@ -192,9 +197,9 @@ class LowerDeformConv:
         lh, lw = b.op("Sub", [hi, y0], "lh"), b.op("Sub", [wi, x0], "lw")
         hh, hw = b.op("Sub", [b.f32(1.0), lh], "hh"), b.op("Sub", [b.f32(1.0), lw], "hw")
         raw = {(0, 0): (hh, hw), (0, 1): (hh, lw), (1, 0): (lh, hw), (1, 1): (lh, lw)}
-        # ORT: h_low >= 0, h_high < H (on the integer floor: NaN -> INT_MIN -> "low" invalid, "high" valid)
-        ok_y = {0: b.cmp("GreaterOrEqual", y0, 0.0), 1: b.op("Not", [b.cmp("GreaterOrEqual", y0, hsize - 1.0)])}
-        ok_x = {0: b.cmp("GreaterOrEqual", x0, 0.0), 1: b.op("Not", [b.cmp("GreaterOrEqual", x0, wsize - 1.0)])}
+        # ORT: h_low >= 0, h_high < H (where the sample is inside, so the coordinates are finite)
+        ok_y = {0: b.cmp("GreaterOrEqual", y0, 0.0), 1: b.cmp("Less", y0, hsize - 1.0)}
+        ok_x = {0: b.cmp("GreaterOrEqual", x0, 0.0), 1: b.cmp("Less", x0, wsize - 1.0)}
         rows_ok = {a: b.op("And", [inside, ok_y[a]], f"row{a}_valid") for a in (0, 1)}
 
         # row indices: coordinates clamped to the image (NaN -> 0) by a Where the prover reads, then int32
