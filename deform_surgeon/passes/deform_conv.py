@@ -187,10 +187,11 @@ class LowerDeformConv:
             coords.append((b.op("Add", [grid, shift], f"{'hw'[axis]}_im"), size))
         (hi, hsize), (wi, wsize) = coords
 
-        # -1 < h < H and -1 < w < W: NaN (and +-inf) fail it, the sample is outside (no WebGPU EP has an Or kernel)
-        bounds = [b.cmp(cmp, t, v) for t, size in ((hi, hsize), (wi, wsize))
+        # -1 < h < H and -1 < w < W: NaN (and +-inf) fail it, the sample is outside. Conditions are combined as
+        # 0/1 floats (exact products): JSEP has no And kernel, neither WebGPU EP an Or
+        bounds = [b.flag(cmp, t, v) for t, size in ((hi, hsize), (wi, wsize))
                   for cmp, v in (("Greater", -1.0), ("Less", float(size)))]
-        inside = b.op("And", [b.op("And", bounds[:2]), b.op("And", bounds[2:])], "inside")
+        inside = b.op("Mul", [b.op("Mul", bounds[:2]), b.op("Mul", bounds[2:])], "inside")
 
         # bilinear weights, ORT's expressions; then zeroed where ORT zeroes them
         y0, x0 = b.op("Floor", [hi], "y_low"), b.op("Floor", [wi], "x_low")
@@ -198,9 +199,9 @@ class LowerDeformConv:
         hh, hw = b.op("Sub", [b.f32(1.0), lh], "hh"), b.op("Sub", [b.f32(1.0), lw], "hw")
         raw = {(0, 0): (hh, hw), (0, 1): (hh, lw), (1, 0): (lh, hw), (1, 1): (lh, lw)}
         # ORT: h_low >= 0, h_high < H (where the sample is inside, so the coordinates are finite)
-        ok_y = {0: b.cmp("GreaterOrEqual", y0, 0.0), 1: b.cmp("Less", y0, hsize - 1.0)}
-        ok_x = {0: b.cmp("GreaterOrEqual", x0, 0.0), 1: b.cmp("Less", x0, wsize - 1.0)}
-        rows_ok = {a: b.op("And", [inside, ok_y[a]], f"row{a}_valid") for a in (0, 1)}
+        ok_y = {0: b.flag("GreaterOrEqual", y0, 0.0), 1: b.flag("Less", y0, hsize - 1.0)}
+        ok_x = {0: b.flag("GreaterOrEqual", x0, 0.0), 1: b.flag("Less", x0, wsize - 1.0)}
+        rows_ok = {a: b.op("Mul", [inside, ok_y[a]], f"row{a}_valid") for a in (0, 1)}
 
         # row indices: coordinates clamped to the image (NaN -> 0) by a Where the prover reads, then int32
         y1, x1 = b.op("Add", [y0, b.f32(1.0)], "y_high"), b.op("Add", [x0, b.f32(1.0)], "x_high")
@@ -215,7 +216,8 @@ class LowerDeformConv:
         gathers, total = [], None
         for (a, c), (wa, wb) in raw.items():
             tag = f"{a}{c}"
-            valid = b.op("And", [rows_ok[a], ok_x[c]], f"corner{tag}_valid")
+            valid = b.op("Cast", [b.op("Mul", [rows_ok[a], ok_x[c]], f"corner{tag}_valid")], f"corner{tag}_kept",
+                         to=onnx.TensorProto.BOOL)
             weight_k = b.op("Where", [valid, b.op("Mul", [wa, wb], f"w{tag}"), b.f32(0.0)], f"w{tag}_kept")
             index = b.op("Where", [valid, b.op("Add", [ys[a], xs[c]], f"i{tag}"), b.const(np.array(0, np.int32))],
                          f"i{tag}_kept")
@@ -243,7 +245,7 @@ class LowerDeformConv:
         return gathers
 
 
-_BOOL_OPS = {"And", "Or", "Not", "GreaterOrEqual", "LessOrEqual", "Greater", "Less"}
+_BOOL_OPS = {"GreaterOrEqual", "LessOrEqual", "Greater", "Less"}
 
 
 class _Builder:
@@ -281,11 +283,17 @@ class _Builder:
     def cmp(self, op: str, t: gs.Tensor, v: float) -> gs.Tensor:
         return self.op(op, [t, self.f32(v)], f"{t.name.rsplit('/', 1)[-1]}_{op}")
 
+    def flag(self, op: str, t: gs.Tensor, v: float) -> gs.Tensor:
+        """The comparison `t op v` as a float 0/1."""
+        step = f"{t.name.rsplit('/', 1)[-1]}_{op}_flag"
+        return self.op("Cast", [self.cmp(op, t, v)], step, to=onnx.TensorProto.FLOAT)
+
     def clamp(self, t: gs.Tensor, size: int) -> gs.Tensor:
-        """`t` where `0 <= t <= size-1`, else 0: in range for every input, NaN and infinities included."""
-        inside = self.op("And", [self.cmp("GreaterOrEqual", t, 0.0), self.cmp("LessOrEqual", t, size - 1.0)],
-                         f"{t.name.rsplit('/', 1)[-1]}_in_image")
-        return self.op("Where", [inside, t, self.f32(0.0)], f"{t.name.rsplit('/', 1)[-1]}_clamped")
+        """`t` where `0 <= t <= size-1`, else 0: in range for every input, NaN and infinities included. Each Where
+        compares the tensor it passes on, which is how the range prover bounds it (ranges.RangeProver._taken)."""
+        step = t.name.rsplit("/", 1)[-1]
+        below = self.op("Where", [self.cmp("LessOrEqual", t, size - 1.0), t, self.f32(0.0)], f"{step}_below_size")
+        return self.op("Where", [self.cmp("GreaterOrEqual", below, 0.0), below, self.f32(0.0)], f"{step}_clamped")
 
     def to_int32(self, t: gs.Tensor, step: str) -> gs.Tensor:
         return self.op("Cast", [t], f"{step}_int32", to=onnx.TensorProto.INT32)
