@@ -45,7 +45,7 @@ FORWARD_LIMIT = 2000  # nodes forward of one start before it is taken for someth
 _DATA_PATH = {"Pad", "Reshape", "Transpose", "Flatten", "Cast", "Unsqueeze", "Squeeze", "Identity", "Constant"}
 _WALK_STOPS = {"Pad", "Shape"}  # a backward walk takes these and does not go past them (their input is a layer's)
 _SUBGRAPH = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-_SPLIT_CHUNK = re.compile(r"/chunk\d+$")
+_SPLIT_CHUNK = re.compile(r"/(chunk|group)\d+$")  # a split Conv's chunks, a lowered DeformConv's groups
 _UNNAMED = re.compile(r"^(onnx::|t_\d)")  # the exporter's generated initializer names
 
 
@@ -108,7 +108,8 @@ class DeformBlock:
 
 
 def block_conv_name(name: str) -> str:
-    """The name a block is labelled by: a split Conv's chunks keep their original Conv's name before `/chunk<k>`."""
+    """The name a block is labelled by: a split Conv's chunks keep their original Conv's name before `/chunk<k>`,
+    a lowered DeformConv's per-group MatMuls before `/group<k>`."""
     return _SPLIT_CHUNK.sub("", name)
 
 
@@ -146,8 +147,10 @@ def _label(index: GraphIndex, conv: int) -> str:
     op = index.ops[conv]
     slot = 0 if op == "MatMul" else 1
     weight = index.ins[conv][slot] if len(index.ins[conv]) > slot else ""
-    if op == "MatMul" and index.producer.get(weight) is not None and index.ops[index.producer[weight]] == "Reshape":
-        weight = index.ins[index.producer[weight]][0]  # the lowered DeformConv's weight, reshaped to its groups
+    for _ in range(2 if op == "MatMul" else 0):  # the lowered DeformConv's weight, reshaped (and its group picked)
+        k = index.producer.get(weight)
+        if k is not None and index.ops[k] in ("Reshape", "Gather"):
+            weight = index.ins[k][0]
     named = weight in index.initializers and not _UNNAMED.match(weight)
     kind = "Conv" if op == "Conv" else DEFORM_CONV
     return f"{kind} '{block_conv_name(index.name(conv))}'" + (f" ({weight})" if named else "")

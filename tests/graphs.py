@@ -479,11 +479,12 @@ def deform_conv(n: int = 1, c: int = 4, h: int = 9, w: int = 10, m: int = 6, ker
              "mask" if mask else ""]
     if offset_conv:
         assert (oh, ow) == (h, w), "the offset Conv keeps the input size: use stride 1 and 'same' pads"
+        same = dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[1, 1], dilations=[1, 1], group=1)  # as torch
         nodes.append(helper.make_node("Conv", ["X", const("offset.weight", rng.standard_normal(
-            (2 * taps, c, 3, 3)) * 0.3)], ["offset"], name="node_offset_conv", pads=[1, 1, 1, 1]))
+            (2 * taps, c, 3, 3)) * 0.3)], ["offset"], name="node_offset_conv", **same))
         if mask:
             nodes.append(helper.make_node("Conv", ["X", const("mask.weight", rng.standard_normal(
-                (taps, c, 3, 3)) * 0.3)], ["mask_logits"], name="node_mask_conv", pads=[1, 1, 1, 1]))
+                (taps, c, 3, 3)) * 0.3)], ["mask_logits"], name="node_mask_conv", **same))
             nodes.append(helper.make_node("Sigmoid", ["mask_logits"], ["mask"], name="node_sigmoid"))
     else:
         inputs.append(helper.make_tensor_value_info("offset", elem, [n, 2 * taps, oh, ow]))

@@ -230,12 +230,19 @@ class LowerDeformConv:
         if p.has_mask:
             total = b.op("Mul", [total, b.op("Reshape", [mask, b.i64([*lead, 1])], "mask_col")], "masked")
 
-        # im2col layout [N, C*kH*kW, P] (row c*K + k), per group; then W[g] @ col[g]
+        # im2col layout [N, C*kH*kW, P] (row c*K + k); then W[g] @ col[g], one MatMul per group as ORT calls one
+        # SGEMM per group (a batched MatMul would share the threads among the groups: other column ranges)
         col = b.op("Transpose", [total], "col_channels_first", perm=[0, 1, 4, 2, 3])
         kdim = (p.c // p.group) * k
         col = b.op("Reshape", [col, b.i64([p.n, p.group, kdim, pts])], "col")
         wmat = b.op("Reshape", [weight, b.i64([p.group, p.m // p.group, kdim])], "weight_rows")
-        prod = b.op("MatMul", [wmat, col], "", exact_name=True)
+        parts = []
+        for g in range(p.group):
+            pick = b.const(np.array(g, np.int32))
+            w_g, col_g = (wmat, col) if p.group == 1 else (b.op("Gather", [wmat, pick], f"weight_group{g}", axis=0),
+                                                            b.op("Gather", [col, pick], f"col_group{g}", axis=1))
+            parts.append(b.op("MatMul", [w_g, col_g], "" if g == 0 else f"group{g}", exact_name=g == 0))
+        prod = parts[0] if p.group == 1 else b.op("Concat", parts, "groups", axis=1)
         if p.has_bias:
             y = b.op("Reshape", [prod, b.i64([p.n, p.m, p.oh, p.ow])], "unbiased")
             bias_col = b.op("Reshape", [bias, b.i64([p.m, 1, 1])], "bias_col")
