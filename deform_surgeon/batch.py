@@ -24,6 +24,15 @@ Manifest (paths relative to the manifest's folder)::
     glob = "variants/*.onnx"      # one entry per match, outputs by the default rule
     sum_mode = "chain"
 
+A model folder instead of a manifest (`deform-surgeon batch DIR OUTDIR`): every `.onnx` below DIR (a
+transformers.js repository's `onnx/` folder, say: one file per dtype) is patched into the same relative name in
+OUTDIR, an unchanged model copied, each with its external data beside it; every other file (configs, tokenizer,
+README) is copied unchanged, hidden files and folders (`.git`) are not; and one table says per variant its size,
+how many deform blocks have a WebGPU kernel for every node, which nodes remain without one (kernels.py), the
+verification and the time. Why `batch` and not `patch DIR OUTDIR`: a folder is a list of models, and batch already
+runs each in its own process (one variant that fails or runs out of memory fails alone), with its progress, reports,
+summary and exit codes.
+
 Entry options: allow_unproven, sum_mode, verify, strict, copy_unchanged, iterations, seed, val_range
 (`{ image = [0, 1] }`), opt_level. Switches given on the command line (--verify, --strict, ...) apply to every
 entry; valued command-line options are defaults that the manifest overrides.
@@ -45,8 +54,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import SurgeonError
-from .io_check import FilePlan
-from .model_io import atomic_path, external_data_path, temp_prefix
+from .io_check import FilePlan, external_locations
+from .model_io import atomic_path, copy_atomic, external_data_path, temp_prefix
 
 OPTIONS = {  # entry option -> accepted Python types
     "allow_unproven": (bool,), "sum_mode": (str,), "verify": (bool,), "strict": (bool,),
@@ -205,10 +214,57 @@ def _option_problem(spec: dict) -> str | None:
     return None
 
 
-def _check_collisions(entries: list[Entry], summary: str | None = None) -> None:
+def plan_folder(folder: str, out_dir: str, cli: dict, summary: str | None = None
+                ) -> tuple[list[Entry], list[tuple[Path, Path]]]:
+    """The entries of `batch DIR OUTDIR` (module docstring) and the (source, target) files to copy unchanged.
+
+    OUTDIR and the subfolders the outputs need are created once everything else checked; OUTDIR inside DIR (a
+    second run would take the outputs for inputs) and every write onto a read are refused (`SurgeonError`) before
+    anything is written."""
+    src, out = Path(folder), Path(out_dir)
+    if src.resolve() == out.resolve() or src.resolve() in out.resolve().parents:
+        raise SurgeonError(out, f"OUTDIR is {'DIR itself' if src.resolve() == out.resolve() else 'inside DIR'} "
+                           f"({src})", "give an output folder outside the model folder")
+    if out.exists() and not out.is_dir():
+        raise SurgeonError(out, "OUTDIR exists and is not a folder")
+    if not out.parent.is_dir():
+        raise SurgeonError(out, f"folder {out.parent} does not exist")
+    models, others = [], []
+    for root, dirs, files in os.walk(src):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(files):
+            if not name.startswith("."):
+                (models if name.endswith(".onnx") else others).append(Path(root) / name)
+    if not models:
+        raise SurgeonError(src, "no .onnx model in this folder", "give a model folder (e.g. a repository's onnx/)")
+    data = set()
+    for m in models:
+        try:
+            data.update((m.parent / loc).resolve() for loc in external_locations(m))
+        except SurgeonError:
+            pass  # an unreadable model fails as its own entry
+    copies = [(f, out / f.relative_to(src)) for f in others if f.resolve() not in data]
+    report_dir = cli.get("report_dir")
+    options = {k: v for k, v in cli.items() if k in OPTIONS and v is not None and k not in SWITCHES}
+    options.update({k: bool(cli.get(k)) for k in SWITCHES})
+    options["copy_unchanged"] = True  # the folder out is complete: a variant with nothing to rewrite is copied
+    entries = [Entry(k, str(m), str(out / m.relative_to(src)),
+                     None if report_dir is None else str(Path(report_dir) / f"{m.relative_to(src).with_suffix('')}"
+                                                                            .replace(os.sep, "__") + ".report.json"),
+                     dict(options)) for k, m in enumerate(models, 1)]
+    for folder_out in sorted({Path(e.output).parent for e in entries} | {t.parent for _, t in copies}):
+        if folder_out.exists() and not folder_out.is_dir():
+            raise SurgeonError(folder_out, "is not a folder, so the outputs below it cannot be written")
+    _check_collisions(entries, summary, copies, make_folders=True)
+    return entries, copies
+
+
+def _check_collisions(entries: list[Entry], summary: str | None = None,
+                      copies: list[tuple[Path, Path]] = (), make_folders: bool = False) -> None:
     """Fail every entry that would write where an earlier entry writes, or where any entry reads (a model or one
     of its external data files), or into a folder that is missing or not writable (see io_check). A `--summary`
-    that collides with any of them fails the whole batch (`SurgeonError`)."""
+    or a file to copy (`copies`: source, target) that collides with any of them fails the whole batch
+    (`SurgeonError`). With `make_folders`, the output folders are created after the reads are known."""
     files = FilePlan()
     for e in entries:
         if e.error is None:
@@ -216,21 +272,29 @@ def _check_collisions(entries: list[Entry], summary: str | None = None) -> None:
                 e.data_files = files.read_model(e.input, f"the input of entry {e.number} ({e.input})")
             except SurgeonError as exc:
                 e.error = exc.one_line()
+    for source, _ in copies:
+        files.read(source, f"the input {source}")
+    if make_folders:
+        for folder in sorted({Path(e.output).parent for e in entries} | {t.parent for _, t in copies}):
+            folder.mkdir(parents=True, exist_ok=True)
     for e in entries:
         if e.error is not None:
             continue
         if not Path(e.output).parent.is_dir():
             e.error = f"{e.output}: output folder {Path(e.output).parent} does not exist or is not a folder"
             continue
-        if not Path(e.report).parent.is_dir():
+        if e.report and not Path(e.report).parent.is_dir():
             e.error = f"{e.report}: report folder {Path(e.report).parent} does not exist or is not a folder"
             continue
         try:
             files.write_model(e.output, external=bool(e.data_files),
                               role=f"the output of entry {e.number} ({e.input})")
-            files.write(f"the report of entry {e.number} ({e.input})", e.report)
+            if e.report:
+                files.write(f"the report of entry {e.number} ({e.input})", e.report)
         except SurgeonError as exc:
             e.error = exc.one_line()
+    for source, target in copies:
+        files.write(f"the copy of {source}", target)
     if summary is not None:
         files.write("--summary", summary)
 
@@ -366,8 +430,8 @@ def _finish(e: Entry, result: dict | None, error: str | None, t0: float) -> None
         e.status = FAILED
     elif result["summary"]["refused"]:
         e.status = REFUSED
-    elif not result["written"] and result["summary"]["rewritten"] + result["summary"]["rewritten_unproven"] == 0:
-        e.status = UNCHANGED
+    elif result["summary"]["rewritten"] + result["summary"]["rewritten_unproven"] == 0:
+        e.status = UNCHANGED  # with copy_unchanged, an exact copy was written
     else:
         e.status = OK
     e.stage = "done"
@@ -426,6 +490,47 @@ def summary_table(entries: list[Entry], jobs: int, seconds: float) -> str:
     counts = {k: sum(e.status == k for e in entries) for k in (OK, UNCHANGED, REFUSED, FAILED)}
     lines.append(", ".join(f"{n} {k}" for k, n in counts.items()))
     return "\n".join(lines)
+
+
+def _size(e: Entry) -> str:
+    """The written output's size, its external data included (the input's when nothing was written)."""
+    path = Path(e.output if e.result and e.result.get("written") else e.input)
+    files = [path, external_data_path(path)] if path == Path(e.output) else [path, *e.data_files]
+    total = sum(f.stat().st_size for f in files if f.is_file())
+    return f"{total / 1e6:.1f} MB" if total >= 1e5 else f"{total / 1e3:.1f} kB"
+
+
+def variant_table(entries: list[Entry], root: str, jobs: int, seconds: float, copies: int) -> str:
+    """The `batch DIR OUTDIR` table: one row per variant (module docstring)."""
+    from .kernels import KernelReport
+
+    rows = [("variant", "status", "size", "deform blocks resident", "no WebGPU kernel (CPU EP)", "verify", "time")]
+    for e in entries:
+        r = e.result or {}
+        k = KernelReport.from_dict(r["webgpu"]) if r.get("webgpu") else None
+        if k is None:
+            resident = cpu = "-"
+        else:
+            resident = f"{k.blocks_resident}/{k.blocks}" if k.blocks else "no deform block"
+            cpu = f"{k.cpu_nodes}" + (f": {KernelReport.ops_text({**k.inside, **_add(k.inside, k.outside)})}"
+                                      if k.cpu_nodes else "")
+        v = r.get("verification")
+        verify = ("-" if e.status == FAILED else "(copy)" if e.status == UNCHANGED else
+                  "not run" if v is None else "PASSED" if v.get("identical") else "FAILED")
+        rows.append((str(Path(e.input).relative_to(root)), e.status, _size(e) if e.status != FAILED else "-",
+                     resident, cpu, verify, f"{e.seconds:.1f}s" if e.seconds else "-"))
+    w = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = [f"batch {root}: {len(entries)} model(s), {copies} other file(s) copied unchanged, {jobs} job(s), "
+             f"{seconds:.1f} s"]
+    lines += ["  " + "  ".join(f"{c:<{w[i]}}" for i, c in enumerate(r)).rstrip() for r in rows]
+    lines += [f"  {e.input}: {e.error}" for e in entries if e.error]
+    counts = {k: sum(e.status == k for e in entries) for k in (OK, UNCHANGED, REFUSED, FAILED)}
+    lines.append(", ".join(f"{n} {k}" for k, n in counts.items()))
+    return "\n".join(lines)
+
+
+def _add(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    return {k: a.get(k, 0) + b.get(k, 0) for k in b}
 
 
 def exit_code(entries: list[Entry]) -> int:
@@ -509,8 +614,9 @@ class Progress:
 
 
 def main(manifest: str | None, globs: list[str], cli: dict, jobs: int | None, summary_json: str | None,
-         show_progress: bool = True) -> int:
-    """The `batch` command: plan, run, write reports and the summary; returns the exit code."""
+         show_progress: bool = True, out_folder: str | None = None) -> int:
+    """The `batch` command: plan, run, write reports and the summary; returns the exit code. With `out_folder`,
+    `manifest` is a model folder (`batch DIR OUTDIR`, see the module docstring)."""
     jobs = jobs if jobs is not None else (os.cpu_count() or 1)
     if jobs < 1:
         raise SurgeonError(None, f"--jobs must be at least 1 (got {jobs})")
@@ -519,11 +625,18 @@ def main(manifest: str | None, globs: list[str], cli: dict, jobs: int | None, su
     for key in ("out_dir", "report_dir"):
         if cli.get(key) is not None and not Path(cli[key]).is_dir():
             raise SurgeonError(cli[key], f"--{key.replace('_', '-')} is not an existing folder")
-    entries = plan(manifest, globs, cli, summary_json)
+    copies: list[tuple[Path, Path]] = []
+    if out_folder is not None:
+        entries, copies = plan_folder(manifest, out_folder, cli, summary_json)
+        for source, target in copies:
+            copy_atomic(source, target)
+    else:
+        entries = plan(manifest, globs, cli, summary_json)
     jobs = max(1, min(jobs, sum(e.error is None for e in entries) or 1))
     seconds = run(entries, jobs, Progress() if show_progress else None)
     write_reports(entries)
-    print(summary_table(entries, jobs, seconds))
+    print(variant_table(entries, manifest, jobs, seconds, len(copies)) if out_folder is not None else
+          summary_table(entries, jobs, seconds))
     if summary_json is not None:
         data = {"jobs": jobs, "seconds": round(seconds, 3), "exit_code": exit_code(entries),
                 "models": [entry_report(e) | {"report": e.report if e.report_written else None} for e in entries]}

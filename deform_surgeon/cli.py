@@ -176,7 +176,17 @@ def _cmd_batch(args: argparse.Namespace) -> int:
     ranges = parse_val_ranges(args.val_range)
     if ranges:
         cli["val_range"] = {k: list(v) for k, v in ranges.items()}
-    return batch_main(args.manifest, args.glob, cli, args.jobs, args.summary, show_progress=not args.no_progress)
+    folder = args.manifest is not None and Path(args.manifest).is_dir()
+    if folder and (args.glob or args.out_dir):
+        raise SurgeonError(args.manifest, "a model folder takes no --glob or --out-dir",
+                           "write `batch DIR OUTDIR`, or a manifest with --glob/--out-dir")
+    if folder and args.outdir is None:
+        raise SurgeonError(args.manifest, "is a folder: give the output folder too", "write `batch DIR OUTDIR`")
+    if not folder and args.outdir is not None:
+        raise SurgeonError(args.manifest, "is not a folder: OUTDIR is only for `batch DIR OUTDIR`",
+                           "give a model folder, or the manifest alone")
+    return batch_main(args.manifest, args.glob, cli, args.jobs, args.summary, show_progress=not args.no_progress,
+                      out_folder=args.outdir if folder else None)
 
 
 def _write_text(path: str, text: str) -> None:
@@ -240,7 +250,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("batch", help="patch many models (TOML manifest and/or globs) in parallel processes; "
                                      "a report per model and a summary table (exit 1 if any failed, 3 if refused)")
-    p.add_argument("manifest", nargs="?", default=None, help="TOML manifest (see `deform_surgeon.batch`)")
+    p.add_argument("manifest", nargs="?", default=None, metavar="MANIFEST|DIR",
+                   help="TOML manifest (see `deform_surgeon.batch`), or a model folder: every .onnx below it is "
+                        "patched into the same name in OUTDIR, the other files copied")
+    p.add_argument("outdir", nargs="?", default=None, metavar="OUTDIR",
+                   help="with a model folder: where its patched copy goes (created if missing)")
     p.add_argument("--glob", action="append", default=[], metavar="PATTERN",
                    help="also patch every model matching PATTERN (repeatable; quote it)")
     p.add_argument("-j", "--jobs", type=int, default=None, help="worker processes (default: number of cores)")

@@ -11,13 +11,16 @@ SAMPLERS = {"GatherND", "GatherElements", "Gather"}  # a deform block samples wi
 EXPORTED_SAMPLERS = {"GatherND", "GatherElements"}  # as deform-conv2d-onnx-exporter writes them
 SAMPLING_START = "Floor"  # the exporter's sampling starts at a Floor of the sampling coordinates
 DEFORM_CONV = "DeformConv"  # torch's dynamo exporter writes a whole deformable conv as this one ONNX op
-# the op that consumes a block's sampled values: the exporter's Conv, or the MatMul a lowered DeformConv ends in
-BLOCK_GEMMS = ("Conv", "MatMul")
+# the op that consumes a block's sampled values: the exporter's Conv (a ConvInteger in onnxruntime's 8-bit files),
+# or the MatMul a lowered DeformConv ends in
+BLOCK_GEMMS = ("Conv", "ConvInteger", "MatMul")
 
 # Ops that do real work on every element of large tensors (or hold subgraphs): a walk through a model's
 # structure stops at them, because past them lies another layer, not the deform block.
 HEAVY = {"Conv", "ConvTranspose", "MatMul", "Gemm", "Attention", "MultiHeadAttention", "LSTM", "GRU", "RNN",
-         "Resize", "If", "Loop", "Scan"}
+         "Resize", "If", "Loop", "Scan",
+         # the same layers in onnxruntime's quantized files (8-bit dynamic, 4-bit MatMulNBits / MatMulBnb4)
+         "ConvInteger", "MatMulInteger", "MatMulNBits", "MatMulBnb4"}
 CONTROL_FLOW = {"If", "Loop", "Scan", "SequenceMap"}  # the standard ops with graph attributes
 
 # Elementwise ops compute each output element from the elements at the same (broadcast) position only; shape ops

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import onnx
 import onnx_graphsurgeon as gs
 
+from .kernels import KernelReport
 from .pipeline import Action, Outcome
 from .verify import VerifyResult
 
@@ -33,6 +34,7 @@ class PatchReport:
     actions: list[Action] = field(default_factory=list)
     verification: VerifyResult | None = None
     note: str = ""
+    webgpu: KernelReport | None = None  # the nodes without a WebGPU kernel, of the output (or the input if unchanged)
 
     @property
     def rewritten(self) -> list[Action]:
@@ -66,6 +68,7 @@ class PatchReport:
             },
             "nodes": [a.to_dict() for a in self.actions],
             "verification": None if self.verification is None else self.verification.to_dict(),
+            "webgpu": None if self.webgpu is None else self.webgpu.to_dict(),
             "note": self.note,
         }
 
@@ -100,6 +103,8 @@ class PatchReport:
             lines.extend(f"WARNING:   {a.op} '{a.node}'" for a in self.unproven)
         if self.refused:
             lines.append(f"{len(self.refused)} node(s) left unchanged (refused, see reasons above)")
+        if self.webgpu is not None:
+            lines.extend(self.webgpu.lines())
         if self.verification is not None:
             lines.append(self.verification.summary())
         if self.note:

@@ -20,6 +20,7 @@ from .device import DeviceProfile, resolve_profile
 from .errors import SurgeonError, VerificationError
 from .fold import fold_static, has_reduced_floats
 from .io_check import check_io
+from .kernels import KernelReport, kernel_report
 from .model_io import (
     TypeTable,
     Weights,
@@ -102,7 +103,7 @@ def _run(model_path: str | Path, options: Options, plan: SplitPlan | None = None
     type_boundary(graph, types)
     ctx = Context(graph, types, options, reserved=region.names, stored=weights)
     actions = whole + run_passes(ctx, default_passes(plan))
-    return Lifted(model, weights, region, sub, graph, actions, ops_before)
+    return Lifted(model, weights, region, sub, graph, actions, ops_before, types)
 
 
 def _lift_region(model: onnx.ModelProto, region: Region) -> tuple[Region, onnx.ModelProto, gs.Graph]:
@@ -131,6 +132,7 @@ class Lifted:
     graph: gs.Graph
     actions: list
     ops_before: dict[str, int]  # of the model as loaded (`model` has its static float16 computations folded)
+    types: TypeTable  # shape inference of the model as loaded
     _patched: tuple[onnx.ModelProto, onnx.ModelProto] | None = None
 
     def patched(self) -> tuple[onnx.ModelProto, onnx.ModelProto]:
@@ -140,6 +142,15 @@ class Lifted:
             region = export_graph(tidy(self.graph), self.sub)
             self._patched = (splice(self.model, self.region, region, self.weights), region)
         return self._patched
+
+    def kernels(self, patched: bool) -> KernelReport:
+        """The nodes without a WebGPU kernel (kernels.py) of the model as loaded (and folded), or as patched (the
+        rewritten region's new tensors typed by shape inference of the region alone)."""
+        if not patched:
+            return kernel_report(self.model, self.types)
+        whole, region = self.patched()
+        region_types = TypeTable(onnx.shape_inference.infer_shapes(region).graph)
+        return kernel_report(whole, self.types, region_types)
 
 
 def _lift(model_path: str | Path, options: Options, plan: SplitPlan, rounds: int = MEMORY_ROUNDS
@@ -213,7 +224,8 @@ def inspect(model_path: str | Path, *, allow_unproven: bool = False, sum_mode: s
     lifted, memory = _lift(model_path, options, SplitPlan())
     note = "; ".join(x for x in ("inspect: dry run, nothing written", memory) if x)
     return PatchReport(str(model_path), None, False, vars(options), lifted.ops_before,
-                       op_histogram(lifted.patched()[0]), lifted.actions, note=note)
+                       op_histogram(lifted.patched()[0]), lifted.actions, note=note,
+                       webgpu=lifted.kernels(patched=True))
 
 
 @_fewer_gc_passes()
@@ -256,6 +268,7 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
         report.note = f"--strict: {len(report.refused)} node(s) refused; {output_path} not written"
         return report
     if not report.changed:
+        report.webgpu = lifted.kernels(patched=False)
         nothing = f"nothing to rewrite in {model_path}" + (
             f" ({len(report.refused)} node(s) refused: see their reasons)" if report.refused else "")
         report.note = "; ".join(x for x in (nothing, memory) if x)
@@ -274,6 +287,7 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
     stage("export")
     patched, region = lifted.patched()
     report.ops_after = op_histogram(patched)
+    report.webgpu = lifted.kernels(patched=True)
     if output_path is None:
         check_spliced(patched, region, f"{model_path} (patched)", weights)
         return report
@@ -335,6 +349,7 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
         lifted, memory = _lift(model_path, options, plan, rounds=0)
         patched, region = lifted.patched()
         report.actions, report.ops_after = lifted.actions, op_histogram(patched)
+        report.webgpu = lifted.kernels(patched=True)
         kinds = ", ".join(f"{sum(a.pass_name == k for a in unproven)} {k}" for k in sorted({a.pass_name for a in
                                                                                               unproven}))
         report.note = "; ".join(x for x in (f"{len(unproven)} rewrite(s) undone ({kinds}): not shown exact on the "

@@ -1,0 +1,155 @@
+"""Which nodes of a model the WebGPU execution providers of onnxruntime-web 1.30 / 1.31 have no kernel for, and
+so run on the CPU EP (with Memcpy around them): the report's "no WebGPU kernel" lines.
+
+Why a table: placement is decided when a session is created, from the EPs' kernel registries (op type, opset,
+element type); the real answer is `deform-surgeon placement`, but a patch report should say, without a browser,
+which nodes a user will still find on the CPU and why (a q8 file's ConvInteger, say), so that they can choose
+which dtype to ship. The table holds what the two EPs (the native WebGPU EP and JSEP) lack among the ops the
+BiRefNet exports and their dtype variants contain; docs/webgpu-kernels.md gives each entry its source, and
+tests/test_kernels_webgpu.py checks every entry a replica holds against the real runtime.
+
+Nodes that only compute constants (all inputs stored or computed from stored tensors, or a `Shape` of a
+statically shaped tensor) are not counted: ORT folds them when the session is created, so they never run.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import onnx
+from onnx import TensorProto
+
+from .blocks import GraphIndex, find_blocks
+
+NO_KERNEL: dict[str, str] = {  # op type -> why it runs on the CPU EP in both WebGPU EPs, whatever its types
+    "Sum": "no WebGPU kernel for Sum (the deform passes chain it into Adds inside the deform blocks)",
+    "ConvInteger": "8-bit integer convolution (onnxruntime's dynamic quantization): no WebGPU kernel",
+    "MatMulInteger": "8-bit integer matrix product (onnxruntime's dynamic quantization): no WebGPU kernel",
+    "DynamicQuantizeLinear": "dynamic 8-bit quantization of activations: no WebGPU kernel",
+    "DeformConv": "the ONNX DeformConv op: no WebGPU kernel in onnxruntime-web 1.30 / 1.31",
+    "QLinearConv": "8-bit quantized convolution: no WebGPU kernel",
+    "QLinearMatMul": "8-bit quantized matrix product: no WebGPU kernel",
+    "MatMulIntegerToFloat": "8-bit integer matrix product: no WebGPU kernel",
+    "DynamicQuantizeMatMul": "8-bit integer matrix product: no WebGPU kernel",
+}
+
+_WIDE = {TensorProto.INT64, TensorProto.UINT64, TensorProto.DOUBLE}
+# the WebGPU kernels take f32/f16/i32/u32 (and bool) data: a node whose data (input 0) is 64-bit runs on the CPU EP
+# (the native EP computes int64 only behind its `enableInt64` option, off by default, and then the low 32 bits);
+# these read only their input's shape, or take 64-bit inputs as CPU-side shape arguments
+SHAPE_READERS = {"Shape", "Size", "ConstantOfShape", "NonZero", "Where"}
+WIDE_DATA = "64-bit data (int64/double): the WebGPU kernels take f32/f16/i32/u32 data"
+NON_FLOAT_SLICE = "a Slice of non-float data: the native EP's Slice takes f32/f16 data only"
+SLICE_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16}  # the native EP's Slice data types
+
+
+def why_no_kernel(op: str, domain: str, dtype: int) -> str | None:
+    """Why a node (`op`, its first input's element type `dtype`, 0 if unknown) has no WebGPU kernel, or None if the
+    table knows of none (which is not a proof that it has one: `deform-surgeon placement` measures)."""
+    if domain not in ("", "ai.onnx", "com.microsoft"):
+        return f"custom domain '{domain}': no WebGPU kernel"
+    if op in NO_KERNEL:
+        return NO_KERNEL[op]
+    if dtype in _WIDE and op not in SHAPE_READERS:
+        return WIDE_DATA
+    if op == "Slice" and dtype and dtype not in SLICE_TYPES:
+        return NON_FLOAT_SLICE
+    return None
+
+
+@dataclass
+class KernelReport:
+    """The nodes a model would run on the CPU EP of the WebGPU EPs, inside and outside its deform blocks."""
+
+    blocks: int = 0
+    blocks_resident: int = 0  # deform blocks none of whose nodes is in the table
+    inside: dict[str, int] = field(default_factory=dict)  # op -> nodes, inside deform blocks
+    outside: dict[str, int] = field(default_factory=dict)
+    reasons: dict[str, str] = field(default_factory=dict)  # op -> why
+
+    @property
+    def cpu_nodes(self) -> int:
+        return sum(self.inside.values()) + sum(self.outside.values())
+
+    def to_dict(self) -> dict:
+        return {"blocks": self.blocks, "blocks_resident": self.blocks_resident, "inside_blocks": self.inside,
+                "outside_blocks": self.outside, "reasons": self.reasons}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> KernelReport:
+        return cls(d["blocks"], d["blocks_resident"], dict(d["inside_blocks"]), dict(d["outside_blocks"]),
+                   dict(d["reasons"]))
+
+    @staticmethod
+    def ops_text(counts: Mapping[str, int]) -> str:
+        return ", ".join(f"{op} {n}" for op, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    def lines(self) -> list[str]:
+        """The report's lines: one per place (inside / outside the deform blocks) with CPU nodes, and the reasons."""
+        out = []
+        if self.blocks:
+            where = (f"{self.blocks_resident} of {self.blocks} deform block(s) have a WebGPU kernel for every node"
+                     if self.blocks_resident < self.blocks else
+                     f"all {self.blocks} deform block(s) have a WebGPU kernel for every node")
+            out.append(f"WebGPU: {where}")
+        if self.inside:
+            n = sum(self.inside.values())
+            out.append(f"WebGPU: inside the deform blocks, {n} node(s) have no WebGPU kernel and will run on the CPU "
+                       f"EP: {self.ops_text(self.inside)}")
+        if self.outside:
+            n = sum(self.outside.values())
+            out.append(f"WebGPU: outside the deform blocks, {n} node(s) have no WebGPU kernel and will run on the "
+                       f"CPU EP: {self.ops_text(self.outside)}")
+        out += [f"WebGPU:   {op}: {why}" for op, why in sorted(self.reasons.items())]
+        if not self.inside and not self.outside:
+            out.append("WebGPU: no node without a WebGPU kernel (by docs/webgpu-kernels.md; `deform-surgeon "
+                       "placement` measures)")
+        return out
+
+
+def kernel_report(model: onnx.ModelProto, types: Mapping, *more_types: Mapping) -> KernelReport:
+    """The nodes of `model` that the table says have no WebGPU kernel and that ORT does not fold away, counted
+    inside and outside the deform blocks. `types`: tensor name -> (element type, shape), e.g. a `TypeTable`;
+    `more_types` are looked at for the names `types` lacks (a patched region's new tensors)."""
+    from .fold import _find_static
+    from .model_io import Weights
+
+    index = GraphIndex(model)
+    blocks = find_blocks(index)
+    owner: dict[int, int] = {}
+    for b, block in enumerate(blocks):
+        for k in block.nodes:
+            owner.setdefault(k, b)
+    static = _find_static(model.graph, types, Weights(None), limit=1 << 62).static
+    report = KernelReport(blocks=len(blocks))
+    inside, outside = Counter(), Counter()
+    hit: set[int] = set()
+    for k, node in enumerate(index.nodes):
+        if k in static:
+            continue
+        first = next((i for i in index.ins[k] if i), "")
+        dtype = next((t for t in (_elem_type(table, first) for table in (types, *more_types)) if t), 0)
+        why = why_no_kernel(node.op_type, node.domain, dtype)
+        if why is None:
+            continue
+        report.reasons[node.op_type] = why
+        if k in owner:
+            inside[node.op_type] += 1
+            hit.add(owner[k])
+        else:
+            outside[node.op_type] += 1
+    report.inside, report.outside = dict(inside), dict(outside)
+    report.blocks_resident = len(blocks) - len(hit)
+    return report
+
+
+def _elem_type(types: Mapping, name: str) -> int:
+    if not name:
+        return 0
+    getter = getattr(types, "elem_type", None)
+    if getter is not None:
+        return getter(name)
+    got = types.get(name)
+    return got[0] if got else 0

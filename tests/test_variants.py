@@ -1,0 +1,205 @@
+"""The dtype variants a user downloads, on replicas made the way transformers.js makes them (tests/variant_replicas):
+`batch DIR OUTDIR` patches a whole model folder into the same names, copies the rest, verifies byte-identical and
+names, per variant, the nodes without a WebGPU kernel; the kernel table is checked against the real node runtime.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from helpers import one_error_line, snapshot
+from variant_replicas import build_variants
+
+from deform_surgeon.kernels import KernelReport
+
+CMD = [sys.executable, "-m", "deform_surgeon", "batch"]
+QUANTIZED_8BIT = ("quantized", "int8", "uint8")  # ConvInteger / MatMulInteger / DynamicQuantizeLinear
+INTEGER_OPS = {"ConvInteger", "MatMulInteger", "DynamicQuantizeLinear"}
+NAMES = {"fp32": "model.onnx", "fp16": "model_fp16.onnx", "quantized": "model_quantized.onnx",
+         "int8": "model_int8.onnx", "uint8": "model_uint8.onnx", "q4": "model_q4.onnx", "q4f16": "model_q4f16.onnx",
+         "bnb4": "model_bnb4.onnx"}
+
+
+def batch(*args, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([*CMD, *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    """A transformers.js-like repository: config files, a hidden folder, and onnx/ with every variant."""
+    root = tmp_path_factory.mktemp("repo")
+    (root / "onnx").mkdir()
+    variants = build_variants(root / "onnx")
+    assert {p.name for p in variants.values()} == set(NAMES.values())
+    (root / "config.json").write_text('{"model_type": "birefnet"}\n')
+    (root / "preprocessor_config.json").write_text('{"size": 64}\n')
+    (root / ".git").mkdir()
+    (root / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def patched(repo, tmp_path_factory):
+    out = tmp_path_factory.mktemp("out") / "patched"
+    before = snapshot(repo)
+    proc = batch(repo, out, "--verify", "--iterations", "1", "--jobs", "2", "--no-progress",
+                 "--summary", out.parent / "summary.json", cwd=repo)
+    return repo, out, before, proc, json.loads((out.parent / "summary.json").read_text())
+
+
+def test_folder_patches_every_variant_verified(patched):
+    repo, out, before, proc, summary = patched
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert snapshot(repo) == before  # the model folder is untouched
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == [
+        "config.json", "onnx", *sorted(f"onnx/{n}" for n in NAMES.values()), "preprocessor_config.json"]
+    assert (out / "config.json").read_bytes() == (repo / "config.json").read_bytes()
+    by_name = {Path(m["model"]).name: m for m in summary["models"]}
+    for name in NAMES.values():
+        m = by_name[name]
+        assert m["status"] == "ok" and m["written"], m
+        assert m["verification"]["identical"] is True, name
+        onnx.checker.check_model(onnx.load(out / "onnx" / name), full_check=True)
+
+
+def test_table_names_what_stays_on_the_cpu(patched):
+    _, _, _, proc, summary = patched
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^  (onnx/\S+\.onnx)\s.*$", proc.stdout, re.M)}
+    assert set(rows) == {f"onnx/{n}" for n in NAMES.values()}, proc.stdout
+    by_name = {Path(m["model"]).name: KernelReport.from_dict(m["webgpu"]) for m in summary["models"]}
+    for variant, name in NAMES.items():
+        k, row = by_name[name], rows[f"onnx/{name}"]
+        assert k.blocks == 8, (name, k)
+        assert re.search(r"\bPASSED\b", row), row
+        if variant in QUANTIZED_8BIT:
+            # the offset and modulator convs are quantized too: ConvInteger inside the deform blocks
+            assert set(k.outside) == INTEGER_OPS and set(k.inside) <= INTEGER_OPS and k.inside, (name, k)
+            assert k.blocks_resident < k.blocks
+            assert set(k.reasons) == INTEGER_OPS and all("no WebGPU kernel" in r for r in k.reasons.values())
+            for op in INTEGER_OPS:
+                assert re.search(rf"\b{op} \d+", row), row
+        else:
+            assert k.cpu_nodes == 0 and k.blocks_resident == 8, (name, k)
+            assert re.search(r"\b8/8\s+0\s", row), row
+
+
+def test_patch_report_names_them(patched, tmp_path):
+    repo = patched[0]
+    proc = subprocess.run([sys.executable, "-m", "deform_surgeon", "inspect", repo / "onnx" / "model_quantized.onnx"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    line = next(ln for ln in proc.stdout.splitlines() if "outside the deform blocks" in ln)
+    assert re.fullmatch(r"WebGPU: outside the deform blocks, \d+ node\(s\) have no WebGPU kernel and will run on "
+                        r"the CPU EP: .*", line), line
+    assert all(op in line for op in INTEGER_OPS), line
+    assert re.search(r"WebGPU:   ConvInteger: 8-bit integer convolution .*no WebGPU kernel", proc.stdout)
+
+
+def test_rerun_replaces_its_own_outputs(patched):
+    repo, out, *_ = patched
+    proc = batch(repo, out, "--jobs", "1", "--no-progress", cwd=repo)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not [p for p in out.rglob("*") if ".tmp" in p.name]
+
+
+def test_external_data_goes_beside_each_output(tmp_path):
+    src = tmp_path / "in"
+    src.mkdir()
+    model = onnx.load(Path(__file__).parent / "fixtures" / "decoder_gathernd.onnx")
+    onnx.save(model, src / "model.onnx", save_as_external_data=True, location="model.onnx_data",
+              size_threshold=0)
+    proc = batch(src, tmp_path / "out", "--verify", "--iterations", "1", "--no-progress", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    written = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert written == ["model.onnx", "model.onnx.data"], written  # the input's data file is not copied as-is
+    out = onnx.load(tmp_path / "out" / "model.onnx", load_external_data=False)
+    locations = {e.value for t in out.graph.initializer for e in t.external_data if e.key == "location"}
+    assert locations == {"model.onnx.data"}
+
+
+@pytest.mark.parametrize("layout, problem", [
+    ("inside", r"OUTDIR is inside DIR"),
+    ("same", r"OUTDIR is DIR itself"),
+    ("no-outdir", r"is a folder: give the output folder too"),
+    ("empty", r"no \.onnx model in this folder"),
+    ("outdir-is-file", r"OUTDIR exists and is not a folder"),
+])
+def test_a_folder_batch_that_cannot_start_writes_nothing(tmp_path, layout, problem):
+    src = tmp_path / "in"
+    src.mkdir()
+    if layout != "empty":
+        shutil.copyfile(Path(__file__).parent / "fixtures" / "no_deform.onnx", src / "model.onnx")
+    (tmp_path / "a_file").write_text("x\n")
+    out = {"inside": src / "out", "same": src, "no-outdir": None, "empty": tmp_path / "out",
+           "outdir-is-file": tmp_path / "a_file"}[layout]
+    before = snapshot(tmp_path)
+    proc = batch(src, *([out] if out is not None else []), "--no-progress", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert re.search(problem, one_error_line(proc)), proc.stderr
+    assert snapshot(tmp_path) == before
+
+
+def test_a_copy_onto_an_input_is_refused(tmp_path):
+    """OUTDIR's copy of a file would land on a file the batch reads (here: DIR is inside OUTDIR, by a symlink
+    that makes a config's target the input model itself)."""
+    src = tmp_path / "in"
+    src.mkdir()
+    shutil.copyfile(Path(__file__).parent / "fixtures" / "no_deform.onnx", src / "model.onnx")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "notes.txt").symlink_to(src / "model.onnx")
+    (src / "notes.txt").write_text("n\n")
+    before = snapshot(tmp_path)
+    proc = batch(src, tmp_path / "out", "--no-progress", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "notes.txt" in one_error_line(proc)
+    assert snapshot(tmp_path) == before
+
+
+# ------------------------------------------------------------------------------- the table on the real runtime
+@pytest.mark.webgpu
+@pytest.mark.parametrize("variant", list(NAMES))
+def test_kernel_table_matches_the_node_runtime(patched, variant):
+    """What the report predicts from the table is what onnxruntime-node's native WebGPU EP places on the CPU:
+    the same op types with the same counts, inside and outside the deform blocks, and the deform blocks of every
+    variant but the 8-bit ones without a CPU node or a Memcpy."""
+    from deform_surgeon.placement import measure_placement, missing_setup
+    from deform_surgeon.placement.command import per_block
+
+    if missing_setup() is not None:
+        pytest.skip(f"WebGPU runtimes not set up: {missing_setup()}")
+    _, out, _, _, summary = patched
+    name = NAMES[variant]
+    predicted = KernelReport.from_dict(next(m["webgpu"] for m in summary["models"] if m["model"].endswith(name)))
+    p = measure_placement(out / "onnx" / name, "node")
+    assert p.total_nodes > 0, p.error  # placement is read even where SwiftShader cannot compile f16 shaders
+    total = {op: predicted.inside.get(op, 0) + predicted.outside.get(op, 0)
+             for op in {*predicted.inside, *predicted.outside}}
+    assert p.cpu_ops == total, (p.cpu_ops, predicted)
+    inside = [v for b, v in per_block(p).items() if b != "outside deform blocks"]
+    assert sum(c for c, _ in inside) == sum(predicted.inside.values())
+    assert sum(1 for c, _ in inside if c == 0) == predicted.blocks_resident
+    if variant not in QUANTIZED_8BIT:
+        assert p.cpu_nodes == 0 and p.memcpy == 0 and all(v == (0, 0) for v in inside)
+
+
+def test_replica_variants_are_what_the_quantizers_make(repo):
+    """Each replica holds the op its quantizer is named for (so the tests above cover what they claim to)."""
+    ops = {v: {n.op_type for n in onnx.load(repo / "onnx" / n).graph.node} for v, n in NAMES.items()}
+    assert INTEGER_OPS <= ops["quantized"] and INTEGER_OPS <= ops["int8"]
+    assert "MatMulNBits" in ops["q4"] and "MatMulNBits" in ops["q4f16"] and "MatMulBnb4" in ops["bnb4"]
+    fp16 = onnx.load(repo / "onnx" / "model_fp16.onnx")
+    assert any(t.data_type == onnx.TensorProto.FLOAT16 for t in fp16.graph.initializer)
+    assert fp16.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT  # keep_io_types
+    int8 = onnx.load(repo / "onnx" / "model_int8.onnx")
+    weights = {t.name: t for t in int8.graph.initializer}
+    conv = next(n for n in int8.graph.node if n.op_type == "ConvInteger")
+    assert weights[conv.input[1]].data_type == onnx.TensorProto.INT8
+    assert np.asarray(onnx.numpy_helper.to_array(weights[conv.input[1]])).dtype == np.int8
