@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -72,6 +73,9 @@ class Background:
 
 
 def _child(conn, fn: Callable[..., Any], args: tuple) -> None:
+    # a forked child inherits the CLI's SIGTERM handler (which raises `Terminated`): `close()`'s terminate would
+    # then print the child's traceback on stderr beside the command's one-line error; the default handler exits
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         conn.send(("ok", fn(*args)))
     except SurgeonError as exc:

@@ -34,8 +34,9 @@ runs each in its own process (one variant that fails or runs out of memory fails
 summary and exit codes.
 
 Entry options: allow_unproven, sum_mode, verify, strict, copy_unchanged, iterations, seed, val_range
-(`{ image = [0, 1] }`), opt_level. Switches given on the command line (--verify, --strict, ...) apply to every
-entry; valued command-line options are defaults that the manifest overrides.
+(`{ image = [0, 1] }`), opt_level, input_shapes (`{ input_image = [1, 3, 1024, 1024] }`). Switches given on the
+command line (--verify, --strict, ...) apply to every entry; valued command-line options are defaults that the
+manifest overrides.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ OPTIONS = {  # entry option -> accepted Python types
     "copy_unchanged": (bool,), "iterations": (int,), "seed": (int,), "val_range": (dict,), "opt_level": (str,),
     "max_buffer": (int, str),  # bytes, or a size such as "256MiB" (as on the command line)
     "max_memory": (int, str), "device_profile": (str,),
+    "input_shapes": (dict,),  # {input name: [dims]}, as `--input-shapes NAME:DIMS`
 }
 SWITCHES = ("allow_unproven", "verify", "strict", "copy_unchanged")
 ENTRY_KEYS = {"input", "glob", "output", "report", *OPTIONS}
@@ -197,6 +199,13 @@ def _option_problem(spec: dict) -> str | None:
         return f"option iterations = {spec['iterations']!r} should be at least 1"
     if "seed" in spec and spec["seed"] < 0:
         return f"option seed = {spec['seed']!r} should be at least 0"
+    if "input_shapes" in spec:
+        from .input_shapes import check_input_shapes
+
+        try:
+            check_input_shapes(spec["input_shapes"])
+        except SurgeonError as exc:
+            return f"option input_shapes: {exc.one_line()}"
     if "max_buffer" in spec:
         from .budget import parse_size
 

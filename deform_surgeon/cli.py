@@ -18,6 +18,7 @@ from typing import NoReturn
 from . import __version__
 from .device import PROFILE_NAMES, resolve_profile
 from .errors import SurgeonError, Terminated
+from .input_shapes import parse_input_shapes
 from .io_check import check_io
 from .model_io import atomic_path, check_model, load_model
 from .surgeon import SUM_MODES, inspect, patch
@@ -79,6 +80,10 @@ def _rewrite_group(parser: argparse.ArgumentParser) -> None:
                    help="also chunk deformable-conv blocks (exactly, as --max-buffer) until the peak of live "
                         "activations by `deform-surgeon budget`'s measure fits BYTES (e.g. 1.5GiB)")
     _profile_arg(g, "fit every node to this device's maxStorageBuffersPerShaderStage")
+    g.add_argument("--input-shapes", "--input-shape", action="append", default=None, metavar="NAME:DIMS",
+                   help="fix symbolic input dims first, e.g. input_image:1,3,1024,1024 (repeatable; polygraphy's "
+                        "--input-shapes): the deform blocks are proven and the shape computations folded for that "
+                        "size, and --verify compares with the original given that size")
 
 
 def _profile_arg(group, what: str) -> None:
@@ -92,6 +97,7 @@ def _cmd_patch(args: argparse.Namespace) -> int:
     check_io([args.model], out, [("--report", args.report)])
     report = patch(args.model, out, allow_unproven=args.allow_unproven, sum_mode=args.sum_mode,
                    max_buffer=args.max_buffer, max_memory=args.max_memory, device_profile=args.device_profile,
+                   input_shapes=parse_input_shapes(args.input_shapes),
                    verify=args.verify, copy_unchanged=args.copy_unchanged, strict=args.strict,
                    verify_options=_verify_kwargs(args, args.model))
     print(report.format(verbose=args.verbose))
@@ -106,7 +112,8 @@ def _cmd_patch(args: argparse.Namespace) -> int:
 def _cmd_inspect(args: argparse.Namespace) -> int:
     check_io([args.model], others=[("--json", args.json)])
     report = inspect(args.model, allow_unproven=args.allow_unproven, sum_mode=args.sum_mode,
-                     max_buffer=args.max_buffer, max_memory=args.max_memory, device_profile=args.device_profile)
+                     max_buffer=args.max_buffer, max_memory=args.max_memory, device_profile=args.device_profile,
+                     input_shapes=parse_input_shapes(args.input_shapes))
     print(report.format(verbose=args.verbose))
     if args.json:
         _write_text(args.json, report.to_json())
@@ -176,6 +183,9 @@ def _cmd_batch(args: argparse.Namespace) -> int:
     ranges = parse_val_ranges(args.val_range)
     if ranges:
         cli["val_range"] = {k: list(v) for k, v in ranges.items()}
+    shapes = parse_input_shapes(args.input_shapes)
+    if shapes:
+        cli["input_shapes"] = {k: list(v) for k, v in shapes.items()}
     folder = args.manifest is not None and Path(args.manifest).is_dir()
     if folder and (args.glob or args.out_dir):
         raise SurgeonError(args.manifest, "a model folder takes no --glob or --out-dir",

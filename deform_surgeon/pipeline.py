@@ -81,6 +81,7 @@ class Options:
     max_memory: int | None = None  # bytes; chunk deform blocks until budget's peak of live tensors fits (None: no)
     device_profile: str = "spec-default"  # the name of the device profile the model is fitted to
     storage_buffers: int | None = 8  # that profile's maxStorageBuffersPerShaderStage (None: no fitting)
+    input_shapes: dict[str, tuple[int, ...]] | None = None  # --input-shape: inputs' dims fixed first (None: as is)
 
 
 class NameScope:

@@ -19,6 +19,7 @@ from .background import Background
 from .device import DeviceProfile, resolve_profile
 from .errors import SurgeonError, VerificationError
 from .fold import fold_static, has_reduced_floats
+from .input_shapes import check_input_shapes, fix_input_shapes, symbolic_inputs
 from .io_check import check_io
 from .kernels import KernelReport, kernel_report
 from .model_io import (
@@ -42,7 +43,7 @@ from .passes.gathernd import LowerGatherND
 from .passes.residency import IndexChainResidency
 from .passes.split import SplitBlocks, SplitPlan
 from .passes.sum_chain import ChainSum
-from .pipeline import Context, Options, Outcome, run_passes
+from .pipeline import Action, Context, Options, Outcome, run_passes
 from .region import Region, find_region, region_model, splice, type_boundary
 from .report import PatchReport, op_histogram
 from .slices import split_to_slices
@@ -84,6 +85,7 @@ def _run(model_path: str | Path, options: Options, plan: SplitPlan | None = None
     deform regions are lifted into a graph (see region.py), stored tensors as its typed inputs, read through
     `Weights.read` (see model_io/weights.py)."""
     model, weights = load_model(model_path)
+    fixed = fix_input_shapes(model, options.input_shapes, model_path) if options.input_shapes else []
     checking = Background(checked_types, model, model_path, weights)
     try:
         ops_before = op_histogram(model)
@@ -97,7 +99,10 @@ def _run(model_path: str | Path, options: Options, plan: SplitPlan | None = None
         types = TypeTable(onnx.GraphProto.FromString(checking.result()))
     finally:
         checking.close()
-    whole = fold_static(model, types, weights) + split_to_slices(model, types) if reduced else []  # in place
+    whole = [Action("input-shape", line.split(":")[0], "Input", Outcome.REWRITTEN,
+                    f"fixed to the given size ({line}): what is then static is folded, by fold.py for float16 or "
+                    "by ORT when the session is created") for line in fixed]
+    whole += fold_static(model, types, weights) + split_to_slices(model, types) if reduced else []  # in place
     region, sub, graph = early or _lift_region(model, find_region(
         model, options.storage_buffers, _oversize(types, options.max_buffer), weights))
     type_boundary(graph, types)
@@ -217,12 +222,13 @@ def _more_chunks(peak, plan: SplitPlan, limit: int) -> dict[str, int]:
 
 def inspect(model_path: str | Path, *, allow_unproven: bool = False, sum_mode: str | None = None,
             max_buffer: int | None = None, max_memory: int | None = None,
-            device_profile: str | Path | DeviceProfile | None = None) -> PatchReport:
+            device_profile: str | Path | DeviceProfile | None = None,
+            input_shapes: dict[str, list[int] | tuple[int, ...]] | None = None) -> PatchReport:
     """Dry run: what `patch` would rewrite or refuse, and why. Writes nothing (so the whole-model verification a
     split Conv needs before it is written is not run either)."""
-    options = _options(allow_unproven, sum_mode, max_buffer, max_memory, device_profile)
+    options = _options(allow_unproven, sum_mode, max_buffer, max_memory, device_profile, input_shapes)
     lifted, memory = _lift(model_path, options, SplitPlan())
-    note = "; ".join(x for x in ("inspect: dry run, nothing written", memory) if x)
+    note = "; ".join(x for x in ("inspect: dry run, nothing written", memory, _symbolic_note(lifted)) if x)
     return PatchReport(str(model_path), None, False, vars(options), lifted.ops_before,
                        op_histogram(lifted.patched()[0]), lifted.actions, note=note,
                        webgpu=lifted.kernels(patched=True))
@@ -233,9 +239,12 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
           sum_mode: str | None = None, verify: bool = False, copy_unchanged: bool = False,
           strict: bool = False, verify_options: dict | None = None, max_buffer: int | None = None,
           max_memory: int | None = None, device_profile: str | Path | DeviceProfile | None = None,
-          progress: Callable[[str], None] | None = None) -> PatchReport:
+          progress: Callable[[str], None] | None = None,
+          input_shapes: dict[str, list[int] | tuple[int, ...]] | None = None) -> PatchReport:
     """Patch `model_path`; write `output_path` (atomically, and only after verification if `verify`).
 
+    `input_shapes` ({input: dims}, `--input-shape`) fixes the named inputs' symbolic dims first (input_shapes.py);
+    without it, a model with symbolic input dims is patched as it is and the report says for which sizes.
     Every node is fitted to `device_profile` (default `spec-default`, see device.py): a Split / Concat / Max / Min
     binding more storage buffers than it allows becomes a tree of narrower ones.
     Weights are never loaded into memory as a whole (see model_io): a model with external data keeps it external,
@@ -249,7 +258,7 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
     Raises `SurgeonError` (one line: file and problem) on bad input and `VerificationError` when the patched
     model's outputs differ; in both cases no output file exists afterwards.
     """
-    options = _options(allow_unproven, sum_mode, max_buffer, max_memory, device_profile)
+    options = _options(allow_unproven, sum_mode, max_buffer, max_memory, device_profile, input_shapes)
     if verify:
         check_verify_options(verify_options)
     load_model(model_path) if not Path(model_path).is_file() else None  # a missing input is named first
@@ -263,7 +272,8 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
     if output_path is not None:
         check_external_output(output_path, model_path, weights)
     report = PatchReport(str(model_path), None if output_path is None else str(output_path), False,
-                         vars(options), before, before, actions, note=memory)
+                         vars(options), before, before, actions,
+                         note="; ".join(x for x in (memory, _symbolic_note(lifted)) if x))
     if strict and report.refused and output_path is not None:
         report.note = f"--strict: {len(report.refused)} node(s) refused; {output_path} not written"
         return report
@@ -271,7 +281,7 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
         report.webgpu = lifted.kernels(patched=False)
         nothing = f"nothing to rewrite in {model_path}" + (
             f" ({len(report.refused)} node(s) refused: see their reasons)" if report.refused else "")
-        report.note = "; ".join(x for x in (nothing, memory) if x)
+        report.note = "; ".join(x for x in (nothing, report.note) if x)
         if output_path is not None and copy_unchanged:
             if weights.external:  # its data must move beside the copy: same tensors, references re-pointed
                 stage("write")
@@ -308,7 +318,7 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
             runs.append({**runs[0], "opt_level": "all", "iterations": 1})
         for kwargs in runs:
             try:
-                result = verify_models(model_path, tmp, **kwargs)
+                result = verify_models(model_path, tmp, **kwargs, input_shapes=options.input_shapes)
             except VerificationError:
                 raise
             except SurgeonError as exc:
@@ -363,8 +373,25 @@ class _Unshown(Exception):
     """Why the whole-model check of a split Conv failed, from `_verify` to the fallback that undoes the split."""
 
 
+def _symbolic_note(lifted: Lifted) -> str:
+    """For a model with symbolic input dims patched as it is: for which sizes its deform blocks were proven, and
+    what stays on the CPU ("" when every input dim is a number)."""
+    symbolic = symbolic_inputs(lifted.model)
+    if not symbolic:
+        return ""
+    sampled = sorted({str(list(lifted.types[n.input[0]][1])) for n in lifted.model.graph.node
+                      if n.op_type in ("GatherND", "GatherElements") and n.input[0] in lifted.types
+                      and lifted.types[n.input[0]][1] is not None})
+    proven = (f"the deform blocks were proven for the sizes the export baked in (sampled data shapes "
+              f"{', '.join(sampled[:4])}{', ...' if len(sampled) > 4 else ''}), not for other input sizes"
+              if sampled else "no deform block has a static sampled shape")
+    return (f"symbolic input dims ({'; '.join(symbolic)}): {proven}; the shape computations on the symbolic dims "
+            "stay on the CPU EP; give --input-shape NAME:DIMS to patch for the size the model will get")
+
+
 def _options(allow_unproven: bool, sum_mode: str | None, max_buffer: int | None = None,
-             max_memory: int | None = None, device_profile: str | Path | DeviceProfile | None = None) -> Options:
+             max_memory: int | None = None, device_profile: str | Path | DeviceProfile | None = None,
+             input_shapes: dict | None = None) -> Options:
     sum_mode = "chain" if sum_mode is None else sum_mode
     if sum_mode not in SUM_MODES:
         raise SurgeonError(None, f"unknown sum mode '{sum_mode}'", f"choose one of {', '.join(SUM_MODES)}")
@@ -374,4 +401,5 @@ def _options(allow_unproven: bool, sum_mode: str | None, max_buffer: int | None 
         raise SurgeonError(None, f"bad max memory size {max_memory!r}", "give a positive number of bytes")
     profile = resolve_profile(device_profile)
     return Options(allow_unproven=allow_unproven, sum_mode=sum_mode, max_buffer=max_buffer, max_memory=max_memory,
-                   device_profile=profile.name, storage_buffers=profile.storage_buffers)
+                   device_profile=profile.name, storage_buffers=profile.storage_buffers,
+                   input_shapes=check_input_shapes(input_shapes))

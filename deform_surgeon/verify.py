@@ -143,6 +143,18 @@ def _describe(inputs: list) -> str:
     return ", ".join(one(vi) for vi in inputs) or "none"
 
 
+def _metadata(input_shapes: dict[str, tuple[int, ...]] | None):
+    """polygraphy's TensorMetadata for the given input dims (dtype from the model), or None."""
+    if not input_shapes:
+        return None
+    from polygraphy.common import TensorMetadata
+
+    meta = TensorMetadata()
+    for name, dims in input_shapes.items():
+        meta.add(name, None, tuple(dims))
+    return meta
+
+
 def _is_int(v: object) -> bool:
     return isinstance(v, int | np.integer) and not isinstance(v, bool)
 
@@ -192,8 +204,14 @@ def check_verify_options(options: dict | None) -> None:
 
 def verify(original: str | Path, patched: str | Path, *, iterations: int | None = None, seed: int | None = None,
            val_range: dict[str, tuple[float, float]] | None = None, opt_level: str | None = None,
-           quiet: bool = True, threads: int | None = None) -> VerifyResult:
+           quiet: bool = True, threads: int | None = None,
+           input_shapes: dict[str, tuple[int, ...]] | None = None) -> VerifyResult:
     """Run both models on the same seeded inputs on ORT CPU and compare every output byte for byte.
+
+    `input_shapes` (`patch --input-shapes`): the inputs are fed with these dims, and the reference is the original
+    with its inputs fixed to them and nothing else changed (ORT's level 'all' computes a model whose input dims are
+    static with other kernels than the same model with symbolic dims: measured up to 3e-7 apart on the replica,
+    identical at the levels below; docs/variants.md).
 
     `threads`: ORT intra-op threads per session (None: ORT's default, one per core); `batch` gives each of its
     parallel workers its share of the cores."""
@@ -207,6 +225,12 @@ def verify(original: str | Path, patched: str | Path, *, iterations: int | None 
     opt_level = "all" if opt_level is None else opt_level
     check_options(iterations, seed, opt_level, val_range, threads)
     inputs = [input_signature(path) for path in (original, patched)]
+    if input_shapes:
+        from .input_shapes import fixed_inputs
+
+        for vi, dims in fixed_inputs(inputs[0], input_shapes, original):
+            for d, want in zip(vi.type.tensor_type.shape.dim, dims, strict=True):
+                d.dim_value = want
     ranges = default_val_ranges(original, val_range, inputs[0])
     signatures = [_describe(i) for i in inputs]
     for name, (lo, hi) in (val_range or {}).items():
@@ -235,7 +259,7 @@ def verify(original: str | Path, patched: str | Path, *, iterations: int | None 
             options.graph_optimization_level = level
             if threads is not None:
                 options.intra_op_num_threads = threads
-            source = _ort_source(path)
+            source = _ort_source(path) if not (input_shapes and path == original) else _fixed(original, input_shapes)
             return lambda: onnxruntime.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 
         runners = [OnnxrtRunner(session(original), name="original"), OnnxrtRunner(session(patched), name="patched")]
@@ -243,7 +267,8 @@ def verify(original: str | Path, patched: str | Path, *, iterations: int | None 
         for runner, path in zip(runners, (original, patched), strict=True):
             try:  # one runner at a time, so a model that cannot run is named
                 ran = Comparator.run([runner], data_loader=DataLoader(seed=seed, iterations=iterations,
-                                                                     val_range=dict(ranges)))
+                                                                     val_range=dict(ranges),
+                                                                     input_metadata=_metadata(input_shapes)))
             except Exception as exc:
                 raise SurgeonError(path, f"fails to run on ORT CPU with the seeded inputs ({_one_line(exc)})",
                                    "choose input ranges the model is valid for with --val-range") from None
@@ -298,6 +323,17 @@ def _max_abs_diff(a: np.ndarray, b: np.ndarray) -> float:
         d = np.abs(a.astype(np.float64) - b.astype(np.float64))
     d = d[~np.isnan(d)]
     return float(d.max()) if d.size else (0.0 if np.array_equal(a, b, equal_nan=True) else math.inf)
+
+
+def _fixed(path: str | Path, input_shapes: dict[str, tuple[int, ...]]) -> bytes:
+    """The model at `path`, its weights in memory, with the given input dims (the reference of `--input-shapes`)."""
+    import onnx
+
+    from .input_shapes import fix_input_shapes
+
+    model = onnx.load(str(path))
+    fix_input_shapes(model, input_shapes, path)
+    return model.SerializeToString()
 
 
 def _ort_source(path: str | Path) -> str | bytes:

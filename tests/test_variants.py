@@ -203,3 +203,110 @@ def test_replica_variants_are_what_the_quantizers_make(repo):
     conv = next(n for n in int8.graph.node if n.op_type == "ConvInteger")
     assert weights[conv.input[1]].data_type == onnx.TensorProto.INT8
     assert np.asarray(onnx.numpy_helper.to_array(weights[conv.input[1]])).dtype == np.int8
+
+
+# ------------------------------------------------------------------------------------ dynamic sizes (--input-shapes)
+def dynamic_export() -> onnx.ModelProto:
+    """The replica as an export with dynamic batch/height/width axes: symbolic input and output dims, the traced
+    size (64x64) baked into the deform blocks' Clip bounds and Reshapes, as the exporter does."""
+    import exporter_replica
+
+    model = exporter_replica.build(exporter_replica.Spec())
+    for vi in (model.graph.input[0], model.graph.output[0]):
+        for d, name in zip(vi.type.tensor_type.shape.dim, ("batch", None, "height", "width"), strict=True):
+            if name:
+                d.ClearField("dim_value")
+                d.dim_param = name
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@pytest.fixture(scope="module")
+def dynamic(tmp_path_factory):
+    d = tmp_path_factory.mktemp("dynamic")
+    onnx.save(dynamic_export(), d / "dyn.onnx")
+    return d
+
+
+def run_cli(*args, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "deform_surgeon", *map(str, args)], cwd=cwd, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_symbolic_dims_without_a_size_are_reported(dynamic):
+    proc = run_cli("inspect", "dyn.onnx", cwd=dynamic)
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"symbolic input dims \(image: \[batch,3,height,width\]\): the deform blocks were proven for "
+                     r"the sizes the export baked in \(sampled data shapes \[1, 1, 10, 10, 4\].*\), not for other "
+                     r"input sizes; the shape computations on the symbolic dims stay on the CPU EP; give "
+                     r"--input-shape", proc.stdout), proc.stdout
+    # Resize's size computation from the symbolic input (Shape -> Slice -> Concat, int64) is what stays
+    assert re.search(r"outside the deform blocks, \d+ node\(s\) have no WebGPU kernel .*: Concat \d+, Slice \d+",
+                     proc.stdout), proc.stdout
+
+
+def test_input_shape_fixes_the_size_and_verifies(dynamic):
+    proc = run_cli("patch", "dyn.onnx", "fixed.onnx", "--input-shape", "image:1,3,64,64", "--verify",
+                   "--iterations", "2", "--report", "fixed.json", cwd=dynamic)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "verify: PASSED" in proc.stdout and "symbolic input dims" not in proc.stdout
+    fixed = onnx.load(dynamic / "fixed.onnx")
+    assert [d.dim_value for d in fixed.graph.input[0].type.tensor_type.shape.dim] == [1, 3, 64, 64]
+    report = json.loads((dynamic / "fixed.json").read_text())
+    assert report["options"]["input_shapes"] == {"image": [1, 3, 64, 64]}
+    assert any(n["pass_name"] == "input-shape" and "image: [batch,3,height,width] -> [1,3,64,64]" in n["reason"]
+               for n in report["nodes"])
+    assert report["webgpu"]["outside_blocks"] == {} and report["webgpu"]["blocks_resident"] == 8
+
+
+@pytest.mark.parametrize("shape, problem", [
+    ("input:1,3,64,64", r"--input-shape names 'input', which is not an input of the model \(inputs: image\)"),
+    ("image:1,3,64", r"--input-shape image: 3 dims given, the input has 4"),
+    ("image:1,4,64,64", r"conflicts with the input's static shape image: \[batch,3,height,width\]"),
+    ("image:1,3,32,32", r"fails onnx\.checker|[Ii]nference"),  # the baked Reshapes cannot take 32x32
+    ("image", r"bad --input-shape 'image'"),
+], ids=["no-such-input", "rank", "static-dim", "size-it-cannot-take", "syntax"])
+def test_a_bad_input_shape_is_one_line_exit_2(dynamic, tmp_path, shape, problem):
+    shutil.copyfile(dynamic / "dyn.onnx", tmp_path / "dyn.onnx")
+    before = snapshot(tmp_path)
+    proc = run_cli("patch", "dyn.onnx", "out.onnx", "--input-shape", shape, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert re.search(problem, one_error_line(proc)), proc.stderr
+    assert snapshot(tmp_path) == before
+
+
+def test_input_shapes_in_a_manifest(dynamic, tmp_path):
+    shutil.copyfile(dynamic / "dyn.onnx", tmp_path / "dyn.onnx")
+    (tmp_path / "m.toml").write_text('[[model]]\ninput = "dyn.onnx"\noutput = "fixed.onnx"\nverify = true\n'
+                                     'iterations = 1\ninput_shapes = { image = [1, 3, 64, 64] }\n')
+    proc = batch("m.toml", "--no-progress", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    fixed = onnx.load(tmp_path / "fixed.onnx")
+    assert [d.dim_value for d in fixed.graph.input[0].type.tensor_type.shape.dim] == [1, 3, 64, 64]
+    (tmp_path / "bad.toml").write_text('[[model]]\ninput = "dyn.onnx"\ninput_shapes = { image = [1, 3, 0] }\n')
+    proc = batch("bad.toml", "--no-progress", cwd=tmp_path)
+    assert proc.returncode == 1 and "option input_shapes: bad input shapes" in proc.stdout, proc.stdout
+
+
+@pytest.mark.webgpu
+def test_a_fixed_size_is_gpu_resident_on_the_node_runtime(dynamic):
+    """Patched for its size, the dynamic export has no CPU node and no Memcpy; patched as it is, the shape
+    computations on its symbolic dims stay on the CPU, as the report says."""
+    from deform_surgeon.placement import measure_placement, missing_setup
+
+    if missing_setup() is not None:
+        pytest.skip(f"WebGPU runtimes not set up: {missing_setup()}")
+    if not (dynamic / "fixed.onnx").exists():
+        proc = run_cli("patch", "dyn.onnx", "fixed.onnx", "--input-shape", "image:1,3,64,64", cwd=dynamic)
+        assert proc.returncode == 0, proc.stderr
+    proc = run_cli("patch", "dyn.onnx", "as_is.onnx", "--report", "as_is.json", cwd=dynamic)
+    assert proc.returncode == 0, proc.stderr
+    fixed = measure_placement(dynamic / "fixed.onnx", "node")
+    assert fixed.session_ok and fixed.cpu_nodes == 0 and fixed.memcpy == 0, fixed.cpu_ops
+    as_is = measure_placement(dynamic / "as_is.onnx", "node")
+    predicted = json.loads((dynamic / "as_is.json").read_text())["webgpu"]
+    # ORT's own shape inference folds or fuses a few of them otherwise than onnx's (a Slice of a Shape becomes a
+    # Gather): the ops the report names are among those measured, and none is inside a deform block
+    assert as_is.cpu_nodes > 0 and predicted["inside_blocks"] == {}, as_is.cpu_ops
+    assert predicted["outside_blocks"] and set(predicted["outside_blocks"]) <= set(as_is.cpu_ops), (as_is.cpu_ops,
+                                                                                                   predicted)

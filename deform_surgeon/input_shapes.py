@@ -1,0 +1,95 @@
+"""`--input-shape NAME:1,3,1024,1024`: fix a model's symbolic input dims (polygraphy's `--input-shapes`,
+onnxsim's `--overwrite-input-shape`).
+
+Why: an export with dynamic axes (`dynamic_axes=...`) keeps Swin's shape computations (Shape, Gather, Concat,
+Range, Expand, ...) as int64 nodes that the WebGPU EPs leave on the CPU, and the exporter still bakes the traced
+size into the deform blocks (Clip bounds, Reshapes), so those are proven for that size only. Given the size the
+model will get, its inputs become static: ORT then folds the shape computations when the session is created (and
+fold.py folds a float16 model's own), and the proofs hold for the size the model is given, because shape
+inference now knows it (a size the baked Reshapes cannot take fails as bad input, before anything is written).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+
+import onnx
+
+from .errors import SurgeonError
+
+_SPEC = re.compile(r"^(?P<name>.+):\[?(?P<dims>\d+(?:[,x]\d+)*)\]?$")
+
+
+def parse_input_shapes(items: Sequence[str] | None) -> dict[str, tuple[int, ...]] | None:
+    """`NAME:1,3,1024,1024` (or polygraphy's `NAME:[1,3,1024,1024]`, or `NAME:1x3x1024x1024`) per item; None when
+    none is given."""
+    if not items:
+        return None
+    shapes: dict[str, tuple[int, ...]] = {}
+    for item in items:
+        m = _SPEC.match(item.replace(" ", ""))
+        if not m:
+            raise SurgeonError(None, f"bad --input-shape '{item}'", "write NAME:DIMS, e.g. input_image:1,3,1024,1024")
+        shapes[m.group("name")] = tuple(int(d) for d in re.split(r"[,x]", m.group("dims")))
+    return shapes
+
+
+def check_input_shapes(shapes: object) -> dict[str, tuple[int, ...]] | None:
+    """The Python API's / a manifest's form ({name: [dims]}), checked; None stays None."""
+    if shapes is None:
+        return None
+    if not isinstance(shapes, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, list | tuple) and v and
+            all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in v) for k, v in shapes.items()):
+        raise SurgeonError(None, f"bad input shapes {shapes!r}", "give {input name: [positive dims]}")
+    return {k: tuple(v) for k, v in shapes.items()}
+
+
+def fixed_inputs(inputs: Sequence[onnx.ValueInfoProto], shapes: Mapping[str, Sequence[int]], path: object
+                 ) -> list[tuple[onnx.ValueInfoProto, tuple[int, ...]]]:
+    """Each input named in `shapes` with its new dims; a name that is no input, another rank, or a static dim
+    given another value is a one-line SurgeonError naming the model."""
+    by_name = {vi.name: vi for vi in inputs}
+    out = []
+    for name, dims in shapes.items():
+        vi = by_name.get(name)
+        if vi is None:
+            raise SurgeonError(path, f"--input-shape names '{name}', which is not an input of the model",
+                               f"inputs: {', '.join(by_name) or 'none'}")
+        have = vi.type.tensor_type.shape.dim
+        if len(have) != len(dims):
+            raise SurgeonError(path, f"--input-shape {name}: {len(dims)} dims given, the input has {len(have)} "
+                               f"({describe(vi)})")
+        for d, want in zip(have, dims, strict=True):
+            if d.HasField("dim_value") and d.dim_value != want:
+                raise SurgeonError(path, f"--input-shape {name}:{','.join(map(str, dims))} conflicts with the "
+                                   f"input's static shape {describe(vi)}")
+        out.append((vi, tuple(dims)))
+    return out
+
+
+def fix_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], path: object) -> list[str]:
+    """Set the named inputs' dims in place; returns one line per input that changed ("name: [a,b] -> [1,2]")."""
+    changed = []
+    for vi, dims in fixed_inputs(model.graph.input, shapes, path):
+        before = describe(vi)
+        for d, want in zip(vi.type.tensor_type.shape.dim, dims, strict=True):
+            d.ClearField("dim_param")
+            d.dim_value = want
+        if describe(vi) != before:
+            changed.append(f"{before} -> [{','.join(map(str, dims))}]")
+    return changed
+
+
+def symbolic_inputs(model: onnx.ModelProto) -> list[str]:
+    """The inputs with a dim that is not a number, described ("image: [batch,3,height,width]")."""
+    init = {t.name for t in model.graph.initializer}
+    return [describe(vi) for vi in model.graph.input if vi.name not in init and
+            any(not d.HasField("dim_value") for d in vi.type.tensor_type.shape.dim)]
+
+
+def describe(vi: onnx.ValueInfoProto) -> str:
+    dims = ",".join(str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?")
+                    for d in vi.type.tensor_type.shape.dim)
+    return f"{vi.name}: [{dims}]"
