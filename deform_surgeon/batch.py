@@ -257,10 +257,12 @@ def plan_folder(folder: str, out_dir: str, cli: dict, summary: str | None = None
     options = {k: v for k, v in cli.items() if k in OPTIONS and v is not None and k not in SWITCHES}
     options.update({k: bool(cli.get(k)) for k in SWITCHES})
     options["copy_unchanged"] = True  # the folder out is complete: a variant with nothing to rewrite is copied
-    entries = [Entry(k, str(m), str(out / m.relative_to(src)),
-                     None if report_dir is None else str(Path(report_dir) / f"{m.relative_to(src).with_suffix('')}"
-                                                                            .replace(os.sep, "__") + ".report.json"),
-                     dict(options)) for k, m in enumerate(models, 1)]
+    def report(model: Path) -> str | None:  # onnx/model_fp16.onnx -> REPORT_DIR/onnx__model_fp16.report.json
+        flat = "__".join(model.relative_to(src).with_suffix("").parts)
+        return None if report_dir is None else str(Path(report_dir) / f"{flat}.report.json")
+
+    entries = [Entry(k, str(m), str(out / m.relative_to(src)), report(m), dict(options))
+               for k, m in enumerate(models, 1)]
     for folder_out in sorted({Path(e.output).parent for e in entries} | {t.parent for _, t in copies}):
         if folder_out.exists() and not folder_out.is_dir():
             raise SurgeonError(folder_out, "is not a folder, so the outputs below it cannot be written")

@@ -172,7 +172,10 @@ def _forward(index: GraphIndex, start: int) -> set[int] | None:
     stack = [start]
     while stack:
         k = stack.pop()
-        for o in index.outs[k]:
+        # a q8 file's DynamicQuantizeLinear: its scale and zero point go to the conv's dequantization (its tail),
+        # past which the walk would run into the next layers
+        outs = index.outs[k][:1] if index.ops[k] == "DynamicQuantizeLinear" else index.outs[k]
+        for o in outs:
             for c in index.consumers.get(o, ()):
                 if c in seen or c in index.nested:
                     continue

@@ -113,16 +113,13 @@ def kernel_report(model: onnx.ModelProto, types: Mapping, *more_types: Mapping) 
     """The nodes of `model` that the table says have no WebGPU kernel and that ORT does not fold away, counted
     inside and outside the deform blocks. `types`: tensor name -> (element type, shape), e.g. a `TypeTable`;
     `more_types` are looked at for the names `types` lacks (a patched region's new tensors)."""
-    from .fold import _find_static
-    from .model_io import Weights
-
     index = GraphIndex(model)
     blocks = find_blocks(index)
     owner: dict[int, int] = {}
     for b, block in enumerate(blocks):
         for k in block.nodes:
             owner.setdefault(k, b)
-    static = _find_static(model.graph, types, Weights(None), limit=1 << 62).static
+    static = _folded(model, types)
     report = KernelReport(blocks=len(blocks))
     inside, outside = Counter(), Counter()
     hit: set[int] = set()
@@ -143,6 +140,59 @@ def kernel_report(model: onnx.ModelProto, types: Mapping, *more_types: Mapping) 
     report.inside, report.outside = dict(inside), dict(outside)
     report.blocks_resident = len(blocks) - len(hit)
     return report
+
+
+# inputs that decide an op's output shape by their values (the others only by their shapes); an op listed with
+# None has a data-dependent output shape whatever its inputs
+SHAPE_ARGS: dict[str, tuple[int, ...] | None] = {
+    "Reshape": (1,), "Expand": (1,), "Tile": (1,), "ConstantOfShape": (0,), "Range": (0, 1, 2),
+    "Slice": (1, 2, 3, 4), "Pad": (1, 2, 3), "Resize": (1, 2, 3), "Upsample": (1,), "TopK": (1,), "OneHot": (1,),
+    "Squeeze": (1,), "Unsqueeze": (1,), "Split": (1,), "ReduceSum": (1,), "ReduceMean": (1,), "ReduceMax": (1,),
+    "ReduceMin": (1,), "ReduceProd": (1,), "CenterCropPad": (1,), "NonZero": None, "Unique": None, "Compress": None,
+    "NonMaxSuppression": None, "If": None, "Loop": None, "Scan": None, "SequenceMap": None,
+}
+
+
+def _folded(model: onnx.ModelProto, types: Mapping) -> set[int]:
+    """The nodes ORT folds into constants when a session is created: every input a constant, or a `Shape`/`Size`
+    of a tensor whose shape is fixed. A shape is fixed when shape inference says so, or when it follows from the
+    graph inputs' static dims through ops whose output shape depends on their inputs' shapes and on constant shape
+    arguments only (ORT folds and re-infers in turn, which onnx's single inference pass does not: in a Swin
+    backbone the window padding's sizes are computed, so inference alone leaves later shapes unknown)."""
+    from .fold import NEVER_STATIC, SHAPE_OF
+
+    graph = model.graph
+    given = {i.name for i in graph.input}
+    constant = {t.name for t in graph.initializer if t.name not in given}
+    fixed = set(constant) | {i.name for i in graph.input
+                             if all(d.HasField("dim_value") for d in i.type.tensor_type.shape.dim)}
+    folded: set[int] = set()
+    for k, node in enumerate(graph.node):
+        ins = [i for i in node.input if i]
+        op = node.op_type
+        custom = node.domain not in ("", "ai.onnx")
+        if not custom and op not in NEVER_STATIC and (
+                (op in SHAPE_OF and ins and (ins[0] in fixed or _static_dims(types, ins[0])))
+                or (op not in SHAPE_OF and all(i in constant for i in ins))):
+            folded.add(k)
+            constant.update(node.output)
+            fixed.update(node.output)
+            continue
+        args = SHAPE_ARGS.get(op, ())
+        if custom or args is None:
+            continue
+        if all(i in fixed or _static_dims(types, i) for i in ins) and \
+                all(node.input[j] in constant for j in args if j < len(node.input) and node.input[j]):
+            fixed.update(node.output)
+    return folded
+
+
+def _static_dims(types: Mapping, name: str) -> bool:
+    try:
+        shape = types[name][1]
+    except KeyError:
+        return False
+    return shape is not None and all(isinstance(d, int) and d >= 0 for d in shape)
 
 
 def _elem_type(types: Mapping, name: str) -> int:

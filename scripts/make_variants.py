@@ -2,7 +2,9 @@
 """Make the dtype variants a transformers.js model repository ships, from one fp32 ONNX export, the way
 transformers.js's conversion script makes them (docs/variants.md):
 
-    model.onnx            onnxslim.slim of the export (the quantizers need Conv weights as initializers)
+    model.onnx            the export as it is
+    (every other variant starts from onnxslim.slim of the export: the quantizers need the Conv weights as
+    initializers, which the exporter writes as Constant nodes)
     model_fp16.onnx       float16 with keep_io_types (onnxconverter-common), then onnxslim.slim
     model_quantized.onnx  dynamic IntegerOps quantization, QUInt8 weights (ConvInteger, MatMulInteger,
                           DynamicQuantizeLinear)
@@ -77,7 +79,6 @@ def bnb4(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 MAKERS: dict[str, Callable[[onnx.ModelProto], onnx.ModelProto]] = {
-    "fp32": lambda m: m,
     "fp16": fp16,
     "quantized": lambda m: integer_ops(m, "QUInt8"),
     "int8": lambda m: integer_ops(m, "QInt8"),
@@ -90,11 +91,11 @@ MAKERS: dict[str, Callable[[onnx.ModelProto], onnx.ModelProto]] = {
 
 def make_variants(export: onnx.ModelProto, out_dir: Path, only: tuple[str, ...] = VARIANTS) -> dict[str, Path]:
     """Write the variants in `only` into `out_dir` (transformers.js's file names); return variant -> path."""
-    base = slim(export)
+    base = slim(export) if set(only) - {"fp32"} else None
     written = {}
     for name in only:
         path = Path(out_dir) / FILE_NAMES[name]
-        model = MAKERS[name](onnx.ModelProto.FromString(base.SerializeToString()))
+        model = export if name == "fp32" else MAKERS[name](onnx.ModelProto.FromString(base.SerializeToString()))
         onnx.save(model, path)
         written[name] = path
     return written

@@ -50,8 +50,9 @@ def repo(tmp_path_factory):
 def patched(repo, tmp_path_factory):
     out = tmp_path_factory.mktemp("out") / "patched"
     before = snapshot(repo)
+    (out.parent / "reports").mkdir()
     proc = batch(repo, out, "--verify", "--iterations", "1", "--jobs", "2", "--no-progress",
-                 "--summary", out.parent / "summary.json", cwd=repo)
+                 "--summary", out.parent / "summary.json", "--report-dir", out.parent / "reports", cwd=repo)
     return repo, out, before, proc, json.loads((out.parent / "summary.json").read_text())
 
 
@@ -68,6 +69,8 @@ def test_folder_patches_every_variant_verified(patched):
         assert m["status"] == "ok" and m["written"], m
         assert m["verification"]["identical"] is True, name
         onnx.checker.check_model(onnx.load(out / "onnx" / name), full_check=True)
+        report = json.loads((out.parent / "reports" / f"onnx__{Path(name).stem}.report.json").read_text())
+        assert report["status"] == "ok" and report["webgpu"] == m["webgpu"]
 
 
 def test_table_names_what_stays_on_the_cpu(patched):
