@@ -179,8 +179,8 @@ def _folded(model: onnx.ModelProto, types: Mapping) -> set[int]:
             fixed.update(node.output)
             continue
         args = SHAPE_ARGS.get(op, ())
-        if custom or args is None:
-            continue
+        if (custom and node.domain != "com.microsoft") or args is None:  # onnxruntime's contrib ops (MatMulNBits,
+            continue  # MatMulBnb4, ...) shape their outputs by their inputs' shapes and attributes
         if all(i in fixed or _static_dims(types, i) for i in ins) and \
                 all(node.input[j] in constant for j in args if j < len(node.input) and node.input[j]):
             fixed.update(node.output)

@@ -313,3 +313,33 @@ def test_a_fixed_size_is_gpu_resident_on_the_node_runtime(dynamic):
     assert as_is.cpu_nodes > 0 and predicted["inside_blocks"] == {}, as_is.cpu_ops
     assert predicted["outside_blocks"] and set(predicted["outside_blocks"]) <= set(as_is.cpu_ops), (as_is.cpu_ops,
                                                                                                    predicted)
+
+
+def test_shape_computations_after_a_contrib_op_count_as_folded(repo, tmp_path):
+    """A shape computation downstream of MatMulNBits is counted as folded (ORT folds it: on the real q4 file the
+    report predicts 0 CPU nodes, as placement measures); an int64 Add of a graph input is counted."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    import deform_surgeon as ds
+
+    model = onnx.load(repo / "onnx" / "model_q4.onnx")
+    matmul = next(n for n in model.graph.node if n.op_type == "MatMulNBits")
+    g = model.graph
+    g.initializer.extend([numpy_helper.from_array(np.array(2, np.int64), "two"),
+                          numpy_helper.from_array(np.array(1, np.int64), "one")])
+    # its input reshaped by a computed shape, as in a Swin window partition
+    at = list(g.node).index(matmul)
+    g.node.insert(at, helper.make_node("Shape", [matmul.input[0]], ["a_shape"]))
+    g.node.insert(at + 1, helper.make_node("Reshape", [matmul.input[0], "a_shape"], ["a_reshaped"]))
+    matmul.input[0] = "a_reshaped"
+    g.node.extend([helper.make_node("Shape", [matmul.output[0]], ["mm_shape"]),
+                   helper.make_node("Gather", ["mm_shape", "two"], ["mm_h"]),
+                   helper.make_node("Add", ["mm_h", "one"], ["mm_h1"])])
+    g.output.append(helper.make_tensor_value_info("mm_h1", TensorProto.INT64, []))
+    onnx.save(model, tmp_path / "q4_shape.onnx")
+    assert ds.inspect(tmp_path / "q4_shape.onnx").webgpu.cpu_nodes == 0
+    g.input.append(helper.make_tensor_value_info("count", TensorProto.INT64, []))
+    g.node.append(helper.make_node("Add", ["mm_h1", "count"], ["counted"]))
+    g.output.append(helper.make_tensor_value_info("counted", TensorProto.INT64, []))
+    onnx.save(model, tmp_path / "q4_data.onnx")
+    assert ds.inspect(tmp_path / "q4_data.onnx").webgpu.outside == {"Add": 1}
