@@ -152,7 +152,7 @@ def _label(index: GraphIndex, conv: int) -> str:
         if k is not None and index.ops[k] in ("Reshape", "Gather"):
             weight = index.ins[k][0]
     named = weight in index.initializers and not _UNNAMED.match(weight)
-    kind = DEFORM_CONV if op == "MatMul" else "Conv"  # a q8 file's ConvInteger is the exporter's Conv
+    kind = "Conv" if op in ("Conv", "ConvInteger") else DEFORM_CONV  # a q8 file's ConvInteger: the exporter's Conv
     return f"{kind} '{block_conv_name(index.name(conv))}'" + (f" ({weight})" if named else "")
 
 
