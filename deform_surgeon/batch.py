@@ -525,6 +525,8 @@ def variant_table(entries: list[Entry], root: str, jobs: int, seconds: float, co
             resident = f"{k.blocks_resident}/{k.blocks}" if k.blocks else "no deform block"
             cpu = f"{k.cpu_nodes}" + (f": {KernelReport.ops_text({**k.inside, **_add(k.inside, k.outside)})}"
                                       if k.cpu_nodes else "")
+            if k.jsep_only:
+                cpu += f" (JSEP also: {KernelReport.ops_text(k.jsep_only)})"
         v = r.get("verification")
         verify = ("-" if e.status == FAILED else "(copy)" if e.status == UNCHANGED else
                   "not run" if v is None else "PASSED" if v.get("identical") else "FAILED")

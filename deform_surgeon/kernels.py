@@ -45,6 +45,24 @@ NON_FLOAT_SLICE = "a Slice of non-float data: the native EP's Slice takes f32/f1
 SLICE_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16}  # the native EP's Slice data types
 
 
+# what only JSEP (the bundle `import 'onnxruntime-web'` gives) lacks; the native WebGPU EP runs these (measured
+# on the real BiRefNet-lite 512 bnb4 and q4f16 files in onnxruntime-web 1.30.0)
+JSEP_NO_KERNEL: dict[str, str] = {
+    "MatMulBnb4": "4-bit NF4 matrix product (MatMulBnb4Quantizer): no JSEP kernel (the native WebGPU EP has one)",
+}
+JSEP_NO_F16 = {"Split": "a float16 Split: no JSEP kernel (the native WebGPU EP has one; float16 Splits of known "
+                        "type are rewritten into Slices)"}
+
+
+def why_no_jsep_kernel(op: str, dtype: int) -> str | None:
+    """Why a node that the native WebGPU EP runs has no kernel in JSEP, or None."""
+    if op in JSEP_NO_KERNEL:
+        return JSEP_NO_KERNEL[op]
+    if op in JSEP_NO_F16 and dtype == TensorProto.FLOAT16:
+        return JSEP_NO_F16[op]
+    return None
+
+
 def why_no_kernel(op: str, domain: str, dtype: int) -> str | None:
     """Why a node (`op`, its first input's element type `dtype`, 0 if unknown) has no WebGPU kernel, or None if the
     table knows of none (which is not a proof that it has one: `deform-surgeon placement` measures)."""
@@ -68,6 +86,7 @@ class KernelReport:
     inside: dict[str, int] = field(default_factory=dict)  # op -> nodes, inside deform blocks
     outside: dict[str, int] = field(default_factory=dict)
     reasons: dict[str, str] = field(default_factory=dict)  # op -> why
+    jsep_only: dict[str, int] = field(default_factory=dict)  # op -> nodes that only JSEP leaves on the CPU
 
     @property
     def cpu_nodes(self) -> int:
@@ -75,12 +94,12 @@ class KernelReport:
 
     def to_dict(self) -> dict:
         return {"blocks": self.blocks, "blocks_resident": self.blocks_resident, "inside_blocks": self.inside,
-                "outside_blocks": self.outside, "reasons": self.reasons}
+                "outside_blocks": self.outside, "reasons": self.reasons, "jsep_only": self.jsep_only}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> KernelReport:
         return cls(d["blocks"], d["blocks_resident"], dict(d["inside_blocks"]), dict(d["outside_blocks"]),
-                   dict(d["reasons"]))
+                   dict(d["reasons"]), dict(d.get("jsep_only", {})))
 
     @staticmethod
     def ops_text(counts: Mapping[str, int]) -> str:
@@ -102,8 +121,11 @@ class KernelReport:
             n = sum(self.outside.values())
             out.append(f"WebGPU: outside the deform blocks, {n} node(s) have no WebGPU kernel and will run on the "
                        f"CPU EP: {self.ops_text(self.outside)}")
+        if self.jsep_only:
+            out.append(f"WebGPU: on the JSEP bundle only, {sum(self.jsep_only.values())} more node(s) run on the CPU "
+                       f"EP: {self.ops_text(self.jsep_only)}")
         out += [f"WebGPU:   {op}: {why}" for op, why in sorted(self.reasons.items())]
-        if not self.inside and not self.outside:
+        if not self.inside and not self.outside and not self.jsep_only:
             out.append("WebGPU: no node without a WebGPU kernel (by docs/webgpu-kernels.md; `deform-surgeon "
                        "placement` measures)")
         return out
@@ -130,6 +152,10 @@ def kernel_report(model: onnx.ModelProto, types: Mapping, *more_types: Mapping) 
         dtype = next((t for t in (_elem_type(table, first) for table in (types, *more_types)) if t), 0)
         why = why_no_kernel(node.op_type, node.domain, dtype)
         if why is None:
+            jsep = why_no_jsep_kernel(node.op_type, dtype) if node.domain in ("", "ai.onnx", "com.microsoft") else None
+            if jsep is not None:
+                report.reasons[node.op_type] = jsep
+                report.jsep_only[node.op_type] = report.jsep_only.get(node.op_type, 0) + 1
             continue
         report.reasons[node.op_type] = why
         if k in owner:

@@ -92,6 +92,8 @@ def test_table_names_what_stays_on_the_cpu(patched):
         else:
             assert k.cpu_nodes == 0 and k.blocks_resident == 8, (name, k)
             assert re.search(r"\b8/8\s+0\s", row), row
+        # JSEP (onnxruntime-web's default bundle) alone has no MatMulBnb4 kernel
+        assert k.jsep_only == ({"MatMulBnb4": 1} if variant == "bnb4" else {}), (name, k)
 
 
 def test_patch_report_names_them(patched, tmp_path):
@@ -343,3 +345,21 @@ def test_shape_computations_after_a_contrib_op_count_as_folded(repo, tmp_path):
     g.output.append(helper.make_tensor_value_info("counted", TensorProto.INT64, []))
     onnx.save(model, tmp_path / "q4_data.onnx")
     assert ds.inspect(tmp_path / "q4_data.onnx").webgpu.outside == {"Add": 1}
+
+
+@pytest.mark.webgpu
+def test_jsep_only_entries_match_the_browser(patched):
+    """The bnb4 replica in headless Chromium: the JSEP bundle puts its MatMulBnb4 on the CPU EP, as the report's
+    JSEP line says; the native WebGPU bundle runs every node on the GPU."""
+    from deform_surgeon.placement import measure_placement, missing_setup
+
+    if missing_setup() is not None:
+        pytest.skip(f"WebGPU runtimes not set up: {missing_setup()}")
+    _, out, _, _, summary = patched
+    predicted = KernelReport.from_dict(next(m["webgpu"] for m in summary["models"]
+                                            if m["model"].endswith("model_bnb4.onnx")))
+    jsep = measure_placement(out / "onnx" / "model_bnb4.onnx", "browser", "jsep")
+    assert jsep.session_ok, jsep.error
+    assert jsep.cpu_ops == predicted.jsep_only == {"MatMulBnb4": 1}
+    native = measure_placement(out / "onnx" / "model_bnb4.onnx", "browser", "webgpu")
+    assert native.session_ok and native.cpu_nodes == 0 and native.memcpy == 0, native.cpu_ops
