@@ -45,7 +45,7 @@ FORWARD_LIMIT = 2000  # nodes forward of one start before it is taken for someth
 _DATA_PATH = {"Pad", "Reshape", "Transpose", "Flatten", "Cast", "Unsqueeze", "Squeeze", "Identity", "Constant"}
 _WALK_STOPS = {"Pad", "Shape"}  # a backward walk takes these and does not go past them (their input is a layer's)
 _SUBGRAPH = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-_SPLIT_CHUNK = re.compile(r"/(chunk|group)\d+$")  # a split Conv's chunks, a lowered DeformConv's groups
+_SPLIT_CHUNK = re.compile(r"(/(chunk|group)\d+)+$")  # a split Conv's chunks, a lowered DeformConv's groups
 _UNNAMED = re.compile(r"^(onnx::|t_\d)")  # the exporter's generated initializer names
 
 

@@ -196,3 +196,25 @@ def test_external_data_stays_beside_the_patched_model(tmp_path: Path) -> None:
         "out.onnx.data"}
     feeds = feeds_for(model, 6)
     assert run_cpu(src, feeds).tobytes() == run_cpu(tmp_path / "out.onnx", feeds).tobytes()
+
+
+@pytest.mark.parametrize("kwargs", [dict(c=8, m=6, h=20, w=12), dict(n=2, c=8, m=6, h=20, w=12, group=2,
+                                                                      offset_group=2, mask=False)])
+def test_max_buffer_lowers_in_chunks_of_output_rows(tmp_path: Path, kwargs: dict) -> None:
+    """With --max-buffer the im2col tensors are built a chunk of output rows at a time, each under the limit,
+    and the outputs keep ORT CPU's bytes (each chunk's GEMM keeps at least K columns: MLAS's K blocking)."""
+    model = deform_conv(**kwargs)
+    limit = kwargs.get("n", 1) * 8 * 9 * 12 * 4 * 10  # ten of the twenty output rows
+    src, dst = tmp_path / "m.onnx", tmp_path / "p.onnx"
+    onnx.save(model, src)
+    report = ds.patch(src, dst, max_buffer=limit)
+    assert [a.action for a in report.actions] == [Outcome.REWRITTEN]
+    assert report.ops_after["MatMul"] == 2 * kwargs.get("group", 1)
+    inferred = onnx.shape_inference.infer_shapes(onnx.load(dst), strict_mode=True)
+    sizes = {vi.name: 4 * int(np.prod([d.dim_value for d in vi.type.tensor_type.shape.dim]))
+             for vi in inferred.graph.value_info if vi.type.tensor_type.elem_type == onnx.TensorProto.FLOAT}
+    assert max(sizes.values()) <= limit and sum(v == limit for v in sizes.values()) >= 8
+    for seed in range(3):
+        feeds = feeds_for(model, seed, 3.0)
+        for level in LEVELS:
+            assert run_cpu(src, feeds, level).tobytes() == run_cpu(dst, feeds, level).tobytes(), (seed, level)

@@ -63,6 +63,7 @@ class DeformConvPlan:
     offset_group: int
     has_bias: bool
     has_mask: bool
+    chunk_rows: int  # output rows lowered at once (all of them unless --max-buffer asks for less)
 
     @property
     def taps(self) -> int:
@@ -133,7 +134,8 @@ class LowerDeformConv:
             raise Refuse(f"bias shape {prover.static_shape(bias)} is not {[m]}")
         if n * og * h * w - 1 > INT32_MAX:
             raise Refuse(f"{n * og * h * w} sampled rows, more than an int32 index can address")
-        return DeformConvPlan(n, c, h, w, m, kh, kw, oh, ow, strides, dilations, pads, group, og, has_bias, has_mask)
+        return DeformConvPlan(n, c, h, w, m, kh, kw, oh, ow, strides, dilations, pads, group, og, has_bias, has_mask,
+                              _chunk_rows(ctx.options.max_buffer, n, c, kh * kw, oh, ow, c // group * kh * kw))
 
     def rewrite(self, ctx: Context, node: gs.Node, plan: DeformConvPlan) -> Action:
         before = len(ctx.graph.nodes)
@@ -155,6 +157,8 @@ class LowerDeformConv:
         what = (f"{p.kh}x{p.kw}, stride {list(p.strides)}, dilation {list(p.dilations)}, pads {list(p.pads)}, "
                 f"group {p.group}, offset_group {p.offset_group}, {'with' if p.has_mask else 'no'} mask, "
                 f"{'with' if p.has_bias else 'no'} bias")
+        if p.chunk_rows < p.oh:
+            what += f"; in {-(-p.oh // p.chunk_rows)} chunks of {p.chunk_rows} output rows (--max-buffer)"
         reason = (f"DeformConv ({what}) -> 4 Gathers + Add chain + MatMul in ORT CPU's own order; indices "
                   f"proven in range ({verdicts[0].reason})")
         return Action(self.name, name, OP, Outcome.REWRITTEN, reason,
@@ -162,24 +166,73 @@ class LowerDeformConv:
 
     @staticmethod
     def _build(b: _Builder, node: gs.Node, p: DeformConvPlan, out: gs.Tensor) -> list[gs.Node]:
-        """Build the replacement; return its four Gathers (whose indices the caller proves)."""
+        """Build the replacement, in chunks of `p.chunk_rows` output rows; return its Gathers (whose indices the
+        caller proves)."""
         ins = list(node.inputs) + [gs.Variable("")] * (5 - len(node.inputs))
         x, weight, offset, bias, mask = ins[:5]
-        og, k, pts, cg = p.offset_group, p.taps, p.points, p.c // p.offset_group
-        lead = [p.n, og, k, pts]  # one sampling point per image, offset group, kernel tap, output position
+        og, cg = p.offset_group, p.c // p.offset_group
 
         # the image as rows of channels: row (n*og + g)*H*W + y*W + x holds X[n, g*cg:(g+1)*cg, y, x]
         grouped = b.op("Reshape", [x, b.i64([p.n, og, cg, p.h * p.w])], "image_grouped")
         rows_first = b.op("Transpose", [grouped], "image_rows_first", perm=[0, 1, 3, 2])
         table = b.op("Reshape", [rows_first, b.i64([-1, cg])], "image_rows", shape=[p.n * og * p.h * p.w, cg])
+        base = None
+        if p.n * og > 1:
+            starts = (np.arange(p.n * og, dtype=np.int64) * p.h * p.w).astype(np.int32).reshape(p.n, og, 1, 1)
+            base = b.const(starts)
+        kdim = (p.c // p.group) * p.taps
+        wmat = b.op("Reshape", [weight, b.i64([p.group, p.m // p.group, kdim])], "weight_rows")
+        w_groups = [wmat] if p.group == 1 else [
+            b.op("Gather", [wmat, b.const(np.array(g, np.int32))], f"weight_group{g}", axis=0) for g in range(p.group)]
+
+        gathers: list[gs.Node] = []
+        products: list[list[gs.Tensor]] = [[] for _ in range(p.group)]  # per group, per chunk
+        chunks = [(r, min(r + p.chunk_rows, p.oh)) for r in range(0, p.oh, p.chunk_rows)]
+        for c, rows in enumerate(chunks):
+            tag = "" if len(chunks) == 1 else f"chunk{c}"
+            sb = b if not tag else b.scoped(tag)
+            offset_c, mask_c = offset, (mask if p.has_mask else None)
+            if tag:  # this chunk's output rows of the offsets and the mask
+                offset_c, mask_c = (None if t is None else sb.op(
+                    "Slice", [t, sb.i64([rows[0]]), sb.i64([rows[1]]), sb.i64([2])], f"{name}_rows")
+                    for t, name in ((offset, "offset"), (mask_c, "mask")))
+            col, picked = LowerDeformConv._sample(sb, p, table, base, offset_c, mask_c, rows)
+            gathers += picked
+            # W[g] @ col[g], one MatMul per group as ORT calls one SGEMM per group (a batched MatMul would share
+            # the threads among the groups: other column ranges per thread)
+            for g in range(p.group):
+                col_g = col if p.group == 1 else sb.op("Gather", [col, sb.const(np.array(g, np.int32))],
+                                                       f"col_group{g}", axis=1)
+                step = "/".join(x for x in (tag, f"group{g}" if g else "") if x)
+                products[g].append(b.op("MatMul", [w_groups[g], col_g], step, exact_name=not step))
+        per_group = [ps[0] if len(ps) == 1 else b.op("Concat", ps, f"chunks_group{g}", axis=-1)
+                     for g, ps in enumerate(products)]
+        prod = per_group[0] if p.group == 1 else b.op("Concat", per_group, "groups", axis=1)
+        if p.has_bias:
+            y = b.op("Reshape", [prod, b.i64([p.n, p.m, p.oh, p.ow])], "unbiased")
+            bias_col = b.op("Reshape", [bias, b.i64([p.m, 1, 1])], "bias_col")
+            b.op("Add", [y, bias_col], "bias", into=out)
+        else:
+            b.op("Reshape", [prod, b.i64([p.n, p.m, p.oh, p.ow])], "output", into=out)
+        return gathers
+
+    @staticmethod
+    def _sample(b: _Builder, p: DeformConvPlan, table: gs.Tensor, base: gs.Tensor | None, offset: gs.Tensor,
+                mask: gs.Tensor | None, rows: tuple[int, int]) -> tuple[gs.Tensor, list[gs.Node]]:
+        """The im2col matrix `[N, group, C/group*kH*kW, points]` of output rows `rows` (row c*K + k of a group),
+        and its four Gathers."""
+        og, k = p.offset_group, p.taps
+        pts = (rows[1] - rows[0]) * p.ow
+        lead = [p.n, og, k, pts]  # one sampling point per image, offset group, kernel tap, output position
 
         # sampling coordinates: the integer grid plus the offset, one rounding
         pairs = b.op("Reshape", [offset, b.i64([p.n, og, k, 2, pts])], "offset_pairs")
         coords = []
-        for axis, (stride, dil, pad, size, kdim) in enumerate(
-                ((p.strides[0], p.dilations[0], p.pads[0], p.h, 0), (p.strides[1], p.dilations[1], p.pads[1], p.w, 1))):
-            tap = np.arange(k) // p.kw if kdim == 0 else np.arange(k) % p.kw
-            out_pos = np.arange(pts) // p.ow if kdim == 0 else np.arange(pts) % p.ow
+        for axis, (stride, dil, pad, size) in enumerate(((p.strides[0], p.dilations[0], p.pads[0], p.h),
+                                                         (p.strides[1], p.dilations[1], p.pads[1], p.w))):
+            tap = np.arange(k) // p.kw if axis == 0 else np.arange(k) % p.kw
+            pos = np.arange(rows[0] * p.ow, rows[1] * p.ow)
+            out_pos = pos // p.ow if axis == 0 else pos % p.ow
             # the grid out_pos*stride - pad + tap*dil, made from its two small factors (exact: small integers)
             grid = b.op("Add", [b.const((tap[:, None] * dil).astype(np.float32)),
                                 b.const((out_pos[None, :] * stride - pad).astype(np.float32))], f"grid_{'hw'[axis]}")
@@ -208,10 +261,6 @@ class LowerDeformConv:
         ys = {a: b.op("Mul", [b.to_int32(b.clamp(c, hsize), f"y{a}"), b.const(np.array(wsize, np.int32))],
                       f"y{a}_row") for a, c in ((0, y0), (1, y1))}
         xs = {a: b.to_int32(b.clamp(c, wsize), f"x{a}") for a, c in ((0, x0), (1, x1))}
-        base = None
-        if p.n * og > 1:
-            starts = (np.arange(p.n * og, dtype=np.int64) * p.h * p.w).astype(np.int32).reshape(p.n, og, 1, 1)
-            base = b.const(starts)
 
         gathers, total = [], None
         for (a, c), (wa, wb) in raw.items():
@@ -227,29 +276,24 @@ class LowerDeformConv:
             gathers.append(picked.inputs[0])  # the Gather node
             term = b.op("Mul", [b.op("Reshape", [weight_k, b.i64([*lead, 1])], f"w{tag}_col"), picked], f"t{tag}")
             total = term if total is None else b.op("Add", [total, term], f"sum{tag}")
-        if p.has_mask:
+        if mask is not None:
             total = b.op("Mul", [total, b.op("Reshape", [mask, b.i64([*lead, 1])], "mask_col")], "masked")
 
-        # im2col layout [N, C*kH*kW, P] (row c*K + k); then W[g] @ col[g], one MatMul per group as ORT calls one
-        # SGEMM per group (a batched MatMul would share the threads among the groups: other column ranges)
+        # im2col layout [N, C*kH*kW, P] (row c*K + k), by group
         col = b.op("Transpose", [total], "col_channels_first", perm=[0, 1, 4, 2, 3])
-        kdim = (p.c // p.group) * k
-        col = b.op("Reshape", [col, b.i64([p.n, p.group, kdim, pts])], "col")
-        wmat = b.op("Reshape", [weight, b.i64([p.group, p.m // p.group, kdim])], "weight_rows")
-        parts = []
-        for g in range(p.group):
-            pick = b.const(np.array(g, np.int32))
-            w_g, col_g = (wmat, col) if p.group == 1 else (b.op("Gather", [wmat, pick], f"weight_group{g}", axis=0),
-                                                            b.op("Gather", [col, pick], f"col_group{g}", axis=1))
-            parts.append(b.op("MatMul", [w_g, col_g], "" if g == 0 else f"group{g}", exact_name=g == 0))
-        prod = parts[0] if p.group == 1 else b.op("Concat", parts, "groups", axis=1)
-        if p.has_bias:
-            y = b.op("Reshape", [prod, b.i64([p.n, p.m, p.oh, p.ow])], "unbiased")
-            bias_col = b.op("Reshape", [bias, b.i64([p.m, 1, 1])], "bias_col")
-            b.op("Add", [y, bias_col], "bias", into=out)
-        else:
-            b.op("Reshape", [prod, b.i64([p.n, p.m, p.oh, p.ow])], "output", into=out)
-        return gathers
+        return b.op("Reshape", [col, b.i64([p.n, p.group, (p.c // p.group) * k, pts])], "col"), gathers
+
+
+def _chunk_rows(max_buffer: int | None, n: int, c: int, taps: int, oh: int, ow: int, kdim: int) -> int:
+    """Output rows per chunk so that the im2col tensors (`n*c*taps` float32 per output position) fit `max_buffer`
+    bytes; all rows without a limit. A chunk keeps at least `kdim` columns where the whole has as many: MLAS picks
+    its K blocking from a GEMM's column count, and one block over all of K is what the unchunked GEMM does."""
+    if max_buffer is None:
+        return oh
+    rows = max(1, max_buffer // (n * c * taps * ow * 4))
+    if oh * ow >= kdim:
+        rows = max(rows, -(-kdim // ow))
+    return min(rows, oh)
 
 
 _BOOL_OPS = {"GreaterOrEqual", "LessOrEqual", "Greater", "Less"}
@@ -259,15 +303,19 @@ class _Builder:
     """Nodes named `<deformconv>/<step>`, their outputs typed (the prover reads the types): `op` returns the
     output tensor."""
 
-    def __init__(self, ctx: Context, name: str) -> None:
-        self.ctx, self.name = ctx, name
+    def __init__(self, ctx: Context, name: str, scope: str = "") -> None:
+        self.ctx, self.name, self.scope = ctx, name, scope
+
+    def scoped(self, scope: str) -> _Builder:
+        """The same builder, its steps named `<deformconv>/<scope>/<step>`."""
+        return _Builder(self.ctx, self.name, scope)
 
     def op(self, op: str, inputs: list[gs.Tensor], step: str = "", *, into: gs.Tensor | None = None,
            exact_name: bool = False, shape: list[int] | None = None, **attrs) -> gs.Tensor:
-        out = into if into is not None else self.ctx.var(f"{self.name}/{step or op}", self._dtype(op, inputs, attrs),
-                                                         shape)
-        node = gs.Node(op=op, name=self.name if exact_name else self.ctx.names.fresh(f"{self.name}/{step or op}"),
-                       attrs=attrs, inputs=inputs, outputs=[out])
+        path = "/".join(x for x in (self.name, self.scope, step or op) if x)
+        out = into if into is not None else self.ctx.var(path, self._dtype(op, inputs, attrs), shape)
+        node = gs.Node(op=op, name=self.name if exact_name else self.ctx.names.fresh(path), attrs=attrs,
+                       inputs=inputs, outputs=[out])
         self.ctx.graph.nodes.append(node)
         return out
 
