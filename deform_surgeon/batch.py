@@ -157,10 +157,6 @@ def plan(manifest: str | None, globs: list[str], cli: dict, summary: str | None 
         options.update({k: v for k, v in spec.items() if k in OPTIONS})
         for k in SWITCHES:
             options[k] = bool(options.get(k)) or bool(cli.get(k))
-        if isinstance(options.get("max_buffer"), str):
-            from .budget import parse_size
-
-            options["max_buffer"] = parse_size(options["max_buffer"])
         out_dir = defaults.get("out_dir") or cli.get("out_dir")
         report_dir = defaults.get("report_dir") or cli.get("report_dir")
         if "glob" in spec:
@@ -186,7 +182,7 @@ def plan(manifest: str | None, globs: list[str], cli: dict, summary: str | None 
 def _option_problem(spec: dict) -> str | None:
     """What is wrong with an entry's (or [defaults]') options, checked before any model is run; None if nothing."""
     from .surgeon import SUM_MODES
-    from .verify import OPT_LEVELS
+    from .verify import MAX_ITERATIONS, MAX_SEED, OPT_LEVELS
 
     for key, types in OPTIONS.items():
         if key in spec and (not isinstance(spec[key], types) or (int in types and isinstance(spec[key], bool))):
@@ -197,6 +193,8 @@ def _option_problem(spec: dict) -> str | None:
         return f"option opt_level = {spec['opt_level']!r} should be one of {', '.join(OPT_LEVELS)}"
     if "iterations" in spec and spec["iterations"] < 1:
         return f"option iterations = {spec['iterations']!r} should be at least 1"
+    if "iterations" in spec and spec["iterations"] > MAX_ITERATIONS:
+        return f"option iterations = {spec['iterations']!r} should be at most {MAX_ITERATIONS:,}"
     if "seed" in spec and spec["seed"] < 0:
         return f"option seed = {spec['seed']!r} should be at least 0"
     if "input_shapes" in spec:
@@ -206,13 +204,16 @@ def _option_problem(spec: dict) -> str | None:
             check_input_shapes(spec["input_shapes"])
         except SurgeonError as exc:
             return f"option input_shapes: {exc.one_line()}"
-    if "max_buffer" in spec:
-        from .budget import parse_size
+    if "seed" in spec and spec["seed"] + spec.get("iterations", 1) - 1 > MAX_SEED:
+        return f"option seed = {spec['seed']!r} should be at most {MAX_SEED:,} - iterations + 1"
+    for key in ("max_buffer", "max_memory"):
+        if key in spec:
+            from .budget import parse_size
 
-        try:
-            parse_size(spec["max_buffer"])
-        except SurgeonError as exc:
-            return f"option max_buffer: {exc.one_line()}"
+            try:
+                parse_size(spec[key])
+            except SurgeonError as exc:
+                return f"option {key}: {exc.one_line()}"
     ranges = spec.get("val_range", {})
     for name, r in ranges.items():
         if (not isinstance(r, list) or len(r) != 2 or not all(isinstance(x, int | float) and not isinstance(x, bool)

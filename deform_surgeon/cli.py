@@ -100,7 +100,7 @@ def _cmd_patch(args: argparse.Namespace) -> int:
                    input_shapes=parse_input_shapes(args.input_shapes),
                    verify=args.verify, copy_unchanged=args.copy_unchanged, strict=args.strict,
                    verify_options=_verify_kwargs(args, args.model))
-    print(report.format(verbose=args.verbose))
+    print(report.format(verbose=args.verbose, cli=True))
     if report.written:
         print(f"wrote {out}")
     if args.report:
@@ -114,7 +114,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     report = inspect(args.model, allow_unproven=args.allow_unproven, sum_mode=args.sum_mode,
                      max_buffer=args.max_buffer, max_memory=args.max_memory, device_profile=args.device_profile,
                      input_shapes=parse_input_shapes(args.input_shapes))
-    print(report.format(verbose=args.verbose))
+    print(report.format(verbose=args.verbose, cli=True))
     if args.json:
         _write_text(args.json, report.to_json())
     return 3 if (args.strict and report.refused) else 0
@@ -328,6 +328,10 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(exc, SurgeonError):
             print(f"deform-surgeon: error: {exc.one_line()}", file=sys.stderr)
             return exc.exit_code
+        if isinstance(exc, OSError) and exc.filename is not None:  # a file the checks above did not foresee
+            error = SurgeonError(exc.filename, f"cannot be used ({exc.strerror or exc})")
+            print(f"deform-surgeon: error: {error.one_line()}", file=sys.stderr)
+            return error.exit_code
         if isinstance(exc, KeyboardInterrupt):
             print("deform-surgeon: interrupted", file=sys.stderr)
             return 130

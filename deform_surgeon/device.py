@@ -17,6 +17,7 @@ member or plain WebGPU limit names). Limits a file does not name are the spec's 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -86,11 +87,19 @@ def resolve_profile(spec: str | Path | DeviceProfile | None) -> DeviceProfile:
     """The profile named by `spec`: None or `spec-default`, `adapter`, or a JSON file of limits."""
     if isinstance(spec, DeviceProfile):
         return spec
-    if spec is None or str(spec) == SPEC_DEFAULT:
+    if spec is None:
+        return spec_default()
+    if not isinstance(spec, str | os.PathLike):
+        raise SurgeonError(None, f"device_profile must be {' or '.join(PROFILE_NAMES)}, a JSON file's path or a "
+                                 f"DeviceProfile (got {type(spec).__name__})",
+                           "for a dict of limits use deform_surgeon.device.profile_from_adapter")
+    if str(spec) == SPEC_DEFAULT:
         return spec_default()
     if str(spec) == ADAPTER:
         return probe_adapter()
-    path = Path(spec)
+    from .model_io import user_path
+
+    path = user_path(spec, "the device profile")
     if not path.exists():
         raise SurgeonError(path, "no such device profile",
                            f"give {' or '.join(PROFILE_NAMES)}, or a JSON file written by "
@@ -100,7 +109,10 @@ def resolve_profile(spec: str | Path | DeviceProfile | None) -> DeviceProfile:
 
 def profile_from_file(path: str | Path) -> DeviceProfile:
     """A profile from a `placement --device-limits-out` file, an adapter object or a plain limits object."""
+    from .io_check import require_regular_input
+
     p = Path(path)
+    require_regular_input(p, "give a JSON file")  # a FIFO would block forever
     try:
         doc = json.loads(p.read_text())
     except (OSError, UnicodeDecodeError) as exc:

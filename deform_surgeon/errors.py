@@ -7,7 +7,11 @@ input untouched and no output written. Raising `SurgeonError` anywhere below the
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 
 class SurgeonError(Exception):
@@ -16,7 +20,7 @@ class SurgeonError(Exception):
     exit_code = 2
 
     def __init__(self, path: str | Path | None, problem: str, hint: str | None = None) -> None:
-        self.path = None if path is None else str(path)
+        self.path = None if path is None else str(path).replace("\0", "\\0")  # a NUL byte shown, not written
         self.problem = problem
         self.hint = hint
         super().__init__(self.one_line())
@@ -39,3 +43,30 @@ class Terminated(KeyboardInterrupt):
     browsers) runs on the way out; the CLI then exits 143."""
 
     exit_code = 143
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def api_call(fn: _F) -> _F:
+    """A public API function whose user errors are `SurgeonError`s, as on the command line: arguments it does not
+    take (a misspelt or unknown option) and an `OSError` about a file (permission denied, a name too long, a file
+    removed under it), which would otherwise reach the user as a TypeError or a traceback."""
+    signature = inspect.signature(fn)
+    takes = ", ".join(signature.parameters)
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            problem = str(exc).replace(f"{fn.__name__}() ", "")
+            raise SurgeonError(None, f"{fn.__name__}(): {problem}", f"it takes {takes}") from None
+        try:
+            return fn(*args, **kwargs)
+        except OSError as exc:
+            if exc.filename is None:
+                raise
+            raise SurgeonError(exc.filename, f"cannot be used ({exc.strerror or exc})") from None
+
+    return call  # type: ignore[return-value]

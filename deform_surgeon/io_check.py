@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .errors import SurgeonError
-from .model_io import external_data_path, scan_model
+from .model_io import external_data_path, scan_model, user_path
 
 
 def external_locations(model_path: str | Path) -> list[str]:
@@ -36,7 +36,7 @@ def _keys(path: Path) -> set:
         keys.add(str(path.resolve()))
         st = path.stat()
         keys.add((st.st_dev, st.st_ino))
-    except (OSError, RuntimeError):
+    except (OSError, RuntimeError, ValueError):  # (ValueError: a NUL byte; load_model names the problem)
         pass
     return keys
 
@@ -53,14 +53,14 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def require_regular_input(path: str | Path) -> None:
+def require_regular_input(path: str | Path, hint: str = "give an .onnx file") -> None:
     """An input that exists must be a regular file: reading a FIFO or a device would hang or never end."""
     try:
         mode = Path(path).stat().st_mode
-    except OSError:
-        return  # missing: load_model names it
+    except (OSError, ValueError):
+        return  # missing (or no file name at all): load_model names it
     if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
-        raise SurgeonError(path, f"is {_kind(mode)}, not a regular file", "give an .onnx file")
+        raise SurgeonError(path, f"is {_kind(mode)}, not a regular file", hint)
 
 
 class FilePlan:
@@ -72,10 +72,13 @@ class FilePlan:
 
     def read_model(self, model_path: str | Path, label: str | None = None) -> list[Path]:
         """Register a model and its external data files as read; returns those data files."""
-        path = Path(model_path)
+        path = user_path(model_path, "the model")
         require_regular_input(path)
-        if not path.is_file():
-            return []  # missing or a folder: load_model names the problem
+        try:
+            if not stat.S_ISREG(path.stat().st_mode):
+                return []  # a folder: load_model names the problem
+        except OSError:
+            return []  # missing or out of reach: load_model names the problem
         label = label or f"the input model {path}"
         for key in _keys(path):
             self.reads.setdefault(key, label)
@@ -87,16 +90,18 @@ class FilePlan:
 
     def read(self, path: str | Path, label: str) -> None:
         """Register another file the command reads (e.g. a limits JSON)."""
-        for key in _keys(Path(path)):
+        for key in _keys(user_path(path, label)):
             self.reads.setdefault(key, label)
 
     def write(self, role: str, target: str | Path) -> Path:
         """Register `target` as written (as `role`, e.g. "OUT" or "--report"), or raise `SurgeonError`."""
-        target = Path(target)
+        target = user_path(target, role)
         try:
             mode = target.stat().st_mode
-        except OSError:
+        except (FileNotFoundError, NotADirectoryError):
             mode = None
+        except OSError as exc:  # a folder on the way that cannot be searched, a loop of links
+            raise SurgeonError(target, f"{role} cannot be written there ({exc.strerror})") from None
         if mode is not None and not stat.S_ISREG(mode):
             raise SurgeonError(target, f"{role} is {_kind(mode)}, not a regular file: it would be replaced by one",
                                "give a new file name or a regular file")
@@ -125,8 +130,8 @@ class FilePlan:
 
     def write_model(self, target: str | Path, external: bool, role: str = "OUT") -> None:
         """An output model and, if the model keeps external data, its data file `<OUT>.data`."""
-        target = Path(target)
-        if target.is_dir():
+        target = user_path(target, role)
+        if os.path.isdir(target):
             raise SurgeonError(target, "output path is a folder; give a file name such as model.patched.onnx")
         self.write(role, target)
         if external:

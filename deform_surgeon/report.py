@@ -84,8 +84,11 @@ class PatchReport:
         w = [max(len(r[i]) for r in rows) for i in range(3)]
         return "\n".join(f"  {r[0]:<{w[0]}}  {r[1]:>{w[1]}}  {r[2]:>{w[2]}}" for r in rows)
 
-    def format(self, verbose: bool = False) -> str:
-        """The terminal report: the op table, a per-node summary and the verdict lines."""
+    def format(self, verbose: bool = False, cli: bool = False) -> str:
+        """The terminal report: the op table, a per-node summary and the verdict lines. `cli`: name the command
+        line's flags (`--verbose`) where it tells how to see more, else the Python API's (`verbose=True`)."""
+        more = "--verbose or --report FILE.json lists all" if cli else "format(verbose=True) or to_json() lists all"
+        unproven = "--allow-unproven" if cli else "allow_unproven=True"
         lines = [f"model: {self.model}", self.op_table(), ""]
         by_kind: dict[tuple[str, str], list[Action]] = {}
         for a in self.actions:
@@ -96,10 +99,10 @@ class PatchReport:
             for a in shown:
                 lines.append(f"  {action:<18} {a.op:<14} {a.node}: {a.reason}")
             if len(shown) < len(items):
-                lines.append(f"  ... {len(items) - len(shown)} more (--verbose or --report FILE.json lists all)")
+                lines.append(f"  ... {len(items) - len(shown)} more ({more})")
         if self.unproven:
             lines.append(f"WARNING: {len(self.unproven)} node(s) rewritten WITHOUT a range proof "
-                         "(--allow-unproven); an out-of-range index there reads a wrong element silently on WebGPU:")
+                         f"({unproven}); an out-of-range index there reads a wrong element silently on WebGPU:")
             lines.extend(f"WARNING:   {a.op} '{a.node}'" for a in self.unproven)
         if self.refused:
             lines.append(f"{len(self.refused)} node(s) left unchanged (refused, see reasons above)")

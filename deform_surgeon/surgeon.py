@@ -17,7 +17,7 @@ import onnx_graphsurgeon as gs
 
 from .background import Background
 from .device import DeviceProfile, resolve_profile
-from .errors import SurgeonError, VerificationError
+from .errors import SurgeonError, VerificationError, api_call
 from .fold import fold_static, has_reduced_floats
 from .input_shapes import check_input_shapes, fix_input_shapes, symbolic_inputs
 from .io_check import check_io
@@ -34,6 +34,7 @@ from .model_io import (
     load_model,
     save_model_atomic,
     tidy,
+    user_path,
 )
 from .passes.bands import BandOversize
 from .passes.deform_conv import LowerDeformConv
@@ -220,12 +221,14 @@ def _more_chunks(peak, plan: SplitPlan, limit: int) -> dict[str, int]:
     return {conv: max(have + 1, math.ceil(have * held / (limit - rest)))}
 
 
+@api_call
 def inspect(model_path: str | Path, *, allow_unproven: bool = False, sum_mode: str | None = None,
-            max_buffer: int | None = None, max_memory: int | None = None,
+            max_buffer: int | str | None = None, max_memory: int | str | None = None,
             device_profile: str | Path | DeviceProfile | None = None,
             input_shapes: dict[str, list[int] | tuple[int, ...]] | None = None) -> PatchReport:
     """Dry run: what `patch` would rewrite or refuse, and why. Writes nothing (so the whole-model verification a
     split Conv needs before it is written is not run either)."""
+    model_path = user_path(model_path, "the model")
     options = _options(allow_unproven, sum_mode, max_buffer, max_memory, device_profile, input_shapes)
     lifted, memory = _lift(model_path, options, SplitPlan())
     note = "; ".join(x for x in ("inspect: dry run, nothing written", memory, _symbolic_note(lifted)) if x)
@@ -234,11 +237,12 @@ def inspect(model_path: str | Path, *, allow_unproven: bool = False, sum_mode: s
                        webgpu=lifted.kernels(patched=True))
 
 
+@api_call
 @_fewer_gc_passes()
 def patch(model_path: str | Path, output_path: str | Path | None = None, *, allow_unproven: bool = False,
           sum_mode: str | None = None, verify: bool = False, copy_unchanged: bool = False,
-          strict: bool = False, verify_options: dict | None = None, max_buffer: int | None = None,
-          max_memory: int | None = None, device_profile: str | Path | DeviceProfile | None = None,
+          strict: bool = False, verify_options: dict | None = None, max_buffer: int | str | None = None,
+          max_memory: int | str | None = None, device_profile: str | Path | DeviceProfile | None = None,
           progress: Callable[[str], None] | None = None,
           input_shapes: dict[str, list[int] | tuple[int, ...]] | None = None) -> PatchReport:
     """Patch `model_path`; write `output_path` (atomically, and only after verification if `verify`).
@@ -258,10 +262,15 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
     Raises `SurgeonError` (one line: file and problem) on bad input and `VerificationError` when the patched
     model's outputs differ; in both cases no output file exists afterwards.
     """
+    model_path = user_path(model_path, "the model")
+    output_path = None if output_path is None else user_path(output_path, "the output")
     options = _options(allow_unproven, sum_mode, max_buffer, max_memory, device_profile, input_shapes)
+    _switches(verify=verify, copy_unchanged=copy_unchanged, strict=strict)
+    if progress is not None and not callable(progress):
+        raise SurgeonError(None, f"progress must be a function of the stage name, or None (got {progress!r})")
     if verify:
         check_verify_options(verify_options)
-    load_model(model_path) if not Path(model_path).is_file() else None  # a missing input is named first
+    load_model(model_path) if not model_path.is_file() else None  # a missing input is named first
     if output_path is not None:
         check_io([model_path], output_path)
     stage = progress or (lambda _: None)
@@ -287,7 +296,7 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
                 stage("write")
                 save_model_atomic(model, output_path, weights=weights)
             else:
-                copy_atomic(model_path, output_path)
+                copy_atomic(model_path, output_path, check=weights.check_unchanged)
             report.written = True
             report.note += f"; wrote an unchanged copy to {output_path}"
         elif output_path is not None:
@@ -389,16 +398,35 @@ def _symbolic_note(lifted: Lifted) -> str:
             "stay on the CPU EP; give --input-shape NAME:DIMS to patch for the size the model will get")
 
 
-def _options(allow_unproven: bool, sum_mode: str | None, max_buffer: int | None = None,
-             max_memory: int | None = None, device_profile: str | Path | DeviceProfile | None = None,
+def _switches(**flags: object) -> None:
+    """On/off options must be booleans: a string such as "no" or "false" is true to Python, and
+    `allow_unproven="no"` would rewrite unproven gathers."""
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise SurgeonError(None, f"{name} must be True or False (got {value!r})")
+
+
+def _size(name: str, value: int | str | None) -> int | None:
+    """A size option as the CLI and batch manifests take it: bytes or a string such as "256MiB" or "1.5GB"."""
+    from .budget import parse_size
+
+    if value is None:
+        return None
+    try:
+        return parse_size(value)
+    except SurgeonError as exc:
+        raise SurgeonError(None, f"{name}: {exc.problem}", exc.hint) from None
+
+
+def _options(allow_unproven: bool, sum_mode: str | None, max_buffer: int | str | None = None,
+             max_memory: int | str | None = None, device_profile: str | Path | DeviceProfile | None = None,
              input_shapes: dict | None = None) -> Options:
+    """The rewrite options of `patch` and `inspect`, checked before any work (one-line `SurgeonError`s)."""
+    _switches(allow_unproven=allow_unproven)
     sum_mode = "chain" if sum_mode is None else sum_mode
-    if sum_mode not in SUM_MODES:
-        raise SurgeonError(None, f"unknown sum mode '{sum_mode}'", f"choose one of {', '.join(SUM_MODES)}")
-    if max_buffer is not None and (isinstance(max_buffer, bool) or not isinstance(max_buffer, int) or max_buffer < 1):
-        raise SurgeonError(None, f"bad max buffer size {max_buffer!r}", "give a positive number of bytes")
-    if max_memory is not None and (isinstance(max_memory, bool) or not isinstance(max_memory, int) or max_memory < 1):
-        raise SurgeonError(None, f"bad max memory size {max_memory!r}", "give a positive number of bytes")
+    if not isinstance(sum_mode, str) or sum_mode not in SUM_MODES:
+        raise SurgeonError(None, f"unknown sum mode {sum_mode!r}", f"choose one of {', '.join(SUM_MODES)}")
+    max_buffer, max_memory = _size("max_buffer", max_buffer), _size("max_memory", max_memory)
     profile = resolve_profile(device_profile)
     return Options(allow_unproven=allow_unproven, sum_mode=sum_mode, max_buffer=max_buffer, max_memory=max_memory,
                    device_profile=profile.name, storage_buffers=profile.storage_buffers,

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .errors import SurgeonError
+from .errors import SurgeonError, api_call
 from .verdict import BYTE_IDENTICAL, Verdict, judge
 
 if TYPE_CHECKING:
@@ -26,6 +26,8 @@ DEFAULT_SEED = 1
 DEFAULT_FLOAT_RANGE = (0.0, 1.0)
 DEFAULT_INT_RANGE = (0, 8)
 OPT_LEVELS = ("disable", "basic", "extended", "all")
+MAX_ITERATIONS = 10_000  # every input's outputs are kept for the comparison: a bound, not a hang
+MAX_SEED = 2**32 - 1  # numpy's (polygraphy's DataLoader's) largest seed
 
 
 @dataclass(frozen=True)
@@ -162,10 +164,11 @@ def _is_int(v: object) -> bool:
 def check_options(iterations: object, seed: object, opt_level: object, val_range: object,
                   threads: object = None) -> None:
     """The comparison's options, checked before any work: a wrong one is a one-line `SurgeonError` naming it."""
-    if not _is_int(iterations) or iterations < 1:
-        raise SurgeonError(None, f"iterations must be an integer of at least 1 (got {iterations!r})")
-    if not _is_int(seed) or seed < 0:
-        raise SurgeonError(None, f"seed must be a non-negative integer (got {seed!r})")
+    if not _is_int(iterations) or not 1 <= iterations <= MAX_ITERATIONS:
+        raise SurgeonError(None, f"iterations must be an integer from 1 to {MAX_ITERATIONS:,} (got {iterations!r})")
+    if not _is_int(seed) or not 0 <= seed <= MAX_SEED + 1 - iterations:
+        raise SurgeonError(None, f"seed must be an integer from 0 to {MAX_SEED:,} - iterations + 1 (got {seed!r})",
+                           "input i is made with seed + i, and numpy's seeds end at 2**32 - 1")
     if opt_level not in OPT_LEVELS:
         raise SurgeonError(None, f"unknown opt level {opt_level!r}", f"choose one of {', '.join(OPT_LEVELS)}")
     if threads is not None and (not _is_int(threads) or threads < 1):
@@ -202,6 +205,7 @@ def check_verify_options(options: dict | None) -> None:
                   options.get("val_range"), options.get("threads"))
 
 
+@api_call
 def verify(original: str | Path, patched: str | Path, *, iterations: int | None = None, seed: int | None = None,
            val_range: dict[str, tuple[float, float]] | None = None, opt_level: str | None = None,
            quiet: bool = True, threads: int | None = None,
@@ -220,10 +224,15 @@ def verify(original: str | Path, patched: str | Path, *, iterations: int | None 
     from polygraphy.comparator.compare import SimpleCompareFunc
     from polygraphy.logger import G_LOGGER
 
+    from .model_io import user_path
+
+    original, patched = user_path(original, "the original"), user_path(patched, "the patched model")
     iterations = DEFAULT_ITERATIONS if iterations is None else iterations
     seed = DEFAULT_SEED if seed is None else seed
     opt_level = "all" if opt_level is None else opt_level
     check_options(iterations, seed, opt_level, val_range, threads)
+    if not isinstance(quiet, bool):
+        raise SurgeonError(None, f"quiet must be True or False (got {quiet!r})")
     inputs = [input_signature(path) for path in (original, patched)]
     if input_shapes:
         from .input_shapes import fixed_inputs

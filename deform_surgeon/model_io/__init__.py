@@ -14,6 +14,8 @@ from .load import (
     checked_types,
     infer_value_types,
     load_model,
+    path_problem,
+    user_path,
 )
 from .weights import (
     STORED_WEIGHT_BYTES,
@@ -36,5 +38,5 @@ __all__ = [
     "STORED_WEIGHT_BYTES", "ModelScan", "TypeTable", "Weights", "atomic_path", "check_and_infer",
     "check_external_output", "check_model", "check_spliced", "checked_types", "copy_atomic", "copy_fields",
     "elem_nbytes", "export_graph", "external_data_path", "infer_value_types", "load_model", "save_model_atomic",
-    "scan_model", "skeleton_bytes", "split_weights", "temp_prefix", "tidy",
+    "path_problem", "scan_model", "skeleton_bytes", "split_weights", "temp_prefix", "tidy", "user_path",
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,12 +36,16 @@ def load_model(path: str | Path) -> tuple[onnx.ModelProto, Weights]:
     The stored tensors are checked here: external references inside the model's folder, present, long enough;
     embedded data as long as shape and type need. Their values are read only where needed (`Weights.read`).
     """
-    path = Path(path)
-    if not path.exists():
-        raise SurgeonError(path, "no such file")
-    if path.is_dir():
+    path = user_path(path, "the model")
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        raise SurgeonError(path, "no such file") from None
+    except OSError as exc:
+        raise SurgeonError(path, f"cannot be read ({exc.strerror})") from None
+    if stat.S_ISDIR(mode):
         raise SurgeonError(path, "is a folder, not an ONNX model file")
-    if not path.is_file():  # a FIFO or a device: reading it would hang or never end
+    if not stat.S_ISREG(mode):  # a FIFO or a device: reading it would hang or never end
         raise SurgeonError(path, "is not a regular file (a FIFO, device or socket)", "give an .onnx file")
     scan = wire.scan_model(path)
     cut = [d for pieces in left_out(scan) for d in pieces.values()] if scan.complete else []
@@ -61,8 +66,45 @@ def load_model(path: str | Path) -> tuple[onnx.ModelProto, Weights]:
         # protobuf happily parses many non-ONNX byte strings into an empty ModelProto
         raise SurgeonError(path, "not an ONNX model (no graph: the file is empty, truncated or of another format)")
     weights = split_weights(model, path.parent, scan, path if cut else None)
+    if scan.key:
+        weights.inputs[path] = scan.key
     _check_stored_tensors(model, path, weights)
     return model, weights
+
+
+NAME_MAX, PATH_MAX = 255, 4095  # bytes: the longest file name and path Linux's file systems take
+
+
+def path_problem(path: str | Path) -> str | None:
+    """Why `path` cannot name a file, known before any system call sees it (which would raise ValueError or
+    "File name too long" deep inside a library): a NUL byte, a name over `NAME_MAX` bytes, a path over
+    `PATH_MAX`. None if there is nothing wrong with it as a name."""
+    text = os.fspath(path)
+    if "\0" in text:
+        return "contains a NUL byte"
+    if len(os.fsencode(text)) > PATH_MAX:
+        return f"is {len(os.fsencode(text))} bytes long; paths are limited to {PATH_MAX}"
+    for part in Path(text).parts:
+        n = len(os.fsencode(part))
+        if n > NAME_MAX:
+            return f"has a name of {n} bytes ('{part[:16]}...'); file names are limited to {NAME_MAX}"
+    return None
+
+
+def user_path(value: object, what: str) -> Path:
+    """A path given by a user (CLI or Python API) as a `Path`, or a one-line `SurgeonError`: `what` is not a
+    str or os.PathLike, or cannot name a file (`path_problem`)."""
+    if not isinstance(value, str | os.PathLike) or not isinstance(os.fspath(value), str):
+        raise SurgeonError(None, f"{what} must be a path (str or pathlib.Path), not {type(value).__name__} "
+                                 f"{_short(repr(value))}")
+    problem = path_problem(value)
+    if problem:
+        raise SurgeonError(value, f"{what} {problem}")
+    return Path(value)
+
+
+def _short(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def check_model(model: onnx.ModelProto, path: str | Path, weights: Weights | None = None) -> None:
@@ -228,14 +270,25 @@ def _check_stored_tensors(model: onnx.ModelProto, path: Path, weights: Weights) 
                                      "number") from None
         if not location:
             raise SurgeonError(path, f"tensor '{t.name}' is stored externally but names no file")
+        if (problem := path_problem(location)) is not None:
+            raise SurgeonError(path, f"external data location of tensor '{t.name}' {problem}")
         if Path(location).is_absolute() or ".." in Path(location).parts:
             raise SurgeonError(path, f"external data of tensor '{t.name}' is at '{location}', outside the model's "
                                      "folder", "ONNX requires a path relative to the model's folder")
         file = path.parent / location
         if file not in sizes:
-            sizes[file] = file.stat().st_size if file.is_file() else None
-            if sizes[file] is None and file.exists():
+            try:
+                st = os.stat(file)
+            except (FileNotFoundError, NotADirectoryError):
+                st = None
+            except OSError as exc:
+                raise SurgeonError(path, f"external data file '{location}' (tensor '{t.name}') cannot be read "
+                                         f"({exc.strerror})") from None
+            if st is not None and not stat.S_ISREG(st.st_mode):
                 raise SurgeonError(path, f"external data file '{location}' (tensor '{t.name}') is not a regular file")
+            sizes[file] = None if st is None else st.st_size
+            if st is not None:
+                weights.inputs[file] = wire.file_key(st)
             folder = path.parent.resolve()
             if sizes[file] is not None and not file.resolve().is_relative_to(folder):
                 raise SurgeonError(path, f"external data file '{location}' (tensor '{t.name}') is a link to "

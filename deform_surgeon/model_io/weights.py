@@ -63,6 +63,7 @@ class Weights:
     source_key: tuple = ()
     data: dict[str, wire.Span] = field(default_factory=dict)
     loaded: list[str] = field(default_factory=list)
+    inputs: dict[Path, tuple] = field(default_factory=dict)  # every file read (model, external data) -> file_key
     _values: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     def read(self, name: str) -> np.ndarray:
@@ -101,9 +102,19 @@ class Weights:
 
     def check_source(self, fh) -> None:
         """Refuse an open `source` that is not the file the model was loaded from, unchanged (`wire.file_key`)."""
-        if wire.file_key(os.fstat(fh.fileno())) != self.source_key:
-            raise SurgeonError(self.source, "changed while it was being patched; nothing was written",
-                               "run again once nothing writes to it")
+        _refuse_changed(self.source, self.source_key, os.fstat(fh.fileno()))
+
+    def check_unchanged(self) -> None:
+        """Refuse (nothing is written) if any file the model was read from, the model itself or one of its external
+        data files, is not the file that was loaded, unchanged: the output's bytes come from them (copied, or read
+        again by the verification), so an output made while one changed would be neither the old model patched
+        nor the new one. The writer asks this just before the output takes its place."""
+        for path, key in self.inputs.items():
+            try:
+                now = os.stat(path)
+            except OSError:
+                now = None
+            _refuse_changed(path, key, now)
 
     def read_span(self, fh, span: wire.Span) -> bytes:
         """The bytes of `span` from the open `source` (`open_source`)."""
@@ -120,6 +131,13 @@ class Weights:
         """The external data files the model reads, resolved."""
         base = self.base_dir if self.base_dir is not None else Path()
         return {(base / _external_ref(t)[0]).resolve() for t in self.tensors.values() if _is_external(t)}
+
+
+def _refuse_changed(path: Path | None, key: tuple, now: os.stat_result | None) -> None:
+    """The one test of "the same file, unchanged" (`wire.file_key`, which a restored mtime cannot fool)."""
+    if now is None or wire.file_key(now) != key:
+        raise SurgeonError(path, "changed while it was being patched; nothing was written",
+                           "run again once nothing writes to it")
 
 
 def left_out(scan: wire.ModelScan) -> tuple[dict[int, wire.RawData], dict[int, wire.RawData]]:

@@ -112,7 +112,7 @@ class ModelScan:
     constant_data: dict[int, RawData] = field(default_factory=dict)  # position of such a node with one attribute,
     # a tensor -> that tensor's raw data
     complete: bool = False  # the whole file parsed as fields and it has a graph
-    key: tuple = ()  # the scanned file's (device, inode, size, modification time): the same file, unchanged
+    key: tuple = ()  # the scanned file's `file_key`: the same file, unchanged
 
     def feed_inputs(self) -> list:
         """The graph inputs a caller feeds (initializers excluded), as ValueInfoProtos."""
@@ -125,8 +125,9 @@ _SCANS: dict[tuple, ModelScan] = {}  # file_key -> scan: the CLI and patch() bot
 
 
 def file_key(st: os.stat_result) -> tuple:
-    """What tells one unchanged file: device, inode, size and modification time."""
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+    """What tells one unchanged file: device, inode, size, modification time and the inode's change time (which
+    any write, rename or `touch -r` moves, and no user can set back: an edit whose mtime was restored is seen)."""
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 def scan_model(model_path: str | Path) -> ModelScan:

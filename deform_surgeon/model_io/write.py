@@ -103,15 +103,19 @@ def save_model_atomic(
                 verify(tmp)
                 if external:
                     _write_model(model, weights, layout, data_target.name, tmp, target)
+            weights.check_unchanged()  # last: every input read (copied, verified) is the one loaded
     except OSError as exc:
         raise SurgeonError(target, f"could not be written ({exc.strerror or exc})") from None
 
 
-def copy_atomic(src: str | Path, target: str | Path) -> None:
-    """Copy a file byte for byte through a temporary name (used when there is nothing to rewrite)."""
+def copy_atomic(src: str | Path, target: str | Path, check: Callable[[], None] | None = None) -> None:
+    """Copy a file byte for byte through a temporary name (used when there is nothing to rewrite); `check()` (e.g.
+    `Weights.check_unchanged`) runs before the copy takes the target's place, and may raise."""
     try:
         with atomic_path(target) as tmp:
             shutil.copyfile(src, tmp)
+            if check is not None:
+                check()
     except OSError as exc:
         raise SurgeonError(target, f"could not be written ({exc.strerror or exc})") from None
 
@@ -162,8 +166,6 @@ def _write_model(model: onnx.ModelProto, weights: Weights, layout: dict[str, tup
         finally:
             if writing is not None:
                 writing.result()
-        if source is not None:
-            weights.check_source(source)  # not changed while it was copied
     if size != total or os.path.getsize(path) != size:  # a failed write raises; this catches a short one
         raise SurgeonError(target, "written model is not complete (disk full?)")
 
