@@ -37,13 +37,20 @@ class Background:
     def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
         self._fn, self._args = fn, args
         self._proc = self._conn = None
+        self._answered = False
         if _can_fork():
             sys.stdout.flush()  # the child flushes its copy of these buffers when it ends: they must be empty
             sys.stderr.flush()
             ctx = multiprocessing.get_context("fork")
             self._conn, child_end = ctx.Pipe(duplex=False)
             self._proc = ctx.Process(target=_child, args=(child_end, fn, args), daemon=True)
-            self._proc.start()
+            # the child is born with SIGTERM blocked and unblocks it once it has its own handler (`_child`): a
+            # SIGTERM from the parent can never run the caller's handler (the CLI's, which raises) in the child
+            old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+            try:
+                self._proc.start()
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, old)
             child_end.close()
 
     def result(self) -> Any:
@@ -51,6 +58,7 @@ class Background:
             return self._fn(*self._args)
         try:
             kind, value = self._conn.recv()
+            self._answered = True  # (the child is ending on its own now: it is not stopped)
         except EOFError:  # the child died without an answer: ask here
             kind, value = "retry", None
         finally:
@@ -62,25 +70,33 @@ class Background:
         return self._fn(*self._args)  # anything else the child met is met here again, as it is
 
     def close(self) -> None:
-        """Reap the child, stopping it first if it has not answered (the caller is leaving: an error, Ctrl-C)."""
+        """Reap the child, stopping it first if its answer was not taken (the caller is leaving: an error, a
+        signal): it may be computing, or blocked sending an answer nobody will read."""
         if self._proc is None:
             return
-        if not self._conn.poll():
+        if not self._answered:
             self._proc.terminate()
-        self._proc.join()
         self._conn.close()
+        self._proc.join()
         self._proc = None
 
 
 def _child(conn, fn: Callable[..., Any], args: tuple) -> None:
-    # a forked child inherits the CLI's SIGTERM handler (which raises `Terminated`): `close()`'s terminate would
-    # then print the child's traceback on stderr beside the command's one-line error; the default handler exits
+    """Compute and send the answer. Stopping is the parent's: SIGTERM ends this child at once and quietly (not
+    through the handler it inherited, which would raise and print a traceback from here), and Ctrl-C, which
+    reaches the whole process group, is left to the parent, which then stops the child."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     try:
-        conn.send(("ok", fn(*args)))
-    except SurgeonError as exc:
-        conn.send(("error", (exc.path, exc.problem, exc.hint)))
-    except BaseException:  # noqa: BLE001 (the caller runs fn again and meets it itself)
-        conn.send(("retry", None))
+        try:
+            answer = ("ok", fn(*args))
+        except SurgeonError as exc:
+            answer = ("error", (exc.path, exc.problem, exc.hint))
+        except BaseException:  # noqa: BLE001 (the caller runs fn again and meets it itself)
+            answer = ("retry", None)
+        conn.send(answer)
+    except BaseException:  # noqa: BLE001 (the answer cannot be sent: the parent has left; nobody to tell)
+        pass
     finally:
         conn.close()

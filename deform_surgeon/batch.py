@@ -315,6 +315,7 @@ def _check_collisions(entries: list[Entry], summary: str | None = None,
 def _work(number: int, entry: dict, messages) -> None:
     """Worker process: patch one model, reporting stages and the result on `messages`."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so temporary files are removed on the way out
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the batch stops its workers
     from .errors import SurgeonError as Error
     from .surgeon import patch
 

@@ -17,7 +17,7 @@ from typing import NoReturn
 
 from . import __version__
 from .device import PROFILE_NAMES, resolve_profile
-from .errors import SurgeonError, Terminated
+from .errors import SurgeonError, catch_signals, stopped_exit
 from .input_shapes import parse_input_shapes
 from .io_check import check_io
 from .model_io import atomic_path, check_model, load_model
@@ -215,14 +215,6 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"deform-surgeon: error: {text} (see `{self.prog} --help`)\n")
 
 
-_TERMINATED: list[int] = []  # set once SIGTERM arrived: whatever a library made of the exception, it was that
-
-
-def _terminate(signum, frame) -> None:
-    _TERMINATED.append(signum)
-    raise Terminated()
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="deform-surgeon",
@@ -314,17 +306,17 @@ def main(argv: list[str] | None = None) -> int:
     for stream in (sys.stdout, sys.stderr):  # a file name that is not UTF-8 is printed, not a traceback
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    previous = None
+    previous = {}
     if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, _terminate)  # like Ctrl-C: temporaries and workers cleaned up
+        previous = catch_signals()  # Ctrl-C and SIGTERM: temporaries and workers cleaned up, exit 130 / 143
     try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
         return int(args.func(args))
     except BaseException as exc:
-        if _TERMINATED or isinstance(exc, Terminated):  # e.g. raised inside an import, which re-raises ImportError
-            print("deform-surgeon: terminated", file=sys.stderr)
-            return Terminated.exit_code
+        code = stopped_exit(exc)
+        if code is not None:
+            return code
         if isinstance(exc, SurgeonError):
             print(f"deform-surgeon: error: {exc.one_line()}", file=sys.stderr)
             return exc.exit_code
@@ -332,10 +324,7 @@ def main(argv: list[str] | None = None) -> int:
             error = SurgeonError(exc.filename, f"cannot be used ({exc.strerror or exc})")
             print(f"deform-surgeon: error: {error.one_line()}", file=sys.stderr)
             return error.exit_code
-        if isinstance(exc, KeyboardInterrupt):
-            print("deform-surgeon: interrupted", file=sys.stderr)
-            return 130
         raise
     finally:
-        if previous is not None:  # main() called in-process (tests, scripts) leaves the handler as it found it
-            signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():  # main() called in-process (tests, scripts) leaves them as it found
+            signal.signal(sig, handler)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import signal
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -43,6 +45,33 @@ class Terminated(KeyboardInterrupt):
     browsers) runs on the way out; the CLI then exits 143."""
 
     exit_code = 143
+
+
+SIGNALLED: list[int] = []  # the signals that stopped the command, in order (see `raise_on_signal`)
+
+
+def raise_on_signal(signum: int, frame: object) -> None:
+    """SIGINT and SIGTERM as exceptions (KeyboardInterrupt, `Terminated`), so that every `finally` (temporary files,
+    worker processes, browsers) runs on the way out; remembered, so that whatever a library made of the exception
+    (onnxruntime's import turns it into "ImportError: initialization failed") the command still ends as stopped."""
+    SIGNALLED.append(signum)
+    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+def catch_signals() -> dict[int, Any]:
+    """Install `raise_on_signal` for SIGINT and SIGTERM (main thread only); returns the handlers it replaced."""
+    SIGNALLED.clear()
+    return {sig: signal.signal(sig, raise_on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+
+def stopped_exit(exc: BaseException) -> int | None:
+    """If `exc` ends a command stopped by a signal: print its one line and return its exit code (130 for Ctrl-C,
+    143 for SIGTERM); else None."""
+    if not (SIGNALLED or isinstance(exc, KeyboardInterrupt)):
+        return None
+    signum = SIGNALLED[0] if SIGNALLED else signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT
+    print(f"deform-surgeon: {'terminated' if signum == signal.SIGTERM else 'interrupted'}", file=sys.stderr)
+    return 128 + signum
 
 
 _F = TypeVar("_F", bound=Callable[..., Any])

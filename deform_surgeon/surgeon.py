@@ -268,8 +268,7 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
     _switches(verify=verify, copy_unchanged=copy_unchanged, strict=strict)
     if progress is not None and not callable(progress):
         raise SurgeonError(None, f"progress must be a function of the stage name, or None (got {progress!r})")
-    if verify:
-        check_verify_options(verify_options)
+    check_verify_options(verify_options)  # also used without `verify`, by the whole-model check of a split Conv
     load_model(model_path) if not model_path.is_file() else None  # a missing input is named first
     if output_path is not None:
         check_io([model_path], output_path)
@@ -331,6 +330,7 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
             except VerificationError:
                 raise
             except SurgeonError as exc:
+                weights.check_unchanged()  # an input changed under the comparison: that is the problem to name
                 if exc.path != str(tmp):  # the original (or an option) is at fault: bad input
                     raise
                 problem = f"the patched model {exc.problem}, where the original runs; not written"
@@ -338,6 +338,7 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
                     _Unshown(f"it could not be run: {exc.problem}") if whole_check else None)
             report.verification = result if verify else None
             if not result.identical:
+                weights.check_unchanged()
                 found = result.mismatch.text() if result.mismatch else "outputs differ"
                 raise VerificationError(output_path, f"patched model differs from the original, not written: {found}"
                                         ) from _Unshown(f"it differed from the original ({found}, opt level "

@@ -9,16 +9,16 @@ ranges, both sessions at the same graph optimisation level) and its own verdict 
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from .errors import SurgeonError, api_call
 from .verdict import BYTE_IDENTICAL, Verdict, judge
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # (numpy is imported where it is used: `import deform_surgeon` stays light, see __init__)
+    import numpy as np
     import onnx
 
 DEFAULT_ITERATIONS = 3
@@ -158,7 +158,7 @@ def _metadata(input_shapes: dict[str, tuple[int, ...]] | None):
 
 
 def _is_int(v: object) -> bool:
-    return isinstance(v, int | np.integer) and not isinstance(v, bool)
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)  # (numpy's integers are Integral)
 
 
 def check_options(iterations: object, seed: object, opt_level: object, val_range: object,
@@ -179,7 +179,7 @@ def check_options(iterations: object, seed: object, opt_level: object, val_range
         raise SurgeonError(None, f"val_range must map input names to (lo, hi) (got {val_range!r})")
     for name, r in val_range.items():
         ok = isinstance(r, list | tuple) and len(r) == 2 and all(
-            isinstance(x, int | float | np.integer | np.floating) and not isinstance(x, bool) for x in r)
+            isinstance(x, numbers.Real) and not isinstance(x, bool) for x in r)
         if not isinstance(name, str) or not ok:
             raise SurgeonError(None, f"val_range {name!r}: {r!r} is not a pair of numbers (lo, hi)",
                                "e.g. {'image': (0.0, 1.0)}")
@@ -299,6 +299,8 @@ def verify(original: str | Path, patched: str | Path, *, iterations: int | None 
 
 def compare_bytes(orig_iters, patch_iters, result: VerifyResult) -> Mismatch | None:
     """Exact comparison of every output of every iteration: names, dtypes, shapes, then bytes."""
+    import numpy as np
+
     first: Mismatch | None = None
     for it, (a_out, b_out) in enumerate(zip(orig_iters, patch_iters, strict=True)):
         a_names, b_names = set(a_out.keys()), set(b_out.keys())
@@ -326,6 +328,8 @@ def compare_bytes(orig_iters, patch_iters, result: VerifyResult) -> Mismatch | N
 
 
 def _max_abs_diff(a: np.ndarray, b: np.ndarray) -> float:
+    import numpy as np
+
     if a.size == 0 or a.dtype == np.bool_:
         return 0.0 if a.size == 0 else float(np.count_nonzero(a != b))
     with np.errstate(invalid="ignore", over="ignore"):

@@ -192,12 +192,110 @@ def _device_profile_missing(d: Path):
     return ["patch", "model.onnx", "out.onnx", "--device-profile", "gpu.json"], 2, "gpu.json", r"no such"
 
 
+# second round: names a system call would refuse, FIFOs among the options' files, numbers out of range
+def _long(stem: str, total: int, suffix: str = ".onnx") -> str:
+    """A file name of `total` bytes."""
+    return stem * (total - len(suffix)) + suffix
+
+
+def _out_name_too_long(d: Path):
+    copy_fixture("sum_only.onnx", d, "m.onnx")
+    return ["patch", "m.onnx", _long("o", 256)], 2, _long("o", 256), r"OUT has a name of 256 bytes"
+
+
+def _out_in_a_folder_name_too_long(d: Path):
+    copy_fixture("sum_only.onnx", d, "m.onnx")
+    (d / "out").mkdir()
+    return ["patch", "m.onnx", f"out/{_long('a', 256)}"], 2, f"out/{_long('a', 256)}", r"OUT has a name of 256"
+
+
+def _default_out_name_too_long(d: Path):
+    copy_fixture("sum_only.onnx", d, _long("m", 250))  # its default OUT, <name>.patched.onnx, is 258 bytes
+    return ["patch", _long("m", 250)], 2, "m" * 245 + ".patched.onnx", r"OUT has a name of 258 bytes"
+
+
+def _input_name_too_long(d: Path):
+    return ["inspect", _long("m", 256)], 2, _long("m", 256), r"the model has a name of 256 bytes"
+
+
+def _report_name_too_long(d: Path):  # nothing is written: OUT is not written before the report fails
+    copy_fixture("sum_only.onnx", d, "m.onnx")
+    return (["patch", "m.onnx", "o.onnx", "--report", _long("r", 256, ".json")], 2, _long("r", 256, ".json"),
+            r"--report has a name of 256 bytes")
+
+
+def _json_name_too_long(d: Path):
+    copy_fixture("sum_only.onnx", d, "m.onnx")
+    return ["inspect", "m.onnx", "--json", _long("r", 300, ".json")], 2, _long("r", 300, ".json"), r"--json has a"
+
+
+def _out_data_name_too_long(d: Path):  # OUT fits, <OUT>.data does not: refused before any work
+    external(d / "x")
+    return (["patch", "x/model.onnx", _long("o", 252)], 2, _long("o", 252) + ".data",
+            r"OUT's external data file has a name of 257 bytes")
+
+
+def _bad_location(command: str, location: str, problem: str):
+    def case(d: Path):
+        external(d, "e.onnx", "e.data")
+        model = onnx.load(d / "e.onnx", load_external_data=False)
+        for t in model.graph.initializer:
+            for entry in t.external_data:
+                if entry.key == "location":
+                    entry.value = location
+        onnx.save(model, d / "m.onnx")
+        argv = {"patch": ["patch", "m.onnx", "o.onnx"], "inspect": ["inspect", "m.onnx"],
+                "budget": ["budget", "m.onnx"], "verify": ["verify", "e.onnx", "m.onnx"]}[command]
+        return argv, 2, "m.onnx", rf"external data location of tensor '\S+' {problem}"
+    case.__name__ = f"_location_{'nul' if chr(0) in location else 'too_long'}_{command}"
+    return case
+
+
+def _fifo_option(argv: list, option_file: str = "p.json"):
+    def case(d: Path):
+        copy_fixture("sum_only.onnx", d, "m.onnx")
+        os.mkfifo(d / option_file)
+        return argv, 2, option_file, r"is a FIFO, not a regular file"
+    case.__name__ = f"_fifo_{argv[0]}_{argv[-2].strip('-').replace('-', '_')}"
+    return case
+
+
+def _seed_out_of_range(d: Path):  # the seed is named, not the model
+    copy_fixture("sum_only.onnx", d, "m.onnx")
+    return (["patch", "m.onnx", "o.onnx", "--verify", "--seed", "99999999999999999999"], 2, None,
+            r"^seed must be an integer from 0 to 4,294,967,295 - iterations \+ 1 \(got 99999999999999999999\)")
+
+
+def _iterations_out_of_range(d: Path):  # refused at once: it used to grow memory without end
+    copy_fixture("sum_only.onnx", d, "m.onnx")
+    return (["patch", "m.onnx", "o.onnx", "--verify", "--iterations", "99999999999999999999"], 2, None,
+            r"^iterations must be an integer from 1 to 10,000")
+
+
+def _seed_plus_iterations_out_of_range(d: Path):
+    copy_fixture("sum_only.onnx", d, "m.onnx")
+    return (["verify", "m.onnx", "m.onnx", "--seed", str(2**32 - 2), "--iterations", "3"], 2, None,
+            r"^seed must be an integer from 0 to")
+
+
+ROUND_TWO = [_out_name_too_long, _out_in_a_folder_name_too_long, _default_out_name_too_long, _input_name_too_long,
+             _report_name_too_long, _json_name_too_long, _out_data_name_too_long,
+             *[_bad_location(c, "l" * 300, r"has a name of 300 bytes") for c in ("patch", "inspect", "budget",
+                                                                                 "verify")],
+             *[_bad_location(c, "e.data\0x", r"contains a NUL byte") for c in ("patch", "inspect", "budget", "verify")],
+             _fifo_option(["patch", "m.onnx", "o.onnx", "--device-profile", "p.json"]),
+             _fifo_option(["inspect", "m.onnx", "--device-profile", "p.json"]),
+             _fifo_option(["budget", "m.onnx", "--device-profile", "p.json"]),
+             _fifo_option(["budget", "m.onnx", "--device-limits", "p.json"]),
+             _seed_out_of_range, _iterations_out_of_range, _seed_plus_iterations_out_of_range]
+
+
 CASES = [_placement_json_is_the_model, _placement_limits_out_is_dev_null, _device_profile_missing,
          _out_is_input_data, _report_is_input_data, _inspect_json_is_input_data, _budget_json_is_input_data,
          _verify_json_is_input_data, _report_is_outputs_data, _report_hard_link_to_input, _report_is_dev_null,
          _out_is_dev_null, _json_is_fifo, _data_symlink_leaves_the_folder, _fifo_input, _fifo_input_to_inspect,
          _fifo_input_to_verify, _negative_offset, _negative_offset_inspect, _val_range_not_numbers, _bad_int_option,
-         _missing_argument, _bad_choice, _patched_model_cannot_run, _verify_options_in_batch_manifest]
+         _missing_argument, _bad_choice, _patched_model_cannot_run, _verify_options_in_batch_manifest, *ROUND_TWO]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.__name__.strip("_"))
@@ -429,3 +527,241 @@ def test_a_full_disk_is_one_line(full_disk, argv, named):
     (line,) = proc.stderr.splitlines()
     assert line == f"{ERROR_PREFIX}{full_disk / named}: could not be written (No space left on device)", line
     assert state(full_disk) == before
+
+
+# ------------------------------------------------------------------------------------ the Python API, checked
+def test_api_options_of_the_wrong_type_are_refused_before_any_work(tmp_path):
+    """`allow_unproven="no"` is true to Python: it used to rewrite the 4 unproven gathers of this fixture (indices
+    down to -8 against a size of 42). Every option is checked: a wrong one is a one-line SurgeonError naming it."""
+    import deform_surgeon as ds
+
+    src = copy_fixture("gathernd_refused.onnx", tmp_path, "m.onnx")
+    os.mkfifo(tmp_path / "fifo.json")
+    before = state(tmp_path)
+    out = tmp_path / "o.onnx"
+    bad = [({"allow_unproven": "no"}, "allow_unproven must be True or False"),
+           ({"strict": "false"}, "strict must be True or False"), ({"verify": 1}, "verify must be True or False"),
+           ({"copy_unchanged": None}, "copy_unchanged must be True or False"),
+           ({"device_profile": 5}, "device_profile must be"), ({"device_profile": {"maxBufferSize": 1}}, "device_prof"),
+           ({"device_profile": tmp_path / "fifo.json"}, "is a FIFO, not a regular file"),
+           ({"progress": "x"}, "progress must be a function"), ({"sum_mode": ["chain"]}, "unknown sum mode"),
+           ({"max_buffer": "lots"}, "max_buffer: bad size 'lots'"), ({"max_memory": 0}, "max_memory: bad size '0'"),
+           ({"max_memory": True}, "max_memory: bad size 'True'"), ({"opt_level": "max"}, "unexpected keyword argument "
+                                                                                          "'opt_level'"),
+           ({"verify_options": {"opt_level": "max"}}, "unknown opt level 'max'"),
+           ({"verify_options": {"seed": 2**40}}, "seed must be an integer from 0")]
+    for kwargs, problem in bad:
+        with pytest.raises(ds.SurgeonError) as info:
+            ds.patch(src, out, **kwargs)
+        assert problem in info.value.one_line() and "\n" not in info.value.one_line(), (kwargs, info.value)
+        if set(kwargs) <= {"allow_unproven", "sum_mode", "max_buffer", "max_memory", "device_profile"}:
+            with pytest.raises(ds.SurgeonError, match=re.escape(problem)):
+                ds.inspect(src, **kwargs)
+    for path, problem in [(5, "the model must be a path (str or pathlib.Path), not int"), (None, "not NoneType"),
+                          ([str(src)], "not list"), (bytes(src), "not bytes"), (f"{src}\0x", "contains a NUL byte"),
+                          (tmp_path / ("m" * 256), "has a name of 256 bytes")]:
+        with pytest.raises(ds.SurgeonError, match=re.escape(problem)):
+            ds.patch(path, out)
+        with pytest.raises(ds.SurgeonError, match=re.escape(problem.replace("the model", "the original"))):
+            ds.verify(path, src)
+    for target, problem in [("x" * 300, "the output has a name of 300 bytes"), (f"{out}\0", "contains a NUL byte"),
+                            (b"o.onnx", "not bytes")]:
+        with pytest.raises(ds.SurgeonError, match=re.escape(problem)):
+            ds.patch(src, target)
+    with pytest.raises(ds.SurgeonError, match="quiet must be True or False"):
+        ds.verify(src, src, quiet="no")
+    assert state(tmp_path) == before  # nothing written, nothing left
+
+
+def test_api_takes_the_command_lines_sizes_and_its_report_names_api_options(tmp_path):
+    import deform_surgeon as ds
+
+    src = copy_fixture("decoder_gathernd.onnx", tmp_path, "m.onnx")
+    report = ds.patch(src, tmp_path / "o.onnx", max_buffer="256MiB", max_memory="1.5GB")
+    assert report.written and report.options["max_buffer"] == 256 * 2**20
+    assert report.options["max_memory"] == 1_500_000_000
+    assert ds.inspect(src, max_buffer="0.25GiB").options["max_buffer"] == 256 * 2**20
+    text = report.format()
+    assert "more (format(verbose=True) or to_json() lists all)" in text and "--verbose" not in text, text
+    proc = run("patch", "m.onnx", "o2.onnx", cwd=tmp_path)
+    assert "more (--verbose or --report FILE.json lists all)" in proc.stdout, proc.stdout
+
+
+def _change_input(tmp_path: Path, change: str) -> Path:
+    """Change one input of an external-data model in place or by rename, same size, its mtime put back (what
+    `touch -r` does): only the inode's change time tells. Returns the file changed."""
+    path = tmp_path / ("model.onnx" if change.startswith("model") else "w.data")
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    if change.startswith("model"):
+        at = data.index(b"doc-v1")
+        data[at:at + 6] = b"doc-v2"  # a valid model still, with another doc string
+    else:
+        data[:64] = bytes(255 - b for b in data[:64])  # weights that change the outputs
+    if change.endswith("replaced"):
+        (tmp_path / "new").write_bytes(data)
+        os.utime(tmp_path / "new", ns=(st.st_atime_ns, st.st_mtime_ns))
+        os.replace(tmp_path / "new", path)
+    else:
+        with open(path, "r+b") as fh:
+            fh.write(data)
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_size == st.st_size and path.stat().st_mtime_ns == st.st_mtime_ns
+    return path
+
+
+@pytest.mark.parametrize("verify", [False, True], ids=["plain", "verify"])
+@pytest.mark.parametrize("change", ["data_edited", "data_replaced", "model_edited", "model_replaced"])
+def test_an_input_changed_during_a_patch_is_seen_with_its_mtime_put_back(tmp_path, change, verify):
+    """The model or its external data file changed after the model was loaded (at the `export` stage, or while
+    the written model is verified): nothing is written, the changed file is named, nothing is left behind."""
+    import deform_surgeon as ds
+
+    model = graphs.exporter_like(H=30, W=40, C=8)
+    model.doc_string = "doc-v1"
+    onnx.save(model, tmp_path / "model.onnx", save_as_external_data=True, location="w.data", size_threshold=0)
+    when = "verify" if verify else "export"
+    changed = []
+
+    def progress(stage: str) -> None:
+        if stage == when:
+            changed.append(_change_input(tmp_path, change))
+
+    with pytest.raises(ds.SurgeonError) as info:
+        ds.patch(tmp_path / "model.onnx", tmp_path / "out.onnx", verify=verify, progress=progress)
+    assert changed and info.value.path == str(changed[0]), info.value
+    assert "changed while it was being patched; nothing was written" in info.value.problem
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx", "w.data"]
+
+
+# ------------------------------------------------------------------------------------------ the background child
+_STOP_THE_PARENT_WHILE_THE_CHILD_REPORTS = """
+import os, signal, sys
+from deform_surgeon import cli, surgeon
+from deform_surgeon.errors import SurgeonError
+
+def checker_that_fails(model, path, weights):  # runs in the background child (background.py)
+    os.kill(os.getppid(), signal.SIGTERM)  # the parent is stopped now...
+    raise SurgeonError(path, "fails onnx.checker: " + "x" * (1 << 20))  # ...while this (1 MB) is being sent
+
+surgeon.checked_types = checker_that_fails
+sys.exit(cli.main(["inspect", sys.argv[1]]))
+"""
+
+
+def test_stopping_the_parent_while_the_background_child_reports_an_error(tmp_path):
+    """SIGTERM reaches the CLI while its background checker child sends its error (an answer too long for the pipe:
+    the child is blocked sending it; the parent may be reading it, or not). The parent leaves with exit 143 and its
+    one line; the child is stopped quietly, not through the CLI's handler it inherited (which used to raise
+    `Terminated` in the child and print two tracebacks), and nothing hangs. Eight at once on two cores: under
+    load, each ordering of the two processes' steps is met."""
+    copy_fixture("decoder_gathernd.onnx", tmp_path, "m.onnx")
+    (tmp_path / "stop.py").write_text(_STOP_THE_PARENT_WHILE_THE_CHILD_REPORTS)
+    before = state(tmp_path)
+    for _ in range(3):
+        procs = [subprocess.Popen([sys.executable, "stop.py", "m.onnx"], cwd=tmp_path, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(8)]
+        for proc in procs:
+            out, err = proc.communicate(timeout=300)
+            assert proc.returncode == 143 and err == "deform-surgeon: terminated\n", err[-3000:]
+    assert state(tmp_path) == before
+
+
+# ------------------------------------------------------------------------------------- signals during start-up
+_HOLD_IMPORT = """
+import os, sys, time
+
+class _Hold:
+    '''The first import of $DS_HOLD_IMPORT (by the first process to reach it) waits there for a signal: the signal
+    lands during that import, as a Ctrl-C a second into start-up does. DS_HOLD_AS=ImportError: the import then
+    fails as onnxruntime's does when interrupted ("ImportError: initialization failed").'''
+
+    def find_spec(self, name, path=None, target=None):
+        if name != os.environ.get("DS_HOLD_IMPORT"):
+            return None
+        try:
+            os.close(os.open(os.environ["DS_HOLD_MARK"], os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return None
+        try:
+            while True:
+                time.sleep(0.01)
+        except KeyboardInterrupt as exc:
+            if os.environ.get("DS_HOLD_AS") == "ImportError":
+                raise ImportError("initialization failed") from exc
+            raise
+
+sys.meta_path.insert(0, _Hold())
+"""
+
+
+def _signal_at_import(tmp_path: Path, argv: list, module: str, sig: int, as_import_error: bool = False,
+                      entry: str = "module") -> subprocess.CompletedProcess:
+    """Run a command whose first import of `module` waits (see _HOLD_IMPORT); once it waits, send `sig` to the
+    command's whole process group (what a terminal's Ctrl-C does); wait for the end."""
+    hook = tmp_path / "hook"
+    hook.mkdir(exist_ok=True)
+    (hook / "sitecustomize.py").write_text(_HOLD_IMPORT)
+    mark = tmp_path / "hook" / "holding"
+    mark.unlink(missing_ok=True)
+    path = os.pathsep.join(p for p in (str(hook), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "DS_HOLD_IMPORT": module, "DS_HOLD_MARK": str(mark),
+           "DS_HOLD_AS": "ImportError" if as_import_error else ""}
+    command = [*DS] if entry == "module" else [str(Path(sys.executable).parent / "deform-surgeon")]
+    proc = subprocess.Popen([*command, *argv], cwd=tmp_path / "work", env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 240
+    while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert mark.exists(), f"the import of {module} was never reached"
+    os.killpg(proc.pid, sig)
+    out, err = proc.communicate(timeout=300)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+@pytest.mark.parametrize("argv, module, sig, as_import_error, entry", [
+    (["patch", "m.onnx", "o.onnx"], "onnx", signal.SIGINT, False, "module"),
+    (["patch", "m.onnx", "o.onnx"], "onnx", signal.SIGINT, False, "script"),
+    (["patch", "m.onnx", "o.onnx"], "onnx", signal.SIGTERM, False, "module"),
+    (["inspect", "m.onnx"], "onnx_graphsurgeon", signal.SIGINT, False, "module"),
+    (["patch", "m.onnx", "o.onnx", "--verify"], "onnxruntime", signal.SIGINT, True, "module"),
+    (["patch", "m.onnx", "o.onnx", "--verify"], "onnxruntime", signal.SIGTERM, True, "module"),
+    (["verify", "m.onnx", "m.onnx"], "polygraphy", signal.SIGINT, False, "module"),
+    (["batch", "--glob", "m.onnx", "--no-progress"], "onnx", signal.SIGINT, False, "module"),
+], ids=["patch-onnx-int", "script-onnx-int", "patch-onnx-term", "inspect-gs-int", "verify-ort-int", "verify-ort-term",
+        "verify-polygraphy-int", "batch-onnx-int"])
+def test_a_signal_during_start_up_is_one_line(tmp_path, argv, module, sig, as_import_error, entry):
+    """Ctrl-C or SIGTERM while the command imports its libraries: exit 130 / 143 and one line, like at any other
+    moment (it was a KeyboardInterrupt traceback and exit -2; in onnxruntime's import, an ImportError and exit 1)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    copy_fixture("decoder_gathernd.onnx", work, "m.onnx")
+    before = state(work)
+    proc = _signal_at_import(tmp_path, argv, module, sig, as_import_error, entry)
+    expected = {signal.SIGINT: (130, "deform-surgeon: interrupted\n"), signal.SIGTERM: (143, "deform-surgeon: "
+                                                                                        "terminated\n")}[sig]
+    assert (proc.returncode, proc.stderr) == expected, proc.stderr
+    assert state(work) == before
+
+
+def test_ctrl_c_stops_a_batch_and_its_workers_quietly(tmp_path):
+    """Ctrl-C reaches the whole process group, the workers too: they leave it to the batch, which stops them
+    (a worker used to print KeyboardInterrupt or FileNotFoundError tracebacks)."""
+    for k in range(4):
+        copy_fixture("decoder_gathernd.onnx", tmp_path, f"m{k}.onnx")
+    before = state(tmp_path)
+    proc = subprocess.Popen([*DS, "batch", "--glob", "m*.onnx", "--jobs", "2", "--verify", "--no-progress"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        if any(p.name.startswith(".m0.patched") for p in tmp_path.iterdir()):
+            break
+        time.sleep(0.005)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    assert (proc.returncode, err) == (130, "deform-surgeon: interrupted\n"), out + err
+    left = {k for k in state(tmp_path) if k not in before}
+    assert not {n for n in left if n.startswith(".") or "tmp" in n}, left  # no temporaries
+    for name in left:  # what a worker finished before the signal is complete: a model and its data
+        assert name.endswith((".patched.onnx", ".patched.onnx.data")), left
