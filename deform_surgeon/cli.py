@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import signal
 import sys
@@ -123,8 +124,8 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 def _cmd_verify(args: argparse.Namespace) -> int:
     check_io([args.original, args.patched], others=[("--json", args.json)])
     for path in (args.original, args.patched):
-        if not Path(path).is_file():
-            raise SurgeonError(path, "no such file")
+        if not os.path.isfile(path):
+            load_model(path)  # names a missing file, a folder, one out of reach
     for path in (args.original, args.patched):
         model, weights = load_model(path)
         check_model(model, path, weights)
@@ -147,7 +148,7 @@ def _size_arg(text: str) -> int:
 def _cmd_budget(args: argparse.Namespace) -> int:
     from .budget import analyze
 
-    if not Path(args.model).is_file():
+    if not os.path.isfile(args.model):
         load_model(args.model)  # names a missing file / folder the usual way
     check_io([args.model], others=[("--json", args.json)],
              other_reads=[(f"the --device-profile file {p}", p) for p in [args.device_limits or args.device_profile]

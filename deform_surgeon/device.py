@@ -100,10 +100,14 @@ def resolve_profile(spec: str | Path | DeviceProfile | None) -> DeviceProfile:
     from .model_io import user_path
 
     path = user_path(spec, "the device profile")
-    if not path.exists():
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if not isinstance(exc, FileNotFoundError | NotADirectoryError):
+            raise SurgeonError(path, f"cannot read device profile ({exc.strerror})") from None
         raise SurgeonError(path, "no such device profile",
                            f"give {' or '.join(PROFILE_NAMES)}, or a JSON file written by "
-                           "`deform-surgeon placement MODEL --device-limits-out FILE.json`")
+                           "`deform-surgeon placement MODEL --device-limits-out FILE.json`") from None
     return profile_from_file(path)
 
 

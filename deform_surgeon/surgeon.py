@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import math
+import os
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -269,7 +270,7 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
     if progress is not None and not callable(progress):
         raise SurgeonError(None, f"progress must be a function of the stage name, or None (got {progress!r})")
     check_verify_options(verify_options)  # also used without `verify`, by the whole-model check of a split Conv
-    load_model(model_path) if not model_path.is_file() else None  # a missing input is named first
+    load_model(model_path) if not os.path.isfile(model_path) else None  # a missing input is named first
     if output_path is not None:
         check_io([model_path], output_path)
     stage = progress or (lambda _: None)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -123,7 +124,7 @@ def input_signature(model_path: str | Path) -> list:
     model where the file scans cleanly; a missing, unreadable or non-ONNX file is a one-line SurgeonError."""
     from .model_io import load_model, scan_model
 
-    found = scan_model(model_path) if Path(model_path).is_file() else None
+    found = scan_model(model_path) if os.path.isfile(model_path) else None
     if found is not None and found.complete:
         try:
             return found.feed_inputs()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import stat
 import subprocess
@@ -765,3 +766,66 @@ def test_ctrl_c_stops_a_batch_and_its_workers_quietly(tmp_path):
     assert not {n for n in left if n.startswith(".") or "tmp" in n}, left  # no temporaries
     for name in left:  # what a worker finished before the signal is complete: a model and its data
         assert name.endswith((".patched.onnx", ".patched.onnx.data")), left
+
+
+# ------------------------------------------------------------------------------------------- folders out of reach
+def _without_permission_bypass() -> list[str]:
+    """The prefix that runs a command without the capability to bypass file permissions (root has it)."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("running as root without setpriv: permissions cannot be enforced")
+    drop = "-dac_override,-dac_read_search"
+    return [setpriv, f"--inh-caps={drop}", f"--bounding-set={drop}"]
+
+
+@pytest.mark.parametrize("argv, named, problem", [
+    (["patch", "d/m.onnx", "o.onnx"], "d/m.onnx", "cannot be read (Permission denied)"),
+    (["patch", "m.onnx", "d/o.onnx"], "d/o.onnx", "OUT cannot be written there (Permission denied)"),
+    (["inspect", "m.onnx", "--json", "d/r.json"], "d/r.json", "--json cannot be written there (Permission denied)"),
+    (["verify", "m.onnx", "d/m.onnx"], "d/m.onnx", "cannot be read (Permission denied)"),
+    (["budget", "d/m.onnx"], "d/m.onnx", "cannot be read (Permission denied)"),
+    (["patch", "m.onnx", "o.onnx", "--device-profile", "d/p.json"], "d/p.json", "cannot read device profile"),
+], ids=["patch-input", "patch-output", "inspect-json", "verify", "budget", "device-profile"])
+def test_a_folder_that_cannot_be_searched_is_one_line(tmp_path, argv, named, problem):
+    prefix = _without_permission_bypass()
+    copy_fixture("sum_only.onnx", tmp_path, "m.onnx")
+    (tmp_path / "d").mkdir()
+    copy_fixture("sum_only.onnx", tmp_path / "d", "m.onnx")
+    before = state(tmp_path)
+    (tmp_path / "d").chmod(0)
+    try:
+        proc = subprocess.run([*prefix, *DS, *argv], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    finally:
+        (tmp_path / "d").chmod(0o755)
+    assert (proc.returncode, proc.stderr) == (2, f"{ERROR_PREFIX}{named}: {problem}\n") or (
+        proc.returncode == 2 and proc.stderr.startswith(f"{ERROR_PREFIX}{named}: {problem}")), proc.stderr
+    assert state(tmp_path) == before
+
+
+@pytest.mark.parametrize("stage", ["export", "write"])
+@pytest.mark.parametrize("removed", ["model", "embedded_model", "data"])
+def test_an_input_removed_after_it_was_loaded_is_one_line(tmp_path, removed, stage):
+    """The model (weights in an external file, or embedded: read again when the output is written) or its data file
+    removed once loaded: a SurgeonError naming it (it was a FileNotFoundError traceback), nothing written."""
+    import deform_surgeon as ds
+
+    if removed == "embedded_model":
+        copy_fixture("decoder_gathernd.onnx", tmp_path, "model.onnx")
+    else:
+        external(tmp_path)
+    gone = tmp_path / ("w.data" if removed == "data" else "model.onnx")
+    before = sorted(p.name for p in tmp_path.iterdir())
+
+    def progress(at: str) -> None:
+        if at == stage:
+            gone.unlink()
+
+    with pytest.raises(ds.SurgeonError) as info:
+        ds.patch(tmp_path / "model.onnx", tmp_path / "out.onnx", progress=progress)
+    assert info.value.path == str(gone) and "\n" not in info.value.one_line(), info.value
+    assert sorted(p.name for p in tmp_path.iterdir()) == [n for n in before if n != gone.name]
+    proc = run("patch", "model.onnx", "out.onnx", cwd=tmp_path)  # and the command line names it too
+    assert proc.returncode == 2 and proc.stderr.startswith(ERROR_PREFIX) and gone.name in proc.stderr, proc.stderr
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr

@@ -135,7 +135,9 @@ class Weights:
 
 def _refuse_changed(path: Path | None, key: tuple, now: os.stat_result | None) -> None:
     """The one test of "the same file, unchanged" (`wire.file_key`, which a restored mtime cannot fool)."""
-    if now is None or wire.file_key(now) != key:
+    if now is None:
+        raise SurgeonError(path, "was removed while it was being patched; nothing was written")
+    if wire.file_key(now) != key:
         raise SurgeonError(path, "changed while it was being patched; nothing was written",
                            "run again once nothing writes to it")
 

@@ -105,6 +105,7 @@ def save_model_atomic(
                     _write_model(model, weights, layout, data_target.name, tmp, target)
             weights.check_unchanged()  # last: every input read (copied, verified) is the one loaded
     except OSError as exc:
+        weights.check_unchanged()  # an input removed or replaced under the writer: that is the file to name
         raise SurgeonError(target, f"could not be written ({exc.strerror or exc})") from None
 
 
@@ -117,6 +118,8 @@ def copy_atomic(src: str | Path, target: str | Path, check: Callable[[], None] |
             if check is not None:
                 check()
     except OSError as exc:
+        if check is not None:
+            check()  # the input removed or replaced: that is the file to name
         raise SurgeonError(target, f"could not be written ({exc.strerror or exc})") from None
 
 
