@@ -475,3 +475,80 @@ def test_headless_run_on_an_image_that_does_not_decode_fails_and_says_why(tmp_pa
     assert doc["ok"] is False and doc["models"] == []
     assert doc["error"].startswith("scan.png cannot be decoded as an image")
     assert "page: scan.png cannot be decoded as an image" in r.stdout
+
+
+# ------------------------------------------------------------------------------------ bad requests, bad options
+@pytest.mark.parametrize("port", ["99999", "-1", "http"])
+def test_a_port_out_of_range_is_one_line(port: str) -> None:
+    r = _cli(str(ORIGINAL), "--port", port, timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.splitlines() == [f"deform-surgeon: error: argument --port: '{port}' is not a port number from 0 "
+                                     "to 65535 (see `deform-surgeon serve --help`)"], r.stderr
+
+
+def test_a_model_path_that_cannot_be_a_file_is_one_line(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "fifo.onnx")
+    for path, problem in [(tmp_path / "fifo.onnx", "is a FIFO, not a regular file"),
+                          (tmp_path / ("m" * 300), "the original model has a name of 300 bytes")]:
+        r = _cli(str(path), timeout=300)
+        assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and problem in r.stderr, r.stderr
+
+
+def _raw(srv, request: bytes) -> bytes:
+    """Send raw bytes, read the answer until the server closes the connection (a hang times out: a failure)."""
+    import socket
+
+    with socket.create_connection(srv.server_address, timeout=60) as sock:
+        sock.sendall(request)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return answer
+
+
+@pytest.mark.parametrize("length", ["abc", "1e3", "-1", " 12x"])
+def test_a_bad_content_length_is_a_400_and_nothing_is_printed(server, length: str, capsys) -> None:
+    port = server.server_address[1]
+    answer = _raw(server, f"POST /logparse HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {length}\r\n\r\n"
+                          "some body".encode())
+    assert answer.startswith(b"HTTP/1.1 400 ") and answer.endswith(b"bad Content-Length"), answer
+    assert _request(server, "GET", "/")[0] == 200  # and the server goes on
+    assert capsys.readouterr().err == ""
+
+
+def test_a_download_the_client_aborts_prints_nothing(tmp_path: Path, capsys) -> None:
+    """The page aborts a model download (a new run, a closed tab): the server's write fails with a reset or a
+    broken pipe, which is the client's choice, not a server error: no traceback on the terminal."""
+    import socket
+    import struct
+
+    import onnx
+    from onnx import TensorProto, helper
+
+    big = helper.make_tensor("unused", TensorProto.FLOAT, [16, 1 << 20], np.zeros(16 << 20, np.float32).tobytes(),
+                             raw=True)  # 64 MiB: more than any socket buffer holds
+    graph = helper.make_graph([helper.make_node("Identity", ["image"], ["mask"])], "g",
+                              [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("mask", TensorProto.FLOAT, [1, 3, 8, 8])], [big])
+    onnx.save(helper.make_model(graph), tmp_path / "big.onnx")
+    web = tmp_path / "onnxruntime-web"
+    (web / "dist").mkdir(parents=True)
+    (web / "package.json").write_text('{"version": "1.30.0"}')
+    srv = make_server(ServeApp([ServedModel.load("original", tmp_path / "big.onnx")], None, ort_web=web))
+    srv.daemon_threads = False  # server_close() then waits for every request's thread: all it printed is printed
+    thread = threading.Thread(target=srv.serve_forever)
+    thread.start()
+    try:
+        for _ in range(3):
+            sock = socket.create_connection(srv.server_address, timeout=60)
+            sock.sendall(f"GET /model/original.onnx HTTP/1.1\r\nHost: 127.0.0.1:{srv.server_address[1]}\r\n\r\n"
+                         .encode())
+            assert sock.recv(12) == b"HTTP/1.1 200"
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = reset
+            sock.close()
+        assert _request(srv, "GET", "/")[0] == 200
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        thread.join()
+    assert capsys.readouterr().err == ""

@@ -37,7 +37,7 @@ def register_cli(subparsers: Any) -> argparse.ArgumentParser:
                     "other and from ORT CPU. Needs `deform-surgeon setup` (and a browser with WebGPU).")
     p.add_argument("original", metavar="ORIGINAL", help="the model as exported")
     p.add_argument("patched", metavar="PATCHED", nargs="?", default=None, help="its patched version (optional)")
-    p.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default 0: a free port, printed)")
+    p.add_argument("--port", type=_port, default=0, help="port on 127.0.0.1 (default 0: a free port, printed)")
     p.add_argument("--device-profile", default=None, metavar="NAME|FILE.json",
                    help="limits the page requests its WebGPU device with: adapter (default: every limit the "
                         "browser's adapter offers), spec-default (what a page gets without asking), or a "
@@ -63,6 +63,17 @@ def register_cli(subparsers: Any) -> argparse.ArgumentParser:
                    help=f"with --headless: give up after SEC seconds (default {HEADLESS_TIMEOUT:g})")
     p.set_defaults(func=run_serve)
     return p
+
+
+def _port(text: str) -> int:
+    """A TCP port: 0 (a free one) to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a port number from 0 to 65535")
+    return port
 
 
 def _err(msg: str) -> int:

@@ -18,6 +18,8 @@ from __future__ import annotations
 import hashlib
 import json
 import mimetypes
+import os
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -75,9 +77,13 @@ class ServedModel:
         import onnx
         from onnx import helper
 
-        p = Path(path)
-        if not p.is_file():
-            raise SurgeonError(p, "no such file")
+        from ..io_check import require_regular_input
+        from ..model_io import load_model, user_path
+
+        p = user_path(path, f"the {label} model")
+        require_regular_input(p)  # a FIFO would block forever
+        if not os.path.isfile(p):
+            load_model(p)  # names a missing file, a folder, one out of reach
         try:
             model = onnx.load(str(p), load_external_data=False)
         except Exception as e:  # DecodeError and friends: not an ONNX file
@@ -294,8 +300,13 @@ class _Handler(BaseHTTPRequestHandler):
         if not self._host_ok():
             return self._send(HTTPStatus.FORBIDDEN, b"wrong Host")
         path = urlsplit(self.path).path
-        length = int(self.headers.get("Content-Length") or 0)
+        given = (self.headers.get("Content-Length") or "0").strip()
+        if not given.isdecimal():  # "abc", "1e3", "-1": no length to read by; the connection cannot go on
+            self.close_connection = True
+            return self._send(HTTPStatus.BAD_REQUEST, b"bad Content-Length")
+        length = int(given)
         if length > MAX_POST:
+            self.close_connection = True
             return self._send(HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
         body = self.rfile.read(length)
         try:
@@ -316,9 +327,18 @@ def _inside(root: Path, rel: str) -> Path | None:
     return p if p.is_relative_to(root.resolve()) else None
 
 
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away mid-answer (a download the page aborted, a closed tab) is no error of the
+        server's: nothing is printed. Anything else is printed as http.server does."""
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
+
+
 def make_server(app: ServeApp, port: int = 0) -> ThreadingHTTPServer:
     """The server bound to 127.0.0.1 (`port` 0: a free port the OS picks); the caller runs serve_forever()."""
     handler = type("Handler", (_Handler,), {"app": app})
-    server = ThreadingHTTPServer(("127.0.0.1", port), handler)
+    server = _Server(("127.0.0.1", port), handler)
     server.daemon_threads = True
     return server
