@@ -8,6 +8,7 @@ than one line or more than one process (signals, batch) follow the table.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -829,3 +830,26 @@ def test_an_input_removed_after_it_was_loaded_is_one_line(tmp_path, removed, sta
     proc = run("patch", "model.onnx", "out.onnx", cwd=tmp_path)  # and the command line names it too
     assert proc.returncode == 2 and proc.stderr.startswith(ERROR_PREFIX) and gone.name in proc.stderr, proc.stderr
     assert len(proc.stderr.splitlines()) == 1, proc.stderr
+
+
+# ------------------------------------------------------------------------------------------- batch, second round
+def test_batch_sizes_like_the_command_line_and_bad_entries_fail_alone_while_planning(tmp_path):
+    """`max_memory = "1GB"` is taken as `--max-memory 1GB` is (it failed at run time); `max_memory = 0` and an
+    output name over 255 bytes fail their entry while planning (no report, no worker), and the rest runs."""
+    copy_fixture("sum_only.onnx", tmp_path, "m.onnx")
+    long_out = _long("o", 256)
+    (tmp_path / "m.toml").write_text(
+        f'[[model]]\ninput = "m.onnx"\noutput = "{long_out}"\n'
+        '[[model]]\ninput = "m.onnx"\noutput = "b.onnx"\nmax_memory = "1GB"\nmax_buffer = "1.5MiB"\n'
+        '[[model]]\ninput = "m.onnx"\noutput = "c.onnx"\nmax_memory = 0\n'
+        '[[model]]\ninput = "m.onnx"\noutput = "d.onnx"\nseed = 4294967295\niterations = 2\n')
+    proc = run("batch", "m.toml", "--jobs", "1", "--no-progress", cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    rows = _summary_rows(proc.stdout)
+    assert re.search(rf"failed .*{long_out}: the output of entry 1 \(m\.onnx\) has a name of 256 bytes", rows["1"])
+    assert rows["2"].split()[1] == "ok", proc.stdout
+    report = json.loads((tmp_path / "b.report.json").read_text())
+    assert report["options"]["max_memory"] == 10**9 and report["options"]["max_buffer"] == 3 * 2**19
+    assert re.search(r"m\.toml, \[\[model\]\] #3: option max_memory: bad size '0'", rows["3"]), proc.stdout
+    assert re.search(r"m\.toml, \[\[model\]\] #4: option seed = 4294967295 should be at most", rows["4"]), proc.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.onnx", "b.report.json", "m.onnx", "m.toml"]

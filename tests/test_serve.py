@@ -488,9 +488,10 @@ def test_a_port_out_of_range_is_one_line(port: str) -> None:
 
 def test_a_model_path_that_cannot_be_a_file_is_one_line(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "fifo.onnx")
-    for path, problem in [(tmp_path / "fifo.onnx", "is a FIFO, not a regular file"),
-                          (tmp_path / ("m" * 300), "the original model has a name of 300 bytes")]:
-        r = _cli(str(path), timeout=300)
+    for args, problem in [([tmp_path / "fifo.onnx"], "is a FIFO, not a regular file"),
+                          ([ORIGINAL, "--device-profile", tmp_path / "fifo.onnx"], "is a FIFO, not a regular file"),
+                          ([tmp_path / ("m" * 300)], "the original model has a name of 300 bytes")]:
+        r = _cli(*map(str, args), timeout=300)
         assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and problem in r.stderr, r.stderr
 
 
