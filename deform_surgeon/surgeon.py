@@ -93,7 +93,7 @@ def _run(model_path: str | Path, options: Options, plan: SplitPlan | None = None
         ops_before = op_histogram(model)
         reduced = has_reduced_floats(model)
         early = None
-        if not reduced and options.max_buffer is None:  # nothing to fold, no size to know: lift while checking
+        if not reduced:  # nothing to fold: lift while checking, assuming nothing is over the buffer limit
             try:
                 early = _lift_region(model, find_region(model, options.storage_buffers, set(), weights))
             except Exception:  # a model the checker refuses: its verdict is the one to give
@@ -105,8 +105,11 @@ def _run(model_path: str | Path, options: Options, plan: SplitPlan | None = None
                     f"fixed to the given size ({line}): what is then static is folded, by fold.py for float16 or "
                     "by ORT when the session is created") for line in fixed]
     whole += fold_static(model, types, weights) + split_to_slices(model, types) if reduced else []  # in place
-    region, sub, graph = early or _lift_region(model, find_region(
-        model, options.storage_buffers, _oversize(types, options.max_buffer), weights))
+    oversize = _oversize(types, options.max_buffer)
+    if oversize:  # the region grows by the nodes that make or read them: the early lift does not hold them
+        early = None
+    region, sub, graph = early or _lift_region(model, find_region(model, options.storage_buffers, oversize,
+                                                                  weights))
     type_boundary(graph, types)
     ctx = Context(graph, types, options, reserved=region.names, stored=weights)
     actions = whole + run_passes(ctx, default_passes(plan))
@@ -430,6 +433,8 @@ def _options(allow_unproven: bool, sum_mode: str | None, max_buffer: int | str |
         raise SurgeonError(None, f"unknown sum mode {sum_mode!r}", f"choose one of {', '.join(SUM_MODES)}")
     max_buffer, max_memory = _size("max_buffer", max_buffer), _size("max_memory", max_memory)
     profile = resolve_profile(device_profile)
+    if max_buffer is None:  # fit the profile: no tensor over what one binding may hold, nor over one buffer
+        max_buffer = min(profile.max_binding, profile.max_buffer)
     return Options(allow_unproven=allow_unproven, sum_mode=sum_mode, max_buffer=max_buffer, max_memory=max_memory,
                    device_profile=profile.name, storage_buffers=profile.storage_buffers,
                    input_shapes=check_input_shapes(input_shapes))

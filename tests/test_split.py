@@ -510,10 +510,10 @@ def test_max_memory_chunks_until_budgets_peak_fits(tmp_path):
     src, out = FIXTURES / "decoder_gathernd.onnx", tmp_path / "m.onnx"
     before = analyze(src)
     assert before.peak_bytes > 1_200_000  # the 7x7 block at 16x16: four gathered [1,1,12544,4] + their products
-    report = patch(src, out, max_memory=800_000)  # no --max-buffer: the memory budget alone chunks
+    report = patch(src, out, max_memory=800_000)  # nothing over the buffer limit: the memory budget alone chunks
     (split,) = split_actions(report.actions)
     assert split.node == "Conv_1004" and "--max-memory asked for" in split.reason
-    assert "limit (no --max-buffer)" in split.reason
+    assert "limit 128.0 MiB" in split.reason and report.options["max_buffer"] == 128 << 20  # spec-default's
     assert "peak of live activations (budget's measure) 1.3 MB (1.2 MiB) -> " in report.note
     assert "within the limit" in report.note
     after = analyze(out)
