@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
@@ -112,8 +113,10 @@ def _run(model_path: str | Path, options: Options, plan: SplitPlan | None = None
                                                                   weights))
     type_boundary(graph, types)
     ctx = Context(graph, types, options, reserved=region.names, stored=weights)
+    if plan is not None:
+        plan.proofs.clear()  # the proofs of an earlier lift name the nodes of its graph
     actions = whole + run_passes(ctx, default_passes(plan))
-    return Lifted(model, weights, region, sub, graph, actions, ops_before, types)
+    return Lifted(model, weights, region, sub, graph, actions, ops_before, types, ctx)
 
 
 def _lift_region(model: onnx.ModelProto, region: Region) -> tuple[Region, onnx.ModelProto, gs.Graph]:
@@ -143,6 +146,7 @@ class Lifted:
     actions: list
     ops_before: dict[str, int]  # of the model as loaded (`model` has its static float16 computations folded)
     types: TypeTable  # shape inference of the model as loaded
+    ctx: Context | None = None  # the passes' context (its prover and runtime run the local proofs)
     _patched: tuple[onnx.ModelProto, onnx.ModelProto] | None = None
 
     def patched(self) -> tuple[onnx.ModelProto, onnx.ModelProto]:
@@ -306,6 +310,10 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
             report.note += "; no output written (--copy-unchanged writes an unchanged copy)"
         return report
 
+    if output_path is not None:
+        lifted, memory = _prove_locally(model_path, options, plan, lifted, memory)
+        model, weights = lifted.model, lifted.weights
+        report.actions, report.note = lifted.actions, memory
     stage("export")
     patched, region = lifted.patched()
     report.ops_after = op_histogram(patched)
@@ -381,6 +389,138 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
         _write(patched, region, _verify if verify else None)
     report.written = True
     return report
+
+
+def _prove_locally(model_path: str | Path, options: Options, plan: SplitPlan, lifted: Lifted, memory: str,
+                   rounds: int = 3) -> tuple[Lifted, str]:
+    """Show each rewrite that is not exact by construction exact on its own (passes/local_proof.py): the nodes
+    it replaced and the nodes it made, each with the nodes reading them, on ORT CPU at the real shapes. One that
+    is not shown exact is kept whole (`plan.keep_whole`) and the model lifted again, and the proofs run again
+    (keeping a node whole changes its neighbours' context). A rewrite without a proof is left to the whole-model
+    check `patch` runs before writing."""
+    from .passes.local_proof import LEVELS, refusal
+
+    undone = 0
+    for _ in range(rounds):
+        unproven = [a for a in lifted.actions if a.needs_verify and a.action == Outcome.REWRITTEN
+                    and a.node in plan.proofs]
+        if not unproven:
+            break
+        outside = _outside_readers(lifted)
+        constant = _outside_constants(lifted)
+        failed = {a.node: why for a in unproven
+                  if (why := refusal(lifted.ctx, plan.proofs[a.node], outside, constant)) is not None}
+        if not failed:
+            levels = " and ".join(f"'{x}'" for x in LEVELS)
+            lifted.actions = [dataclasses.replace(a, needs_verify=False, reason=(
+                f"{a.reason}: shown exact before writing, on its own: beside the nodes it replaced, with the nodes "
+                f"reading it, on ORT CPU at levels {levels} (seeded inputs of the real shapes)"))
+                if a in unproven else a for a in lifted.actions]
+            break
+        plan.keep_whole.update({node: f"not shown exact: {why}" for node, why in failed.items()})
+        undone += len(failed)
+        lifted, memory = _lift(model_path, options, plan, rounds=0)
+    if undone:
+        memory = "; ".join(x for x in (f"{undone} rewrite(s) undone: not shown exact on their own (see their "
+                                       "lines)", memory) if x)
+    return lifted, memory
+
+
+def _outside_constants(lifted: Lifted, limit: int = 32):
+    """name -> its value when the model computes it from stored tensors and Constant nodes only, in at most
+    `limit` nodes (what ORT's constant folding makes an initializer before it fuses), else None."""
+    from .verify import run_ort_cpu
+
+    graph = lifted.model.graph
+    producer = {o: n for n in graph.node for o in n.output}
+    initializers = {t.name: t for t in graph.initializer}
+    memo: dict[str, np.ndarray | None] = {}
+
+    def stored(name: str) -> np.ndarray:
+        if name in lifted.weights.tensors:
+            return lifted.weights.read(name)
+        return onnx.numpy_helper.to_array(initializers[name])
+
+    def value(name: str) -> np.ndarray | None:
+        if name in memo:
+            return memo[name]
+        memo[name] = None
+        if name in lifted.weights.tensors or name in initializers:
+            memo[name] = stored(name)
+            return memo[name]
+        nodes, stack, leaves = {}, [name], set()
+        while stack:
+            t = stack.pop()
+            if not t or t in lifted.weights.tensors or t in initializers:
+                leaves.add(t)
+                continue
+            n = producer.get(t)
+            if n is None or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                                for a in n.attribute):
+                return None
+            if id(n) not in nodes:
+                nodes[id(n)] = n
+                if len(nodes) > limit:
+                    return None
+                stack.extend(n.input)
+        order = {id(n): k for k, n in enumerate(graph.node)}
+        inits = [onnx.numpy_helper.from_array(np.asarray(stored(t)), t) for t in leaves if t]
+        try:
+            typ = lifted.ctx.types[name]
+            model = onnx.helper.make_model(onnx.helper.make_graph(
+                sorted(nodes.values(), key=lambda n: order[id(n)]), "fold", [],
+                [onnx.helper.make_tensor_value_info(name, typ[0], None)], inits),
+                opset_imports=lifted.model.opset_import)
+            memo[name] = run_ort_cpu(model, {}, "disable", threads=1, quiet=True)[0]
+        except Exception:  # noqa: BLE001 (not computable here: the proof treats it as a value)
+            memo[name] = None
+        return memo[name]
+
+    return value
+
+
+def _outside_readers(lifted: Lifted):
+    """name -> the nodes outside the lifted region reading that tensor, as NodeSpecs with their facts."""
+    from .passes.local_proof import Facts, NodeSpec
+
+    graph = lifted.model.graph
+    inside = set(lifted.region.nodes)
+    index: dict[str, list[int]] = {}
+    for k, node in enumerate(graph.node):
+        if k not in inside:
+            for name in node.input:
+                index.setdefault(name, []).append(k)
+    made_by_constant = {o: k for k, n in enumerate(graph.node) if n.op_type == "Constant" for o in n.output}
+    types = lifted.ctx.types
+
+    def readers(name: str) -> list:
+        out = []
+        for k in index.get(name, []):
+            node, facts = graph.node[k], Facts()
+            for t in [*node.input, *node.output]:
+                if not t or t in facts.types:
+                    continue
+                try:
+                    elem, shape = types[t]
+                    dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
+                except Exception:  # noqa: BLE001 (no type known: the proof says so)
+                    elem, shape, dtype = 0, None, None
+                facts.types[t] = (np.dtype(dtype), tuple(shape)) if dtype is not None and shape and all(
+                    isinstance(d, int) for d in shape) else None
+                value = None
+                if t in lifted.weights.tensors:
+                    value = lifted.weights.read(t)
+                elif t in made_by_constant:
+                    c = graph.node[made_by_constant[t]]
+                    value = next((onnx.numpy_helper.to_array(a.t) for a in c.attribute if a.name == "value"), None)
+                facts.constants[t] = value
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            attrs = {k: (onnx.numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto) else v)
+                     for k, v in attrs.items()}
+            out.append((NodeSpec(node.op_type, node.name, tuple(node.input), tuple(node.output), attrs), facts))
+        return out
+
+    return readers
 
 
 class _Unshown(Exception):

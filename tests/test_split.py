@@ -403,14 +403,16 @@ def _feeds(seed: int, size: int = 32) -> dict:
             "mask": rng.uniform(0, 2, (1, 9, size, size)).astype(np.float32)}
 
 
-def test_a_split_conv_is_written_only_after_the_whole_model_verified(tmp_path):
+def test_a_split_conv_is_written_only_after_it_is_shown_exact_on_its_own(tmp_path):
     src, out = tmp_path / "m.onnx", tmp_path / "m.split.onnx"
     onnx.save(deform_bn_relu_model(hidden_bn=False), str(src))
-    report = patch(src, out, max_buffer=40_000)  # no --verify: the split Conv is checked whole all the same
+    report = patch(src, out, max_buffer=40_000)  # no --verify: the split Conv is checked all the same
     (split,) = split_actions(report.actions)
-    assert report.written and split.needs_verify and report.verification is None
+    assert report.written and not split.needs_verify and report.verification is None
     assert "the Conv -> Add -> BatchNormalization -> Relu is split into the same chunks" in split.reason
-    assert split.reason.endswith("verified byte-identical before writing (level 'all', 1 input(s))")
+    assert split.reason.endswith("shown exact before writing, on its own: beside the nodes it replaced, with the "
+                                 "nodes reading it, on ORT CPU at levels 'disable' and 'all' (seeded inputs of the "
+                                 "real shapes)")
     patched = onnx.load(str(out))
     assert [n.name for n in patched.graph.node if n.op_type == "Conv"] == [f"{split.node}/chunk{c}" for c in range(8)]
     for seed in range(2):
@@ -433,9 +435,11 @@ def test_a_split_conv_the_whole_model_disproves_is_kept_whole_and_said_so(tmp_pa
     report = patch(src, out, max_buffer=40_000, verify=verify, verify_options={"iterations": 1})
     (split,) = split_actions(report.actions)
     assert report.written and split.action == Outcome.REWRITTEN and not split.needs_verify
-    assert "stays whole and REMAINS OVER the limit: not shown exact on the whole model" in split.reason
-    assert "it differed from the original (output 'y'" in split.reason
-    assert "1 rewrite(s) undone (1 split)" in report.note
+    # the BatchNorm's parameters come through Cast nodes outside the lifted region: the proof folds them as ORT
+    # does, so the BatchNorm it reads the Conv's output with fuses into the whole Conv and not into the chunks
+    assert "stays whole and REMAINS OVER the limit: not shown exact: run on its own with its neighbours on ORT " \
+        "CPU (level 'all'), it does not give the whole node's bytes" in split.reason
+    assert "1 rewrite(s) undone: not shown exact on their own" in report.note
     assert (report.verification is not None and report.verification.identical) == verify
     patched = onnx.load(str(out))
     assert [n.name for n in patched.graph.node if n.op_type == "Conv"] == [split.node]  # whole

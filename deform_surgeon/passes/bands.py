@@ -42,6 +42,7 @@ import onnx_graphsurgeon as gs
 from ..ops import ELEMENTWISE_UNARY, TAIL_OPS
 from ..pipeline import Action, Context, Outcome, Refuse
 from ..shapes import Shapes
+from .local_proof import record
 from .split import (
     SplitBlocks,
     SplitPlan,
@@ -189,6 +190,8 @@ class BandOversize:
         groups = _bands(channels, n)
         dtype = shapes.dtype(out)
         maker, source = self._channel_source(ctx, x, node, outside)
+        proof = self.plan.proofs[node.name] = record(ctx, shapes, [*([maker] if source is not None else []), node,
+                                                                   *readers], [t for r in readers for t in r.outputs])
         first = len(ctx.graph.nodes)
         parts = []
         for k, (c0, c1) in enumerate(groups):
@@ -218,6 +221,7 @@ class BandOversize:
             r.op, r.attrs = "Constant", {"value": ctx.const(f"{r.name}/value", value)}
             r.inputs.clear()
         node.outputs.clear()
+        proof.taken(ctx, shapes)
         widths = "/".join(str(w) for w in sorted({c1 - c0 for c0, c1 in groups}, reverse=True))
         largest = max(shapes.nbytes(p) or 0 for p in parts)
         return Action(self.name, node.name, node.op, Outcome.REWRITTEN,
@@ -231,7 +235,7 @@ class BandOversize:
                          else "") + "; "
                       "each element is interpolated from its own channel with the same weights (they depend on "
                       "the spatial sizes only), but ORT's NCHWc layout (level all) runs a Resize of whole channel "
-                      "blocks with a kernel of its own, so the whole patched model is verified before it is written",
+                      "blocks with a kernel of its own, so it is written only once shown exact",
                       tuple(x.name for x in ctx.graph.nodes[first:]), needs_verify=True)
 
     @staticmethod
@@ -316,6 +320,7 @@ class BandOversize:
 
         first = len(ctx.graph.nodes)
         end = (tail[-1] if tail else conv).outputs[0]
+        proof = self.plan.proofs[conv.name] = record(ctx, shapes, [producer, *chain, conv, *tail], [end])
         joined = []
         for k, (o0, o1, x0, x1, top, bottom, reads) in enumerate(bands):
             tag = f"band{k}"
@@ -332,6 +337,7 @@ class BandOversize:
         for node in [conv, *tail]:
             node.outputs.clear()
         ctx.node("Concat", f"{conv.name}/bands/join", joined, [end], {"axis": 2})
+        proof.taken(ctx, shapes)
 
         counts = "/".join(str(c) for c in sorted({b[1] - b[0] for b in bands}, reverse=True))
         fed = (f"the rows of each input of Concat '{producer.name}'" if inner is None else
@@ -344,7 +350,7 @@ class BandOversize:
                       f"(with the kernel's halo) from {fed}; largest band tensor "
                       f"{fmt_bytes(worst)}; the Conv{carried} runs per band and one Concat joins the bands; each "
                       "output pixel reads the same values, but the summation order of a Conv kernel on fewer rows "
-                      "is the implementation's choice, so the whole patched model is verified before it is written",
+                      "is the implementation's choice, so it is written only once shown exact",
                       tuple(t.name for t in ctx.graph.nodes[first:]), needs_verify=True)
 
     @staticmethod

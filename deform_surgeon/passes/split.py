@@ -61,6 +61,7 @@ import onnx_graphsurgeon as gs
 from ..ops import ELEMENTWISE_NARY, ELEMENTWISE_UNARY, SHAPE_OPS, TAIL_OPS
 from ..pipeline import Action, Context, Outcome, Refuse
 from ..shapes import Shapes, broadcast
+from .local_proof import LocalProof, record
 
 SEEDS = {"Gather", "GatherND"}  # the samplers as the gathernd / gather_elements passes leave them
 CARRIED = ELEMENTWISE_UNARY | ELEMENTWISE_NARY | SHAPE_OPS | {"Transpose"}  # what a chunk is carried through
@@ -213,6 +214,8 @@ class SplitPlan:
     keep_whole: dict[str, str] = field(default_factory=dict)  # Conv name -> why its chunks are not shown exact
     chunks: dict[str, int] = field(default_factory=dict)  # Conv name -> chunks made (written by the pass)
     checked: dict[tuple, str | None] = field(default_factory=dict)  # isolated Conv checks, by Conv and chunks
+    proofs: dict[str, LocalProof] = field(default_factory=dict)  # node name -> what shows its rewrite exact
+    # (local_proof.py; written by the passes on each lift, read by `patch` before it writes)
 
 
 class SplitBlocks:
@@ -406,17 +409,24 @@ class SplitBlocks:
         needs_verify = why_whole is None
         if why_whole is None:
             end = (tail[-1] if tail else conv).outputs[0]
+            proof = record(ctx, shapes, [conv, *tail], [end])
+            r0, kh = 0, shapes.shape(sink)[2] // h
+            for chunk, rows in zip(chunks, counts, strict=True):
+                proof.parts_inputs[chunk.name] = (sink.name, 2, r0 * kh, (r0 + rows) * kh)
+                r0 += rows
+            self.plan.proofs[conv.name] = proof
             joined = [self._chunk_tail(ctx, conv, tail, shapes, c, chunk, rows)
                       for c, (chunk, rows) in enumerate(zip(chunks, counts, strict=True))]
             for node in [conv, *tail]:
                 node.outputs.clear()
             ctx.node("Concat", f"{conv.name}/split/join", joined, [end], {"axis": 2})
+            proof.taken(ctx, shapes)
             carried = "".join(f" -> {node.op}" for node in tail)
             because = "would be over the limit" if over else "would hold the whole block again (--max-memory)"
             verdict = (f"the Conv{carried} is split into the same chunks (its input '{sink.name}', "
                        f"{fmt_bytes(sink_size)}, {because}); the chunks alone give the whole chain's bytes on ORT CPU "
-                       "(levels none and all), but ORT optimises a whole graph differently, so the whole patched "
-                       "model is verified before it is written")
+                       "(levels none and all), but ORT fuses a node with its neighbours, so it is written only once "
+                       "shown exact in their company")
         else:
             sink.inputs[0].outputs.clear()
             ctx.node("Concat", f"{conv.name}/split/join", chunks, [sink], {"axis": 2})

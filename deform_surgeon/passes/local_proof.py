@@ -1,0 +1,299 @@
+"""Show a rewrite that is not exact by construction exact where it stands: the rewritten part beside what it
+replaced, each in the context ORT CPU fuses it in, on the real shapes.
+
+Why not the whole model: a row band of a Conv, a chunk of a split Conv or a channel group of a Resize computes
+every output element from the same inputs as the whole node, but in which order a kernel sums them is the
+kernel's choice, and ORT CPU chooses by shape and by what it fuses (MLAS's SGEMM picks its K blocking from the
+number of output pixels it is given; at level `all` the NCHWc transformer runs a Conv, and a Resize whose input is
+NCHWc, with kernels of their own and fuses a Conv with the Add, BatchNormalization or activation after it). Those
+choices depend on the shapes and on the neighbouring nodes, never on the values, so running the two forms on the
+real shapes, with their neighbours, on seeded random data, at the levels `none` and `all`, decides them. Comparing
+whole models did the same at the cost of two runs of the whole model (on the real BiRefNet-lite 1024: 46 s, 10 GB);
+this is the same question asked of the few nodes that changed.
+
+A proof is the whole side (the nodes the rewrite replaced, as they were, with the tensors they read) and the
+tensors where the rewritten side ends. At proof time the rewritten side is read from the final graph, walking back
+from those tensors to the whole side's inputs, so later passes (a fit of the join Concat) are included; the
+readers of the end tensors are added to both sides (the context ORT fuses the last node in) and their outputs are
+compared byte for byte. `parts_inputs` maps a tensor the rewritten side starts from to the rows of a whole-side
+input it holds (a split block's chunks start from the rows of the Conv input).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from ..pipeline import Context
+
+LEVELS = ("disable", "all")
+MAX_PROOF_NODES = 2000  # a rewritten side larger than this is not a local rewrite: left to the whole-model check
+
+TypeOf = tuple[np.dtype, tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """A node by names, as it was when recorded (a rewrite changes the wiring of the nodes it replaces)."""
+
+    op: str
+    name: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attrs: dict
+
+
+@dataclass
+class Facts:
+    """Types and constant values of the tensors a proof's nodes read or make, by name."""
+
+    types: dict[str, TypeOf | None] = field(default_factory=dict)
+    constants: dict[str, np.ndarray | None] = field(default_factory=dict)
+
+    def learn(self, ctx: Context, shapes, node: gs.Node) -> NodeSpec:
+        for t in [*node.inputs, *node.outputs]:
+            if t.name and t.name not in self.types:
+                dtype, shape = shapes.dtype(t), shapes.shape(t)
+                self.types[t.name] = None if dtype is None or shape is None else (np.dtype(dtype), tuple(shape))
+                self.constants[t.name] = None if any(t is o for o in node.outputs) else ctx.prover.constant(t)
+        if node.op == "Resize" and len(node.inputs) > 3 and node.inputs[3].name and \
+                self.constants.get(node.inputs[3].name) is None and self.types.get(node.outputs[0].name):
+            # sizes computed from Shape nodes: ORT folds them to the static output shape (a constant, which its
+            # NCHWc Resize needs), so the proof gives the Resize that constant
+            self.constants[node.inputs[3].name] = np.array(self.types[node.outputs[0].name][1], np.int64)
+        attrs = {k: (v.values if isinstance(v, gs.Constant) else v) for k, v in node.attrs.items()}
+        return NodeSpec(node.op, node.name, tuple(t.name for t in node.inputs), tuple(t.name for t in node.outputs),
+                        attrs)
+
+
+@dataclass
+class LocalProof:
+    whole: list[NodeSpec]
+    ends: list[gs.Tensor]  # the tensors both sides make (the rewritten side's joins keep the whole side's names)
+    facts: Facts
+    # a tensor the rewritten side starts from -> (whole-side input, axis, start, end): the rows of it that it holds
+    parts_inputs: dict[str, tuple[str, int, int, int]] = field(default_factory=dict)
+    parts: list[NodeSpec] | str = ""  # the rewritten side (or why it cannot be read), taken just after the rewrite
+    readers: list[NodeSpec] = field(default_factory=list)  # the nodes reading `ends` then
+    folded: list[NodeSpec] = field(default_factory=list)  # constant-only computations feeding either (see taken)
+
+    def taken(self, ctx: Context, shapes) -> LocalProof:
+        """Take the rewritten side and the readers of its ends, just after the rewrite: each proof then shows the
+        graph before one rewrite and after it alike, and the chain of them the original and the patched model
+        (the passes that run later are exact by construction, or have proofs of their own)."""
+        made = {o for s in self.whole for o in s.outputs}
+        free = {i for s in self.whole for i in s.inputs if i and i not in made}
+        self.parts = _walk_back(ctx, self.ends, free | set(self.parts_inputs), self.facts, shapes)
+        inside = {s.name for s in self.parts} if isinstance(self.parts, list) else set()
+        readers = [r for t in self.ends for r in t.outputs if r.name not in inside]
+        self.readers = [self.facts.learn(ctx, shapes, r) for r in readers]
+        # what ORT folds to constants before it fuses (a BatchNormalization's parameters through Cast or Identity
+        # nodes the prover does not read): the readers' and the whole side's inputs made of constants only
+        made |= {o.name for r in readers for o in r.outputs} | {t.name for t in self.ends}
+        seen = {s.name for s in [*self.whole, *self.readers]}
+        table = ctx.graph.tensors()
+        whole_inputs = [table[i] for s in self.whole for i in s.inputs if i in table]
+        for t in [i for n in readers for i in n.inputs] + whole_inputs:
+            if t.name and t.name not in made and self.facts.constants.get(t.name) is None:
+                for n in _folded(ctx, t) or []:
+                    if n.name not in seen:
+                        seen.add(n.name)
+                        self.folded.append(self.facts.learn(ctx, shapes, n))
+        # where the whole side's inputs come from, as far as ORT's NCHWc layout reaches: a Resize (or a Conv) reading
+        # a Conv's output in its NCHWc layout runs another kernel than one reading plain NCHW data
+        order = {id(n): k for k, n in enumerate(ctx.graph.nodes)}
+        before: dict[int, gs.Node] = {}
+        for t in whole_inputs:
+            if t.name in made or self.facts.constants.get(t.name) is not None:
+                continue
+            for n in _layout_producers(t):
+                if n.name not in seen:
+                    before[id(n)] = n
+        for n in sorted(before.values(), key=lambda n: order.get(id(n), -1)):
+            seen.add(n.name)
+            self.folded.append(self.facts.learn(ctx, shapes, n))
+        return self
+
+
+def record(ctx: Context, shapes, nodes: list[gs.Node], ends: list[gs.Tensor]) -> LocalProof:
+    """What a rewrite replaces, taken before it changes the graph (`LocalProof.taken` completes it after)."""
+    facts = Facts()
+    return LocalProof([facts.learn(ctx, shapes, n) for n in nodes], list(ends), facts)
+
+
+Outside = Callable[[str], list[tuple[NodeSpec, Facts]]]
+
+
+def refusal(ctx: Context, proof: LocalProof, outside: Outside | None = None,
+            constant: Callable[[str], np.ndarray | None] | None = None) -> str | None:
+    """Why the rewritten side is not shown to give the whole side's bytes (None: it is), see the module docstring.
+    `outside(name)`: the readers of a tensor outside `ctx.graph` (the rest of the model), with their facts."""
+    facts, parts = proof.facts, proof.parts
+    if isinstance(parts, str):
+        return parts or "the rewritten side was not taken"
+    readers = list(proof.readers)
+    for t in proof.ends:
+        if not t.outputs and outside is not None:  # read outside the region only (or a graph output)
+            for spec, more in outside(t.name):
+                readers.append(spec)
+                for k, v in more.types.items():
+                    facts.types.setdefault(k, v)
+                    facts.constants.setdefault(k, more.constants.get(k))
+    compared = [o for r in readers for o in r.outputs if o] or [t.name for t in proof.ends]
+    if constant is not None:  # tensors the rest of the model computes from constants only: ORT folds them first
+        every = [*proof.folded, *proof.whole, *parts, *readers]
+        made = {o for n in every for o in n.outputs}
+        for name in {i for n in every for i in n.inputs if i and i not in made}:
+            if facts.constants.get(name) is None:
+                facts.constants[name] = constant(name)
+    rng = np.random.default_rng(0)
+    feeds: dict[str, np.ndarray] = {}
+    models = []
+    for side in (proof.whole, parts):
+        built = _model(ctx, proof.folded + side + readers, compared, facts)
+        if isinstance(built, str):
+            return built
+        model, inputs = built
+        for name in inputs:
+            source = proof.parts_inputs.get(name, (name,))[0]
+            if source in feeds:
+                continue
+            typ = facts.types.get(source)
+            if typ is None or typ[0].kind != "f":
+                return f"'{source}' is not a float tensor of known shape, so the rewrite cannot be run on its own"
+            feeds[source] = (rng.random(typ[1], dtype=np.float32) * 2 - 1).astype(typ[0], copy=False)
+        models.append((model, inputs))
+    for level in LEVELS:
+        outs = []
+        for model, inputs in models:
+            feed = {}
+            for name in inputs:
+                if name in proof.parts_inputs:
+                    src, axis, start, end = proof.parts_inputs[name]
+                    index = [slice(None)] * feeds[src].ndim
+                    index[axis] = slice(start, end)
+                    feed[name] = np.ascontiguousarray(feeds[src][tuple(index)])
+                else:
+                    feed[name] = feeds[name]
+            outs.append(ctx.ort_cpu(model, feed, level))
+            del feed
+        for a, b in zip(outs[0], outs[1], strict=True):
+            if a.shape != b.shape or a.tobytes() != b.tobytes():
+                diff = float(np.abs(a.astype(np.float64) - b.astype(np.float64)).max()) if a.shape == b.shape \
+                    else float("nan")
+                return (f"run on its own with its neighbours on ORT CPU (level '{level}'), it does not give the "
+                        f"whole node's bytes (max diff {diff:.2g}): the kernel's summation order depends on the "
+                        "shapes it is given")
+        del outs
+    return None
+
+
+LAYOUT_CARRIERS = {"Relu", "Sigmoid", "Tanh", "Clip", "LeakyRelu", "HardSigmoid", "Add", "Mul", "Sum",
+                   "BatchNormalization", "Concat", "Resize", "Upsample", "MaxPool", "AveragePool", "GlobalMaxPool",
+                   "GlobalAveragePool"}  # the ops ORT's NCHWc transformer may run in that layout
+
+
+def _layout_producers(t: gs.Tensor, limit: int = 12) -> list[gs.Node]:
+    """The nodes making `t` back to (and including) the Convs whose NCHWc layout may reach it through the ops
+    that carry it; [] when none of them is a Conv (then `t` is plain NCHW data anyway)."""
+    nodes, stack, conv = {}, [t], False
+    while stack:
+        x = stack.pop()
+        if isinstance(x, gs.Constant) or not x.inputs:
+            continue
+        n = x.inputs[0]
+        if id(n) in nodes or (n.op != "Conv" and n.op not in LAYOUT_CARRIERS):
+            continue
+        nodes[id(n)] = n
+        if len(nodes) > limit:
+            return []
+        if n.op == "Conv":
+            conv = True
+            continue
+        stack.extend(i for i in n.inputs if not isinstance(i, gs.Constant))
+    return list(nodes.values()) if conv else []
+
+
+def _folded(ctx: Context, t: gs.Tensor, limit: int = 32) -> list[gs.Node] | None:
+    """The nodes computing `t` from constants only (what ORT's constant folding makes a constant), or None."""
+    nodes: dict[int, gs.Node] = {}
+    stack = [t]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, gs.Constant) or not x.name or ctx.prover.constant(x) is not None and not x.inputs:
+            continue
+        if not x.inputs:
+            return None  # a graph input: a value, not a constant
+        n = x.inputs[0]
+        if id(n) not in nodes:
+            nodes[id(n)] = n
+            if len(nodes) > limit:
+                return None
+            stack.extend(n.inputs)
+    order = {id(n): k for k, n in enumerate(ctx.graph.nodes)}
+    return sorted(nodes.values(), key=lambda n: order.get(id(n), -1))
+
+
+def _walk_back(ctx: Context, ends: list[gs.Tensor], stops: set[str], facts: Facts, shapes
+               ) -> list[NodeSpec] | str:
+    """The nodes of the final graph that make `ends` from `stops` and constants, in topological order."""
+    order = {id(n): k for k, n in enumerate(ctx.graph.nodes)}
+    seen: dict[int, gs.Node] = {}
+    stack = list(ends)
+    while stack:
+        t = stack.pop()
+        if not t.name or t.name in stops or isinstance(t, gs.Constant):
+            continue
+        if not t.inputs:
+            if ctx.prover.constant(t) is not None:
+                continue
+            return f"the rewritten nodes read '{t.name}', which the nodes they replaced do not"
+        n = t.inputs[0]
+        if id(n) in seen:
+            continue
+        seen[id(n)] = n
+        if len(seen) > MAX_PROOF_NODES:
+            return f"more than {MAX_PROOF_NODES} rewritten nodes"
+        stack.extend(n.inputs)
+    return [facts.learn(ctx, shapes, n) for n in sorted(seen.values(), key=lambda n: order.get(id(n), -1))]
+
+
+def _model(ctx: Context, nodes: list[NodeSpec], outputs: list[str], facts: Facts
+           ) -> tuple[onnx.ModelProto, list[str]] | str:
+    """A model of `nodes`: every tensor they read and do not make is a constant (an initializer) or an input."""
+    helper = onnx.helper
+    made = {o for s in nodes for o in s.outputs}
+    inits, inputs, seen, protos = [], [], set(), []
+    for s in nodes:
+        for name in s.inputs:
+            if not name or name in made or name in seen:
+                continue
+            seen.add(name)
+            value = facts.constants.get(name)
+            if value is not None:
+                inits.append(onnx.numpy_helper.from_array(np.asarray(value), name))
+            else:
+                inputs.append(name)
+        if any(isinstance(v, gs.Graph | onnx.GraphProto) for v in s.attrs.values()):
+            return f"{s.op} '{s.name}' has a subgraph"
+        protos.append(helper.make_node(s.op, list(s.inputs), list(s.outputs), name=s.name,
+                                       **{k: (onnx.numpy_helper.from_array(v) if isinstance(v, np.ndarray) else v)
+                                          for k, v in s.attrs.items()}))
+
+    def info(name: str):
+        typ = facts.types.get(name)
+        if typ is None:
+            return None
+        return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(typ[0]), typ[1])
+
+    ins, outs = [info(n) for n in inputs], [info(n) for n in outputs]
+    if any(i is None for i in ins + outs):
+        return "a tensor at the rewrite's edge has no known type"
+    opset = getattr(ctx.graph, "opset", None) or 17
+    model = helper.make_model(helper.make_graph(protos, "local_proof", ins, outs, inits),
+                              opset_imports=[helper.make_opsetid("", int(opset))])
+    return model, inputs
