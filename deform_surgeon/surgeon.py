@@ -282,7 +282,7 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
         check_io([model_path], output_path)
     stage = progress or (lambda _: None)
     stage("prove")
-    plan = SplitPlan()
+    plan = SplitPlan(check_in_pass=output_path is None)  # written: each rewrite's own proof decides (below)
     lifted, memory = _lift(model_path, options, plan)
     model, weights, actions, before = lifted.model, lifted.weights, lifted.actions, lifted.ops_before
     if output_path is not None:
@@ -419,7 +419,7 @@ def _prove_locally(model_path: str | Path, options: Options, plan: SplitPlan, li
             break
         plan.keep_whole.update({node: f"not shown exact: {why}" for node, why in failed.items()})
         undone += len(failed)
-        lifted, memory = _lift(model_path, options, plan, rounds=0)
+        lifted, memory = _lift(model_path, options, plan)
     if undone:
         memory = "; ".join(x for x in (f"{undone} rewrite(s) undone: not shown exact on their own (see their "
                                        "lines)", memory) if x)

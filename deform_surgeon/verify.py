@@ -97,6 +97,7 @@ def run_ort_cpu(model: onnx.ModelProto, feeds: dict[str, np.ndarray], level: str
 
     options = ort.SessionOptions()
     options.graph_optimization_level = _ort_level(level)
+    options.enable_cpu_mem_arena = False  # one run: its memory goes back when the session ends, not to an arena
     if quiet:
         options.log_severity_level = 3
     if threads is not None:

@@ -143,52 +143,59 @@ def refusal(ctx: Context, proof: LocalProof, outside: Outside | None = None,
                 for k, v in more.types.items():
                     facts.types.setdefault(k, v)
                     facts.constants.setdefault(k, more.constants.get(k))
-    compared = [o for r in readers for o in r.outputs if o] or [t.name for t in proof.ends]
+    compared = list(dict.fromkeys(o for r in readers for o in r.outputs if o)) or [t.name for t in proof.ends]
     if constant is not None:  # tensors the rest of the model computes from constants only: ORT folds them first
         every = [*proof.folded, *proof.whole, *parts, *readers]
         made = {o for n in every for o in n.outputs}
         for name in {i for n in every for i in n.inputs if i and i not in made}:
             if facts.constants.get(name) is None:
                 facts.constants[name] = constant(name)
-    rng = np.random.default_rng(0)
-    feeds: dict[str, np.ndarray] = {}
     models = []
     for side in (proof.whole, parts):
         built = _model(ctx, proof.folded + side + readers, compared, facts)
         if isinstance(built, str):
             return built
-        model, inputs = built
+        models.append(built)
+    sources = {}  # every input a side reads -> its whole-side tensor (a chunk: the tensor it holds rows of)
+    for _, inputs in models:
         for name in inputs:
             source = proof.parts_inputs.get(name, (name,))[0]
-            if source in feeds:
-                continue
             typ = facts.types.get(source)
             if typ is None or typ[0].kind != "f":
                 return f"'{source}' is not a float tensor of known shape, so the rewrite cannot be run on its own"
-            feeds[source] = (rng.random(typ[1], dtype=np.float32) * 2 - 1).astype(typ[0], copy=False)
-        models.append((model, inputs))
+            sources[name] = source
+
+    def feed(inputs: list[str]) -> dict[str, np.ndarray]:
+        """Seeded values, the same for a tensor on both sides (a chunk: its rows of them); made again for each
+        run rather than kept, so that the largest inputs (the whole input of a split Conv) are held once."""
+        out, made = {}, {}
+        for name in inputs:
+            src = sources[name]
+            if src not in made:
+                typ = facts.types[src]
+                rng = np.random.default_rng(sum(src.encode()))
+                made[src] = (rng.random(typ[1], dtype=np.float32) * 2 - 1).astype(typ[0], copy=False)
+            if name in proof.parts_inputs:
+                _, axis, start, end = proof.parts_inputs[name]
+                index = [slice(None)] * made[src].ndim
+                index[axis] = slice(start, end)
+                out[name] = np.ascontiguousarray(made[src][tuple(index)])
+            else:
+                out[name] = made[src]
+        return out
+
     for level in LEVELS:
-        outs = []
-        for model, inputs in models:
-            feed = {}
-            for name in inputs:
-                if name in proof.parts_inputs:
-                    src, axis, start, end = proof.parts_inputs[name]
-                    index = [slice(None)] * feeds[src].ndim
-                    index[axis] = slice(start, end)
-                    feed[name] = np.ascontiguousarray(feeds[src][tuple(index)])
-                else:
-                    feed[name] = feeds[name]
-            outs.append(ctx.ort_cpu(model, feed, level))
-            del feed
-        for a, b in zip(outs[0], outs[1], strict=True):
+        (whole, whole_inputs), (split, split_inputs) = models
+        expected = ctx.ort_cpu(whole, feed(whole_inputs), level)
+        got = ctx.ort_cpu(split, feed(split_inputs), level)
+        for a, b in zip(expected, got, strict=True):
             if a.shape != b.shape or a.tobytes() != b.tobytes():
                 diff = float(np.abs(a.astype(np.float64) - b.astype(np.float64)).max()) if a.shape == b.shape \
                     else float("nan")
                 return (f"run on its own with its neighbours on ORT CPU (level '{level}'), it does not give the "
                         f"whole node's bytes (max diff {diff:.2g}): the kernel's summation order depends on the "
                         "shapes it is given")
-        del outs
+        del expected, got
     return None
 
 

@@ -214,6 +214,9 @@ class SplitPlan:
     keep_whole: dict[str, str] = field(default_factory=dict)  # Conv name -> why its chunks are not shown exact
     chunks: dict[str, int] = field(default_factory=dict)  # Conv name -> chunks made (written by the pass)
     checked: dict[tuple, str | None] = field(default_factory=dict)  # isolated Conv checks, by Conv and chunks
+    # False: the Conv chunks are not checked in the pass (a run of the whole Conv input and its chunks in one
+    # session: 4 GB at 1024), since `patch` shows each of them exact with its proof (local_proof.py) anyway
+    check_in_pass: bool = True
     proofs: dict[str, LocalProof] = field(default_factory=dict)  # node name -> what shows its rewrite exact
     # (local_proof.py; written by the passes on each lift, read by `patch` before it writes)
 
@@ -404,7 +407,8 @@ class SplitBlocks:
             if why_whole is None:
                 key = (conv.name, tuple(counts))
                 if key not in self.plan.checked:
-                    self.plan.checked[key] = self._conv_split_refusal(ctx, block, tail, shapes, counts)
+                    self.plan.checked[key] = (self._conv_split_refusal(ctx, block, tail, shapes, counts)
+                                              if self.plan.check_in_pass else None)
                 why_whole = self.plan.checked[key]
         needs_verify = why_whole is None
         if why_whole is None:
