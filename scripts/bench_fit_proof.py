@@ -2,7 +2,7 @@
 """Plain `patch` (fitted to spec-default, every rewrite that is not exact by construction shown exact before
 writing) against one ORT CPU inference of the original model, in the same run.
 
-    .venv/bin/python scripts/bench_fit_proof.py MODEL.onnx [--work DIR] [--patch-args ...]
+    .venv/bin/python scripts/bench_fit_proof.py MODEL.onnx [--work DIR] [--keep OUT.onnx] [--patch-args ...]
 
 Both are real subprocesses, timed with the wall clock, their peak resident set size read from the kernel
 (`os.wait4`'s rusage of that one child). The floor is one inference of the original on ORT CPU (default graph
@@ -49,10 +49,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model")
     ap.add_argument("--work", default=None, help="where the patched model goes (default: a temporary folder)")
+    ap.add_argument("--keep", default=None, metavar="OUT.onnx", help="keep the patched model there (to verify it)")
     ap.add_argument("--patch-args", nargs=argparse.REMAINDER, default=[], help="more `patch` options")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(dir=args.work) as tmp:
-        out = Path(tmp) / "patched.onnx"
+        out = Path(args.keep) if args.keep else Path(tmp) / "patched.onnx"
         p_wall, p_rss, p_out = measure([*SURGEON, "patch", args.model, str(out), *args.patch_args])
         i_wall, i_rss, _ = measure([sys.executable, "-c", INFER, args.model])
     gb = 1e9

@@ -103,7 +103,7 @@ def test_a_band_not_shown_exact_on_the_whole_model_is_undone(tmp_path):
 
 
 def test_groups_from_a_slice_when_the_conv_output_is_read_elsewhere(tmp_path):
-    """When the Conv before the Resize is also read elsewhere (here: a second graph output), the groups read
+    """When the Conv before the Resize is also read elsewhere (here: a second graph output), the groups would read
     Slices of its output. Whatever ORT's level-all layout makes of that, what is written is byte-identical."""
     model = decoder_tail()
     model.graph.output.append(helper.make_tensor_value_info("dec_conv_out", TensorProto.FLOAT, [1, 32, 32, 32]))
@@ -111,7 +111,11 @@ def test_groups_from_a_slice_when_the_conv_output_is_read_elsewhere(tmp_path):
     onnx.save(model, src)
     report = patch(src, out, max_buffer=300 * KiB)
     act = next(a for a in bands_actions(report.actions) if a.node == "Resize_dec_up")
-    assert "reads a Slice of its channels of 'dec_conv_out'" in act.reason or act.action == Outcome.REFUSED
+    # its proof runs the Conv before it too (the NCHWc layout reaches the whole Resize, not the Slices' groups):
+    # the groups differ at level 'all', so the Resize is kept whole, with the measured difference
+    assert act.action == Outcome.REFUSED and "not shown exact: run on its own with its neighbours on ORT CPU " \
+        "(level 'all'), it does not give the whole node's bytes (max diff 3e-08)" in act.reason
+    assert "1 rewrite(s) undone: not shown exact on their own" in report.note
     feeds = feeds_for(model)
     for level in LEVELS:
         assert_bytes_equal(run(model, feeds, level), run(str(out), feeds, level))
