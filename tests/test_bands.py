@@ -193,8 +193,9 @@ def test_bands_read_exactly_the_rows_the_conv_reads(first, second, hw, fraction,
     patched, actions = patch_in_memory(model, max_buffer=limit)
     (act,) = bands_actions(actions)
     feeds = feeds_for(model, seed, integers=True)
-    if act.action == Outcome.REFUSED:
-        assert "even one output row per band needs" in act.reason or "nothing but the zero padding" in act.reason
+    if act.action == Outcome.REFUSED:  # no room to band, or its proof (float data, levels disable and all) differs
+        assert "even one output row per band needs" in act.reason or "nothing but the zero padding" in act.reason \
+            or "not shown exact: run on its own with its neighbours on ORT CPU" in act.reason
         return
     assert "row bands" in act.reason
     for level in LEVELS:

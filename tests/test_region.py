@@ -35,6 +35,14 @@ def run(model: onnx.ModelProto | Path, data: dict) -> list[np.ndarray]:
     return ort.InferenceSession(src, providers=["CPUExecutionProvider"]).run(None, data)
 
 
+def _verdict(reason: str) -> str:
+    """A reason without what showed a Conv split exact or not: `patch` shows it with its local proof
+    (passes/local_proof.py), the passes alone with their own check of the chunks."""
+    for cut in (": shown exact before writing", " REMAINS OVER the limit"):
+        reason = reason.split(cut)[0]
+    return reason
+
+
 def same_as_whole_graph(path: Path, tmp_path: Path, **options) -> onnx.ModelProto:
     """`patch` (regions only) against the passes run on the whole model lifted at once (helpers)."""
     model = onnx.load(str(path))
@@ -42,8 +50,8 @@ def same_as_whole_graph(path: Path, tmp_path: Path, **options) -> onnx.ModelProt
     out = tmp_path / "out.onnx"
     report = patch(path, out, copy_unchanged=True, **options)
     region = onnx.load(str(out))
-    assert sorted((a.pass_name, a.node, a.action, a.reason) for a in report.actions) == \
-        sorted((a.pass_name, a.node, a.action, a.reason) for a in whole_actions)  # (rounds visit nodes in graph order)
+    assert sorted((a.pass_name, a.node, a.action, _verdict(a.reason)) for a in report.actions) == \
+        sorted((a.pass_name, a.node, a.action, _verdict(a.reason)) for a in whole_actions)  # (rounds: graph order)
     assert sorted(n.op_type for n in region.graph.node) == sorted(n.op_type for n in whole.graph.node)
     assert [o.name for o in region.graph.output] == [o.name for o in model.graph.output]
     for seed in range(2):
