@@ -73,10 +73,11 @@ def _rewrite_group(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--sum-mode", choices=SUM_MODES, default=None,
                    help="Sum -> Add chain (default, bit-identical), tree (NOT bit-identical) or none")
     g.add_argument("--max-buffer", type=_size_arg, default=None, metavar="BYTES",
-                   help="split deformable-conv blocks whose tensors exceed BYTES (e.g. 128MiB) into row chunks, "
-                        "and compute the Convs and Resizes that read or make other such tensors in row bands / "
-                        "channel groups (what is not exact by construction is written only after the whole model "
-                        "verified byte-identical); `deform-surgeon budget` lists what remains over it")
+                   help="split deformable-conv blocks whose tensors exceed BYTES into row chunks, and compute the "
+                        "Convs and Resizes that read or make other such tensors in row bands / channel groups (what "
+                        "is not exact by construction is written only once shown exact on its own, see "
+                        "docs/fitting.md); default: what the device profile lets one binding hold (spec-default: "
+                        "128MiB); `deform-surgeon budget` lists what remains over it")
     g.add_argument("--max-memory", type=_size_arg, default=None, metavar="BYTES",
                    help="also chunk deformable-conv blocks (exactly, as --max-buffer) until the peak of live "
                         "activations by `deform-surgeon budget`'s measure fits BYTES (e.g. 1.5GiB)")

@@ -258,15 +258,18 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
     `input_shapes` ({input: dims}, `--input-shape`) fixes the named inputs' symbolic dims first (input_shapes.py);
     without it, a model with symbolic input dims is patched as it is and the report says for which sizes.
     Every node is fitted to `device_profile` (default `spec-default`, see device.py): a Split / Concat / Max / Min
-    binding more storage buffers than it allows becomes a tree of narrower ones.
+    binding more storage buffers than it allows becomes a tree of narrower ones, and no tensor stays over what one
+    binding may hold (`max_buffer`, default min(maxStorageBufferBindingSize, maxBufferSize) of the profile): deform
+    blocks in row chunks, Convs in row bands, Resizes in channel groups.
     Weights are never loaded into memory as a whole (see model_io): a model with external data keeps it external,
     in the output's own `<OUT>.data`. `progress(stage)` is called as the work reaches each of `PATCH_STAGES`.
 
     With nothing to rewrite, nothing is written unless `copy_unchanged` (then an exact copy of the input).
     With `strict`, nothing is written if any node was refused.
-    A rewrite that is not exact by construction (`Action.needs_verify`: a split Conv) is written only after the
-    whole patched model verified byte-identical, with or without `verify`; if it does not, those rewrites are
-    undone (the report says why) and the rest is written.
+    A rewrite that is not exact by construction (`Action.needs_verify`: a split Conv, a band, a channel group) is
+    written only once shown exact on its own (`_prove_locally`, passes/local_proof.py); one that is not is undone
+    (the report says why) and the rest is written. One without such a proof is written only after the whole
+    patched model verified byte-identical, with or without `verify`.
     Raises `SurgeonError` (one line: file and problem) on bad input and `VerificationError` when the patched
     model's outputs differ; in both cases no output file exists afterwards.
     """
