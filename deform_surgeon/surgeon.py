@@ -316,7 +316,11 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
     if output_path is not None:
         lifted, memory = _prove_locally(model_path, options, plan, lifted, memory)
         model, weights = lifted.model, lifted.weights
-        report.actions, report.note = lifted.actions, memory
+        report.actions = lifted.actions
+        report.note = "; ".join(x for x in (memory, _symbolic_note(lifted)) if x)
+        if strict and report.refused:  # a rewrite its proof undid is refused now
+            report.note = f"--strict: {len(report.refused)} node(s) refused; {output_path} not written"
+            return report
     stage("export")
     patched, region = lifted.patched()
     report.ops_after = op_histogram(patched)
