@@ -113,6 +113,8 @@ class BudgetReport:
     peak_node: str | None = None
     peak_live: list[TensorSize] = field(default_factory=list)
     peak_blocks: dict[str, int] = field(default_factory=dict)  # deform block -> bytes of its tensors live at the peak
+    # the same measure with the nodes run in the file's own order (a runtime that follows it: not ORT's default)
+    peak_file_bytes: int = 0
     blocks: int = 0
     storage_buffers: int | None = None  # maxStorageBuffersPerShaderStage checked (None: not checked)
     over_storage: list[NodeBuffers] = field(default_factory=list)
@@ -134,7 +136,8 @@ class BudgetReport:
             "tensors_unknown": self.tensors_unknown,
             "unknown_examples": self.unknown_examples,
             "peak": {"bytes": self.peak_bytes, "node": self.peak_node,
-                     "live": [t.to_dict() for t in self.peak_live], "blocks": self.peak_blocks},
+                     "live": [t.to_dict() for t in self.peak_live], "blocks": self.peak_blocks,
+                     "file_order_bytes": self.peak_file_bytes},
             "deform_blocks": self.blocks,
             "over_storage_buffers": [n.to_dict() for n in self.over_storage],
         }
@@ -182,6 +185,7 @@ class BudgetReport:
         live = ", ".join(f"{t.name} {human(t.nbytes)}" for t in self.peak_live)
         lines.append(f"peak of live activations (ORT's default node order, no buffer reuse): "
                      f"{human(self.peak_bytes)} at {self.peak_node or '-'}; largest live then: {live or '-'}")
+        lines.append(f"peak of live activations in the file's own node order: {human(self.peak_file_bytes)}")
         if self.over_buffer:
             lines.append(f"FAIL: {len(self.over_buffer)} tensor(s) exceed maxBufferSize {human(self.max_buffer)}")
         else:
@@ -285,6 +289,7 @@ def analyze(model_or_path: onnx.ModelProto | str | Path, max_buffer: int = SPEC_
     report.over_binding = [s for s in sizes if max_binding < s.nbytes <= max_buffer]
     report.largest = sizes[:top]
     report.peak_bytes, peak_at, live = _peak(intervals)
+    report.peak_file_bytes = _peak(_file_order(nodes, graph, intervals))[0]
     if peak_at is not None:
         report.peak_node = ("(graph inputs)" if peak_at < 0 else
                             f"{nodes[order[peak_at]].op_type} '{nodes[order[peak_at]].name}' (step {peak_at} of "
@@ -332,6 +337,21 @@ def _size(info) -> tuple[int, str, list[int]] | None:
     except Exception:
         return None
     return int(math.prod(shape)) * dtype.itemsize, str(dtype), [int(d) for d in shape]
+
+
+def _file_order(nodes: list, graph: onnx.GraphProto, intervals: list[tuple[int, int, TensorSize]]
+                ) -> list[tuple[int, int, TensorSize]]:
+    """`intervals` again with the steps of the file's node order: each tensor from its producer's index to its
+    last reader's."""
+    made = {o: k for k, n in enumerate(nodes) for o in n.output if o}
+    last: dict[str, int] = {}
+    for k, n in enumerate(nodes):
+        for i in n.input:
+            if i:
+                last[i] = k
+    for o in graph.output:
+        last[o.name] = len(nodes)
+    return [(made.get(t.name, -1), last.get(t.name, made.get(t.name, -1)), t) for _, _, t in intervals]
 
 
 def _peak(intervals: list[tuple[int, int, TensorSize]]) -> tuple[int, int | None, list[TensorSize]]:

@@ -168,3 +168,25 @@ def test_the_peak_is_attributed_to_the_deform_blocks_live_at_it():
     assert label.startswith("Conv 'Conv_1004'")  # the 7x7 block, as the largest live tensors say
     assert sum(report.peak_blocks.values()) <= report.peak_bytes and held > report.peak_bytes // 2
     assert all(t.block == label for t in report.peak_live)
+
+
+def test_the_peak_in_the_files_own_order_beside_orts_default_order():
+    """Two branches that each widen [1, 100] to [100, 100] and sum it back, written interleaved: ORT's default
+    order runs one branch after the other (one wide tensor live at a time), the file's order makes both wide
+    tensors first; budget gives both peaks."""
+    shape = numpy_helper.from_array(np.array([100, 100], np.int64), "shape")
+    axes = numpy_helper.from_array(np.array([0], np.int64), "axes")
+    nodes = [helper.make_node("Expand", ["x", "shape"], ["a1"], name="a1"),
+             helper.make_node("Expand", ["x", "shape"], ["b1"], name="b1"),
+             helper.make_node("ReduceSum", ["a1", "axes"], ["a2"], name="a2"),
+             helper.make_node("ReduceSum", ["b1", "axes"], ["b2"], name="b2"),
+             helper.make_node("Add", ["a2", "b2"], ["y"], name="y")]
+    graph = helper.make_graph(nodes, "branches", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 100])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 100])], [shape, axes])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    report = analyze(model)
+    wide, small = 100 * 100 * 4, 100 * 4
+    assert report.peak_bytes == wide + 2 * small  # x, a1, a2 at a2 (x still read by b1)
+    assert report.peak_file_bytes == 2 * wide + small  # x, a1, b1 at b1
+    assert f"in the file's own node order: {report.peak_file_bytes:,} B" in report.format()
+    assert json.loads(report.to_json())["peak"]["file_order_bytes"] == report.peak_file_bytes
