@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -15,6 +16,17 @@ from .verify import VerifyResult
 
 REPORT_VERSION = 1
 _ALWAYS_SHOWN = ("GatherND", "GatherElements", "Sum", "Gather")
+
+
+# The reasons and notes name options as the command line spells them; an API user reads the keywords instead
+_FLAG = re.compile(r"--(?P<flag>allow-unproven|copy-unchanged|input-shape|max-buffer|max-memory|strict|verbose)\b")
+_API_NAMES = {"input-shape": "input_shapes", "verbose": "format(verbose=True)"}
+
+
+def api_words(text: str) -> str:
+    """`text` with the command line's option names replaced by the Python API's keywords (`--max-memory` ->
+    `max_memory`), for a report read through the API."""
+    return _FLAG.sub(lambda m: _API_NAMES.get(m["flag"], m["flag"].replace("-", "_")), text)
 
 
 def op_histogram(graph: gs.Graph | onnx.ModelProto) -> dict[str, int]:
@@ -112,4 +124,5 @@ class PatchReport:
             lines.append(self.verification.summary())
         if self.note:
             lines.append(self.note)
-        return "\n".join(lines)
+        text = "\n".join(lines)
+        return text if cli else api_words(text)

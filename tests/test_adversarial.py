@@ -585,8 +585,12 @@ def test_api_takes_the_command_lines_sizes_and_its_report_names_api_options(tmp_
     assert ds.inspect(src, max_buffer="0.25GiB").options["max_buffer"] == 256 * 2**20
     text = report.format()
     assert "more (format(verbose=True) or to_json() lists all)" in text and "--verbose" not in text, text
-    proc = run("patch", "m.onnx", "o2.onnx", cwd=tmp_path)
+    assert "max_memory 1.50 GB (1.40 GiB): peak of live activations" in text and "--" not in text, text  # the note
+    proc = run("patch", "m.onnx", "o2.onnx", "--max-memory", "1.5GB", cwd=tmp_path)
     assert "more (--verbose or --report FILE.json lists all)" in proc.stdout, proc.stdout
+    assert "--max-memory 1.50 GB (1.40 GiB): peak of live activations" in proc.stdout, proc.stdout
+    strict = ds.patch(copy_fixture("gathernd_refused.onnx", tmp_path, "r.onnx"), tmp_path / "r.out.onnx", strict=True)
+    assert not strict.written and strict.format().splitlines()[-1].startswith("strict: "), strict.format()
 
 
 def _change_input(tmp_path: Path, change: str) -> Path:
