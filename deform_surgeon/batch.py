@@ -54,6 +54,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .budget import human
 from .errors import SurgeonError
 from .io_check import FilePlan, external_locations
 from .model_io import atomic_path, copy_atomic, external_data_path, temp_prefix
@@ -510,7 +511,7 @@ def _size(e: Entry) -> str:
     path = Path(e.output if e.result and e.result.get("written") else e.input)
     files = [path, external_data_path(path)] if path == Path(e.output) else [path, *e.data_files]
     total = sum(f.stat().st_size for f in files if f.is_file())
-    return f"{total / 1e6:.1f} MB" if total >= 1e5 else f"{total / 1e3:.1f} kB"
+    return human(total)
 
 
 def variant_table(entries: list[Entry], root: str, jobs: int, seconds: float, copies: int) -> str:

@@ -61,6 +61,8 @@ def parse_size(text: str | int) -> int:
 
 
 def human(n: int | None) -> str:
+    """A byte count for people, the one form every report uses: decimal and binary units past 1 MB ("268.4 MB
+    (256.0 MiB)": WebGPU's limits are binary, file sizes decimal), exact bytes below; "?" for an unknown size."""
     if n is None:
         return "?"
     if n >= 10**9:

@@ -21,6 +21,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import runtimes
 from .errors import SurgeonError
 
 # The WebGPU spec's default limits (https://www.w3.org/TR/webgpu/#limits): what `requestDevice()` gives a page
@@ -140,9 +141,7 @@ def profile_from_adapter(adapter: dict, name: str = ADAPTER, source: str | None 
 
 def probe_adapter() -> DeviceProfile:
     """The limits of the WebGPU adapter this machine's node runtime gets (needs the placement runtimes)."""
-    from .placement.runner import probe_adapter as run_probe
-
-    adapter, error = run_probe()
+    adapter, error = runtimes.probe_adapter()
     if adapter is None:
         raise SurgeonError(None, f"cannot probe the WebGPU adapter: {error}",
                            "install the runtimes (`deform-surgeon setup` / `make webgpu-setup`) or give "

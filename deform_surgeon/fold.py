@@ -39,6 +39,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
+from .budget import human
 from .model_io import TypeTable, Weights, elem_nbytes
 from .pipeline import Action, Outcome
 from .region import _subgraph_reads
@@ -243,7 +244,7 @@ def _sized(found: _Static, cone: set[int], types: TypeTable, limit: int) -> tupl
             shape = _static_shape(o, types) if o else None
             size = None if shape is None else elem_nbytes(types[o][0], shape)
             if size is not None and size > limit:
-                left[k] = f"'{o}' would be {size / 1e6:.1f} MB, above the fold limit of {limit >> 20} MiB"
+                left[k] = f"'{o}' would be {human(size)}, above the fold limit of {human(limit)}"
                 break
         else:
             kept.add(k)
@@ -425,9 +426,7 @@ def _apply(model: onnx.ModelProto, found: _Static, removed: set[int], boundary: 
 
 
 def _describe(value: np.ndarray) -> str:
-    size = value.nbytes
-    unit = f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size} bytes"
-    return f"{value.dtype}{list(value.shape)}, {unit}"
+    return f"{value.dtype}{list(value.shape)}, {human(value.nbytes)}"
 
 
 def _first_line(exc: BaseException) -> str:

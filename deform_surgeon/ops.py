@@ -7,6 +7,11 @@ in another), so their reports could not be joined.
 
 from __future__ import annotations
 
+from collections import Counter
+
+import onnx
+import onnx_graphsurgeon as gs
+
 SAMPLERS = {"GatherND", "GatherElements", "Gather"}  # a deform block samples with one of these (Gather once lowered)
 EXPORTED_SAMPLERS = {"GatherND", "GatherElements"}  # as deform-conv2d-onnx-exporter writes them
 SAMPLING_START = "Floor"  # the exporter's sampling starts at a Floor of the sampling coordinates
@@ -31,3 +36,9 @@ ELEMENTWISE_NARY = {"Add", "Sub", "Mul", "Div", "Sum", "Max", "Min", "Pow"}
 SHAPE_OPS = {"Reshape", "Squeeze", "Unsqueeze", "Flatten"}
 TAIL_OPS = ELEMENTWISE_UNARY | ELEMENTWISE_NARY | {"BatchNormalization"}  # per-channel ops after a Conv
 TAIL_STEPS = 4  # how many of them a Conv's tail may hold (the exporter's bias Add, BatchNorm, activation)
+
+
+def op_histogram(graph: gs.Graph | onnx.ModelProto) -> dict[str, int]:
+    """How many nodes of each op type `graph` (a graph-surgeon graph or a model's main graph) holds, by op name."""
+    ops = (n.op_type for n in graph.graph.node) if isinstance(graph, onnx.ModelProto) else (n.op for n in graph.nodes)
+    return dict(sorted(Counter(ops).items()))

@@ -42,8 +42,8 @@ _MAX_TRAIL = 6
 
 # ----------------------------------------------------------------------------------------------- intervals
 @dataclass(frozen=True)
-class Span:
-    """An interval `[lo, hi]` (plus `nan` if NaN is possible) and where it comes from."""
+class Interval:
+    """An interval `[lo, hi]` bounding a tensor's values (plus `nan` if NaN is possible) and where it comes from."""
 
     lo: Number
     hi: Number
@@ -84,12 +84,12 @@ class Bound:
     """Abstract value of a tensor: one `whole` span, optionally a span per position along `axis` (negative)."""
 
     dtype: np.dtype | None
-    whole: Span
-    parts: tuple[Span, ...] | None = None
+    whole: Interval
+    parts: tuple[Interval, ...] | None = None
     axis: int | None = None
 
-    def component(self, i: int, count: int) -> Span:
-        """Span of position `i` along the last axis, when the last axis has `count` positions."""
+    def component(self, i: int, count: int) -> Interval:
+        """Interval of position `i` along the last axis, when the last axis has `count` positions."""
         if self.parts is not None and self.axis == -1 and len(self.parts) == count:
             return self.parts[i]
         return self.whole
@@ -127,9 +127,9 @@ def type_range(dtype: np.dtype | None) -> tuple[Number, Number]:
     return -math.inf, math.inf
 
 
-def full(dtype: np.dtype | None, source: str) -> Span:
+def full(dtype: np.dtype | None, source: str) -> Interval:
     lo, hi = type_range(dtype)
-    return Span(lo, hi, nan=not _is_int(dtype), source=source)
+    return Interval(lo, hi, nan=not _is_int(dtype), source=source)
 
 
 def _round_out(x: Fraction | float, dtype: np.dtype | None, up: bool) -> Number:
@@ -172,15 +172,15 @@ def _fit(lo: Fraction | float, hi: Fraction | float, dtype: np.dtype | None) -> 
 
 
 # --------------------------------------------------------------------------------------------- arithmetic
-def _add(a: Span, b: Span) -> tuple[Fraction | float, Fraction | float]:
+def _add(a: Interval, b: Interval) -> tuple[Fraction | float, Fraction | float]:
     return _safe(lambda: _exact(a.lo) + _exact(b.lo), -math.inf), _safe(lambda: _exact(a.hi) + _exact(b.hi), math.inf)
 
 
-def _sub(a: Span, b: Span) -> tuple[Fraction | float, Fraction | float]:
+def _sub(a: Interval, b: Interval) -> tuple[Fraction | float, Fraction | float]:
     return _safe(lambda: _exact(a.lo) - _exact(b.hi), -math.inf), _safe(lambda: _exact(a.hi) - _exact(b.lo), math.inf)
 
 
-def _mul(a: Span, b: Span) -> tuple[Fraction | float, Fraction | float]:
+def _mul(a: Interval, b: Interval) -> tuple[Fraction | float, Fraction | float]:
     corners = []
     for x in (a.lo, a.hi):
         for y in (b.lo, b.hi):
@@ -213,7 +213,7 @@ class ComponentProof:
 
     dim: int
     size: int | None
-    span: Span
+    span: Interval
     status: Status
     why: str
 
@@ -233,7 +233,7 @@ class IndexVerdict:
         return self.status is Status.PROVEN
 
 
-def judge(dim: int, size: int | None, span: Span, what: str = "index") -> ComponentProof:
+def judge(dim: int, size: int | None, span: Interval, what: str = "index") -> ComponentProof:
     """Verdict for one index component against a data dimension: `[0, size-1]` proven, or why not."""
     label = f"data dim {dim}" + (f" (size {size})" if size is not None else "")
     if size is None or isinstance(size, str):
@@ -273,7 +273,7 @@ _PASS_THROUGH = {"Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Tran
                  "Dropout", "DepthToSpace", "SpaceToDepth"}
 
 
-def _selected(dtype: np.dtype | None, data: Bound, selected: list[Span]) -> Bound:
+def _selected(dtype: np.dtype | None, data: Bound, selected: list[Interval]) -> Bound:
     """The bound of the parts `selected` of `data` along its part axis (a Slice or Split of it); none: the whole."""
     if not selected:
         return Bound(dtype, data.whole)
@@ -408,19 +408,19 @@ class RangeProver:
     def _from_values(self, values: np.ndarray, dtype: np.dtype | None, source: str) -> Bound:
         dtype = dtype or values.dtype
         if values.size == 0:
-            return Bound(dtype, Span(0, 0, source=source))
+            return Bound(dtype, Interval(0, 0, source=source))
         if _is_int(values.dtype):
-            span = Span(int(values.min()), int(values.max()), source=source)
+            span = Interval(int(values.min()), int(values.max()), source=source)
             parts = None
             if values.ndim >= 1 and 2 <= values.shape[-1] <= 8:
                 cols = values.reshape(-1, values.shape[-1])
-                parts = tuple(Span(int(c.min()), int(c.max()), source=source) for c in cols.T)
+                parts = tuple(Interval(int(c.min()), int(c.max()), source=source) for c in cols.T)
             return Bound(dtype, span, parts, -1 if parts else None)
         with np.errstate(invalid="ignore"):
             nan = bool(np.isnan(values).any())
             if nan:  # NaN bounds nothing: a Clip or Min/Max with a NaN operand, or a Cast of NaN, is undefined
-                return Bound(dtype, Span(-math.inf, math.inf, nan=True, source=f"{source} (holds NaN)"))
-            return Bound(dtype, Span(float(values.min()), float(values.max()), source=source))
+                return Bound(dtype, Interval(-math.inf, math.inf, nan=True, source=f"{source} (holds NaN)"))
+            return Bound(dtype, Interval(float(values.min()), float(values.max()), source=source))
 
     def _in(self, node: gs.Node, i: int) -> Bound | None:
         if i >= len(node.inputs) or (node.inputs[i].name == "" and not isinstance(node.inputs[i], gs.Constant)):
@@ -429,7 +429,7 @@ class RangeProver:
 
     # -- elementwise helpers -------------------------------------------------------------------------------
     def _elementwise(self, node: gs.Node, dtype: np.dtype | None, spans_fn) -> Bound:
-        """Apply `spans_fn(list[Span]) -> Span` to the whole spans and, where all agree, per part."""
+        """Apply `spans_fn(list[Interval]) -> Interval` to the whole spans and, where all agree, per part."""
         ins = [self._in(node, i) for i in range(len(node.inputs))]
         ins = [b for b in ins if b is not None]
         whole = spans_fn([b.whole for b in ins])
@@ -449,7 +449,7 @@ class RangeProver:
     def _arith(self, node: gs.Node, dtype: np.dtype | None, _: int = 0, *, fn) -> Bound:
         label = _label(node)
 
-        def spans(s: list[Span]) -> Span:
+        def spans(s: list[Interval]) -> Interval:
             main = _main(s)
             nan = any(x.nan for x in s)
             lo, hi = fn(*s)
@@ -459,11 +459,11 @@ class RangeProver:
             source = main.source
             if wrapped:
                 if (main.lo, main.hi) == type_range(dtype):  # already the whole type: the wrap adds nothing new
-                    return Span(rlo, rhi, False, main.source, main.clamp, _push(main.trail, label))
-                return Span(rlo, rhi, False, f"{label} (may overflow {dtype})")
+                    return Interval(rlo, rhi, False, main.source, main.clamp, _push(main.trail, label))
+                return Interval(rlo, rhi, False, f"{label} (may overflow {dtype})")
             if _is_float(dtype) and (math.isinf(rlo) and math.isinf(rhi)) and not nan:
                 nan = True  # inf - inf
-            return Span(rlo, rhi, nan and _is_float(dtype), source, main.clamp, _push(main.trail, label))
+            return Interval(rlo, rhi, nan and _is_float(dtype), source, main.clamp, _push(main.trail, label))
 
         return self._elementwise(node, dtype, spans)
 
@@ -474,7 +474,7 @@ class RangeProver:
     _op_Neg = partialmethod(_arith, fn=lambda a: (-_exact(a.hi), -_exact(a.lo)))
 
     def _op_Div(self, node, dtype, _):
-        def div(a: Span, b: Span):
+        def div(a: Interval, b: Interval):
             if b.lo <= 0 <= b.hi:
                 return -math.inf, math.inf
             corners = []
@@ -497,11 +497,11 @@ class RangeProver:
     def _monotone(self, node, dtype, fn) -> Bound:
         label = _label(node)
 
-        def spans(s: list[Span]) -> Span:
+        def spans(s: list[Interval]) -> Interval:
             a = s[0]
             lo, hi = fn(a.lo), fn(a.hi)
             trail = a.trail if (lo, hi) == (a.lo, a.hi) else _push(a.trail, label)
-            return Span(lo, hi, a.nan, a.source, a.clamp, trail)
+            return Interval(lo, hi, a.nan, a.source, a.clamp, trail)
 
         return self._elementwise(node, dtype, spans)
 
@@ -518,7 +518,7 @@ class RangeProver:
         return self._monotone(node, dtype, lambda v: max(v, 0.0 if _is_float(dtype) else 0))
 
     # -- clamps -----------------------------------------------------------------------------------------------
-    def _clamp(self, node: gs.Node, dtype, x: Span, lo_b: Span | None, hi_b: Span | None) -> Span:
+    def _clamp(self, node: gs.Node, dtype, x: Interval, lo_b: Interval | None, hi_b: Interval | None) -> Interval:
         lo, hi = x.lo, x.hi
         if lo_b is not None:  # max(x, a): monotone in both
             lo, hi = max(lo, lo_b.lo), max(hi, lo_b.hi)
@@ -526,13 +526,13 @@ class RangeProver:
             lo, hi = min(lo, hi_b.lo), min(hi, hi_b.hi)
         nan = x.nan or (lo_b is not None and lo_b.nan) or (hi_b is not None and hi_b.nan)
         if (lo, hi) != (x.lo, x.hi) and lo >= x.lo and hi <= x.hi:
-            return Span(lo, hi, nan, x.source, _label(node), ())
-        return Span(lo, hi, nan, x.source, x.clamp, x.trail)
+            return Interval(lo, hi, nan, x.source, _label(node), ())
+        return Interval(lo, hi, nan, x.source, x.clamp, x.trail)
 
     def _op_Clip(self, node, dtype, _):
         attrs = node.attrs
-        lo_const = Span(attrs["min"], attrs["min"]) if "min" in attrs else None
-        hi_const = Span(attrs["max"], attrs["max"]) if "max" in attrs else None
+        lo_const = Interval(attrs["min"], attrs["min"]) if "min" in attrs else None
+        hi_const = Interval(attrs["max"], attrs["max"]) if "max" in attrs else None
         bx = self._in(node, 0)
         blo = self._in(node, 1)
         bhi = self._in(node, 2)
@@ -547,15 +547,15 @@ class RangeProver:
     def _minmax(self, node, dtype, _: int = 0, *, is_max: bool) -> Bound:
         label = _label(node)
 
-        def spans(s: list[Span]) -> Span:
+        def spans(s: list[Interval]) -> Interval:
             pick = max if is_max else min
             lo, hi = pick(x.lo for x in s), pick(x.hi for x in s)
             nan = any(x.nan for x in s)
             # the result is bounded by the tightest operand on the clamped side
             main = _main(s)
             if (lo, hi) != (main.lo, main.hi):
-                return Span(lo, hi, nan, main.source, label, ())
-            return Span(lo, hi, nan, main.source, main.clamp, main.trail)
+                return Interval(lo, hi, nan, main.source, label, ())
+            return Interval(lo, hi, nan, main.source, main.clamp, main.trail)
 
         return self._elementwise(node, dtype, spans)
 
@@ -567,24 +567,24 @@ class RangeProver:
         label = _label(node)
         src_dtype = self.dtype(node.inputs[0])
 
-        def conv(a: Span) -> Span:
+        def conv(a: Interval) -> Interval:
             if dtype is None:
                 return full(dtype, f"{label} (unknown target type)")
             if dtype == np.bool_:
-                return Span(0, 1, False, a.source, a.clamp, _push(a.trail, label))
+                return Interval(0, 1, False, a.source, a.clamp, _push(a.trail, label))
             if _is_int(dtype):
                 tlo, thi = type_range(dtype)
                 if a.nan or (_is_float(src_dtype) and (math.isinf(a.lo) or math.isinf(a.hi))):
                     why = f"{label} (its input, {a.text()}, may be NaN or infinite: the cast is undefined there)"
-                    return Span(tlo, thi, False, why, None, ())
+                    return Interval(tlo, thi, False, why, None, ())
                 lo, hi = math.trunc(a.lo), math.trunc(a.hi)
                 if lo < tlo or hi > thi:
-                    return Span(tlo, thi, False, f"{label} (input may not fit {dtype})", None, ())
-                return Span(lo, hi, False, a.source, a.clamp, a.trail)
+                    return Interval(tlo, thi, False, f"{label} (input may not fit {dtype})", None, ())
+                return Interval(lo, hi, False, a.source, a.clamp, a.trail)
             lo = _round_out(_exact(a.lo), dtype, up=False)
             hi = _round_out(_exact(a.hi), dtype, up=True)
             trail = a.trail if (lo, hi) == (a.lo, a.hi) else _push(a.trail, label)
-            return Span(lo, hi, a.nan, a.source, a.clamp, trail)
+            return Interval(lo, hi, a.nan, a.source, a.clamp, trail)
 
         return self._elementwise(node, dtype, lambda s: conv(s[0]))
 
@@ -597,7 +597,7 @@ class RangeProver:
         if rank is None:
             return Bound(dtype, whole)
         neg = axis - rank if axis >= 0 else axis
-        parts: list[Span] = []
+        parts: list[Interval] = []
         for t, b in zip(node.inputs, ins, strict=True):
             shape = self.static_shape(t)
             if shape is None:
@@ -670,7 +670,7 @@ class RangeProver:
         a, b = self._in(node, 1), self._in(node, 2)
         return Bound(dtype, _union([self._taken(node, a.whole), b.whole]))
 
-    def _taken(self, node: gs.Node, x: Span) -> Span:
+    def _taken(self, node: gs.Node, x: Interval) -> Interval:
         """The span of `Where(cond, x, y)`'s `x` where it is taken: `cond` an `And` of comparisons of `x` itself
         with constants (`x >= c`, `x <= c`, `x > c`, `x < c`) bounds it there, and excludes NaN, which every such
         comparison rejects. Element for element: each comparison reads `x` at the position `Where` reads it."""
@@ -702,7 +702,7 @@ class RangeProver:
             narrowed = True
         if not narrowed:
             return x
-        return Span(lo, hi, False, x.source, f"{_label(node)} (taken where {node.inputs[0].name} holds)", ())
+        return Interval(lo, hi, False, x.source, f"{_label(node)} (taken where {node.inputs[0].name} holds)", ())
 
 
 _COMPARE = {"GreaterOrEqual", "Greater", "LessOrEqual", "Less"}
@@ -712,15 +712,15 @@ def _number(v: np.generic) -> Number:
     return int(v) if np.issubdtype(type(v), np.integer) else float(v)
 
 
-def _union(spans: Sequence[Span]) -> Span:
+def _union(spans: Sequence[Interval]) -> Interval:
     worst = _main(spans)
-    return Span(min(s.lo for s in spans), max(s.hi for s in spans), any(s.nan for s in spans),
+    return Interval(min(s.lo for s in spans), max(s.hi for s in spans), any(s.nan for s in spans),
                 worst.source, worst.clamp, worst.trail)
 
 
-def _main(spans: Sequence[Span]) -> Span:
+def _main(spans: Sequence[Interval]) -> Interval:
     """The operand whose provenance explains the result: the widest (unbounded first), non-constant preferred."""
-    def width(s: Span) -> float:
+    def width(s: Interval) -> float:
         try:
             return float(s.hi) - float(s.lo) + (math.inf if s.nan else 0)
         except OverflowError:

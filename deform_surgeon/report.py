@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections import Counter
 from dataclasses import dataclass, field
-
-import onnx
-import onnx_graphsurgeon as gs
 
 from .kernels import KernelReport
 from .pipeline import Action, Outcome
@@ -27,12 +23,6 @@ def api_words(text: str) -> str:
     """`text` with the command line's option names replaced by the Python API's keywords (`--max-memory` ->
     `max_memory`), for a report read through the API."""
     return _FLAG.sub(lambda m: _API_NAMES.get(m["flag"], m["flag"].replace("-", "_")), text)
-
-
-def op_histogram(graph: gs.Graph | onnx.ModelProto) -> dict[str, int]:
-    if isinstance(graph, onnx.ModelProto):
-        return dict(sorted(Counter(n.op_type for n in graph.graph.node).items()))
-    return dict(sorted(Counter(n.op for n in graph.nodes).items()))
 
 
 @dataclass

@@ -16,6 +16,7 @@ comes from the system (`setup --browser` says how to install it).
 from __future__ import annotations
 
 import argparse
+import ctypes.util
 import fcntl
 import hashlib
 import json
@@ -23,6 +24,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +36,8 @@ STAMP = ".deform-surgeon-setup.sha256"
 SETUP_COMMAND = "deform-surgeon setup"
 CHROMIUM = Path("/usr/bin/chromium")
 SWIFTSHADER_ICD = Path("/usr/lib/chromium/vk_swiftshader_icd.json")
+CHROMIUM_LIBDIR = Path("/usr/lib/chromium")
+HARNESS_DIR = PINS_DIR  # the JS harnesses (*.mjs) ship beside the pins
 MIN_NODE_MAJOR = 20  # playwright-core 1.65 declares engines.node >= 20
 # What `setup` downloads for this package-lock.json, said before it starts: the npm tarballs of the 40 locked
 # packages (sizes from npm's cache after `npm ci`) and the folder they unpack to (`du -sb` of the install);
@@ -279,6 +283,101 @@ def run_setup(args: argparse.Namespace) -> int:
         else:
             print(f"browser: {CHROMIUM} ({chromium_version() or 'version unknown'}), SwiftShader {SWIFTSHADER_ICD}")
     return status
+
+
+# ------------------------------------------------------------------------- the harnesses and their runtime
+# Here, not in placement/runner.py: `device.resolve_profile('adapter')` probes the adapter, and the runner
+# itself needs device profiles; both sit on top of this module.
+
+
+def _pinned_versions() -> dict[str, str]:
+    try:
+        return json.loads((HARNESS_DIR / "package.json").read_text())["dependencies"]
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+def missing_setup(runtime: str | None = None) -> str | None:
+    """None when the runtimes are installed, else a one-line message naming ``deform-surgeon setup``.
+
+    ``runtime`` ("node" or "browser") limits the check to what that runtime needs; None checks both. Versions
+    are compared with the pins of package.json because a placement measured on another ORT build would not
+    be comparable across commits.
+    """
+    missing: list[str] = []
+    modules = node_modules()
+    if shutil.which("node") is None:
+        missing.append("node")
+    need_node = runtime in (None, "node")
+    need_browser = runtime in (None, "browser")
+    files: list[Path] = [HARNESS_DIR / "harness_node.mjs"]
+    if need_browser:
+        files += [
+            CHROMIUM,
+            modules / "playwright-core" / "package.json",
+            modules / "onnxruntime-web" / "dist" / "ort.webgpu.min.mjs",
+            modules / "onnxruntime-web" / "dist" / "ort.min.mjs",
+            modules / "onnxruntime-web" / "dist" / "ort.all.min.mjs",
+        ]
+    if need_node:
+        files += [
+            SWIFTSHADER_ICD,
+            modules / "onnxruntime-node" / "bin" / "napi-v6" / "linux" / "x64" / "onnxruntime_binding.node",
+            modules / "webgpu" / "package.json",
+        ]
+    if not modules.is_dir():
+        missing.append(f"npm packages ({modules})")
+        files = [f for f in files if not f.is_relative_to(modules)]
+    for f in files:
+        if not f.exists():
+            missing.append(str(f.relative_to(HARNESS_DIR)) if f.is_relative_to(HARNESS_DIR) else str(f))
+    pins = _pinned_versions()
+    for pkg in ("onnxruntime-web", "onnxruntime-node", "playwright-core", "webgpu"):
+        pj = modules / pkg / "package.json"
+        if pkg in pins and pj.exists():
+            try:
+                got = json.loads(pj.read_text()).get("version")
+            except (OSError, ValueError):
+                got = None
+            if got != pins[pkg]:
+                missing.append(f"{pkg}@{pins[pkg]} (found {got})")
+    if not missing:
+        return None
+    command = SETUP_COMMAND + (" --browser" if need_browser else "")
+    return f"WebGPU runtimes not installed ({', '.join(missing)}); run `{command}`"
+
+
+def harness_env(tmp: Path) -> dict[str, str]:
+    """The environment a harness (node or Chromium) runs in: the runtimes folder, SwiftShader, a Vulkan loader."""
+    env = dict(os.environ)
+    xdg = tmp / "xdg"
+    xdg.mkdir(mode=0o700, exist_ok=True)
+    env["XDG_RUNTIME_DIR"] = str(xdg)  # Dawn's Vulkan backend wants a writable one
+    env["DEFORM_SURGEON_RUNTIMES"] = str(node_modules().parent)  # where the harnesses find the packages
+    env["VK_ICD_FILENAMES"] = str(SWIFTSHADER_ICD)  # SwiftShader; Dawn rejects Mesa lavapipe
+    if ctypes.util.find_library("vulkan") is None and CHROMIUM_LIBDIR.is_dir():
+        # No system Vulkan loader (Debian libvulkan1): fall back to the one Chromium ships.
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            p for p in (str(CHROMIUM_LIBDIR), env.get("LD_LIBRARY_PATH", "")) if p
+        )
+    return env
+
+
+def probe_adapter(timeout: float = 60.0) -> tuple[dict[str, Any] | None, str | None]:
+    """(adapter description, None) of the WebGPU adapter a Dawn instance in Node gets here, or (None, error)."""
+    msg = missing_setup("node")
+    if msg:
+        return None, msg
+    tmp = Path(tempfile.mkdtemp(prefix="ds-probe-"))
+    try:
+        r = subprocess.run(["node", str(HARNESS_DIR / "adapter_probe_node.mjs")], capture_output=True, text=True,
+                           env=harness_env(tmp), cwd=str(HARNESS_DIR), timeout=timeout)
+        doc = json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else {}
+    except (subprocess.TimeoutExpired, ValueError, OSError) as e:
+        return None, f"adapter probe failed: {e}"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return doc.get("adapter"), doc.get("error") or (None if doc.get("adapter") else "no adapter")
 
 
 def register_cli(subparsers: Any) -> None:

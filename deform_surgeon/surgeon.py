@@ -38,6 +38,7 @@ from .model_io import (
     tidy,
     user_path,
 )
+from .ops import op_histogram
 from .passes.bands import BandOversize
 from .passes.deform_conv import LowerDeformConv
 from .passes.fit import FitStorageBuffers
@@ -48,7 +49,7 @@ from .passes.split import SplitBlocks, SplitPlan
 from .passes.sum_chain import ChainSum
 from .pipeline import Action, Context, Options, Outcome, run_passes
 from .region import Region, find_region, region_model, splice, type_boundary
-from .report import PatchReport, op_histogram
+from .report import PatchReport
 from .slices import split_to_slices
 from .verify import DEFAULT_ITERATIONS, check_verify_options
 from .verify import verify as verify_models

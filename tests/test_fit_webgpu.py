@@ -25,6 +25,7 @@ import pytest
 from graphs import legacy_patches, wide_split
 
 import deform_surgeon as ds
+from deform_surgeon import runtimes
 from deform_surgeon.placement import measure_placement, missing_setup
 from deform_surgeon.placement import runner as runner_mod
 
@@ -122,7 +123,7 @@ def test_limit_violations_are_read_from_the_graph(tmp_path):
 
 def test_adapter_profile_is_this_machines_adapter():
     """`--device-profile adapter` reads the limits of the adapter the node runtime gets (SwiftShader here)."""
-    adapter, error = runner_mod.probe_adapter()
+    adapter, error = runtimes.probe_adapter()
     assert error is None and adapter is not None
     profile = ds.resolve_profile("adapter")
     assert profile.name == "adapter" and profile.adapter == adapter

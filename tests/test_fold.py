@@ -75,7 +75,7 @@ def test_replica_folds_to_the_attention_alone_and_verifies(tmp_path):
                     "readers (Ceil) absorb: the same result on its float32 value"] * 2
     assert [a.reason for a in _folded(report) if a.op == "Cast" and "removed" in a.reason] == [
         "removed: only folded nodes read its output"]  # Cast(x): only the folded Shape read it
-    assert stored.reason.endswith("' (float16[1, 4, 1, 49, 49], 19208 bytes) as an initializer")
+    assert stored.reason.endswith("' (float16[1, 4, 1, 49, 49], 19,208 B) as an initializer")
     # the stored tensor is the Swin mask, unsqueezed for the attention: 0 within a region, -100 across regions
     [mask] = [numpy_helper.to_array(t) for t in onnx.load(str(out)).graph.initializer if t.name in stored.reason]
     assert mask.dtype == np.float16 and set(np.unique(mask).tolist()) == {-100.0, 0.0}

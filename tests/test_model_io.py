@@ -89,7 +89,7 @@ def test_splice_keeps_a_stored_constant_the_region_reads_and_drops_one_it_does_n
 
 
 def _materialized(pieces: list, path) -> bytes:
-    """The bytes the writer would write for `pieces`, each Span read from `path`."""
+    """The bytes the writer would write for `pieces`, each FileBytes read from `path`."""
     data = path.read_bytes()
     return b"".join(p if isinstance(p, bytes) else data[p.offset:p.offset + p.length] for p in pieces)
 

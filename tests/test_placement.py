@@ -387,7 +387,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_env_of_node_harness(tmp_path: Path) -> None:
-    env = runner_mod._harness_env(tmp_path)
+    env = runtimes.harness_env(tmp_path)
     assert env["VK_ICD_FILENAMES"].endswith("vk_swiftshader_icd.json")
     assert os.access(env["XDG_RUNTIME_DIR"], os.W_OK)
 

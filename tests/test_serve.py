@@ -345,7 +345,7 @@ def _ellipse(path: Path, w: int = 40, h: int = 80) -> np.ndarray:
 
 def _drive(tmp_path: Path, models: list[Path], steps: list[dict], query: str = "", webgpu: bool = True) -> dict:
     """Serves `models` and runs tests/helpers/serve_page.mjs on the page; its report of every step."""
-    from deform_surgeon.placement.runner import _harness_env
+    from deform_surgeon.runtimes import harness_env
 
     app = ServeApp([ServedModel.load(label, m) for label, m in zip(("original", "patched")[:len(models)], models,
                                                                    strict=True)], None)
@@ -355,7 +355,7 @@ def _drive(tmp_path: Path, models: list[Path], steps: list[dict], query: str = "
     try:
         cmd = ["node", str(DRIVER), "--url", f"http://127.0.0.1:{srv.server_address[1]}/{query}", "--out",
                str(out), "--steps", json.dumps(steps), "--chromium", str(runtimes.CHROMIUM)]
-        r = subprocess.run(cmd + ([] if webgpu else ["--no-webgpu"]), env=_harness_env(tmp_path),
+        r = subprocess.run(cmd + ([] if webgpu else ["--no-webgpu"]), env=harness_env(tmp_path),
                            capture_output=True, text=True, timeout=900)
     finally:
         srv.shutdown()

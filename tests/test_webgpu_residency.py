@@ -123,7 +123,7 @@ def _optimised_node_count(model: Path, work: Path) -> int | str:
     out = work / f"{model.stem}.ort_optimised.onnx"
     r = subprocess.run(
         ["node", str(script), str(runtimes.node_modules().parent), str(model.resolve()), str(out)],
-        env=runner_mod._harness_env(work),
+        env=runtimes.harness_env(work),
         cwd=str(runner_mod.PKG_DIR),
         capture_output=True,
         text=True,

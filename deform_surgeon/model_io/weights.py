@@ -51,7 +51,7 @@ class Weights:
 
     `tensors` maps each tensor's name in the graph (an initializer's, or a Constant node's output) to its original
     TensorProto: an external reference resolved against `base_dir`, the input model's folder, or an embedded
-    tensor whose raw data is the `Span` of `source` (the model file, as `source_key` tells it: `wire.file_key`) in
+    tensor whose raw data is the `FileBytes` of `source` (the model file, as `source_key` tells it: `wire.file_key`) in
     `data` (or, for a model built in memory, in its protobuf). `constants` names those that are a Constant node's
     value; `loaded` those whose values were read, in order.
     """
@@ -61,7 +61,7 @@ class Weights:
     constants: set[str] = field(default_factory=set)
     source: Path | None = None
     source_key: tuple = ()
-    data: dict[str, wire.Span] = field(default_factory=dict)
+    data: dict[str, wire.FileBytes] = field(default_factory=dict)
     loaded: list[str] = field(default_factory=list)
     inputs: dict[Path, tuple] = field(default_factory=dict)  # every file read (model, external data) -> file_key
     _values: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
@@ -76,7 +76,7 @@ class Weights:
                 copy.CopyFrom(src)
                 if name in self.data:
                     with self.open_source() as fh:
-                        copy.raw_data = self.read_span(fh, self.data[name])
+                        copy.raw_data = self.read_bytes(fh, self.data[name])
                 src = copy
             base = "" if self.base_dir is None else str(self.base_dir)
             array = onnx.numpy_helper.to_array(src, base_dir=base)
@@ -116,10 +116,10 @@ class Weights:
                 now = None
             _refuse_changed(path, key, now)
 
-    def read_span(self, fh, span: wire.Span) -> bytes:
-        """The bytes of `span` from the open `source` (`open_source`)."""
-        data = os.pread(fh.fileno(), span.length, span.offset)
-        if len(data) != span.length:
+    def read_bytes(self, fh, where: wire.FileBytes) -> bytes:
+        """The bytes of `where` from the open `source` (`open_source`)."""
+        data = os.pread(fh.fileno(), where.length, where.offset)
+        if len(data) != where.length:
             raise SurgeonError(self.source, "changed while it was being patched (it is shorter now)")
         return data
 
@@ -173,12 +173,12 @@ def split_weights(model: onnx.ModelProto, base_dir: str | Path | None, scan: wir
     if back:
         with weights.open_source() as fh:
             for t, raw in back:
-                t.raw_data = weights.read_span(fh, raw.span)
+                t.raw_data = weights.read_bytes(fh, raw.file_bytes)
     for k, t in enumerate(initializers):
         if _is_external(t) or _is_heavy_embedded(t, k in cut_initializers):
             weights.tensors[t.name] = t
             if k in cut_initializers:
-                weights.data[t.name] = cut_initializers[k].span
+                weights.data[t.name] = cut_initializers[k].file_bytes
     for k in large_nodes(model, scan):
         value = plain_constant(k)
         if value is not None:
@@ -186,7 +186,7 @@ def split_weights(model: onnx.ModelProto, base_dir: str | Path | None, scan: wir
             weights.tensors[name] = value
             weights.constants.add(name)
             if k in cut_nodes:
-                weights.data[name] = cut_nodes[k].span
+                weights.data[name] = cut_nodes[k].file_bytes
     return weights
 
 

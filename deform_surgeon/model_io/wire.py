@@ -11,7 +11,7 @@ never read into memory (weights.py).
 Writing (`model_pieces`): the two things that serialize a whole model, the skeleton onnx.checker and shape
 inference read (weights.py) and the written file (write.py). Protobuf lets a message's repeated fields be written
 one record at a time, so a model is serialized from its own messages without building a second ModelProto
-(copying every node and weight). A piece is a record's bytes, or a `Span` of the input file: a stored tensor's raw
+(copying every node and weight). A piece is a record's bytes, or a `FileBytes` of the input file: a stored tensor's raw
 data, which the writer copies from file to file (`tensor_record`, `constant_record`).
 """
 
@@ -95,9 +95,9 @@ class RawData:
     records: tuple[Record, ...]
 
     @property
-    def span(self) -> Span:
+    def file_bytes(self) -> FileBytes:
         """The bytes alone, as the writer and `Weights` take them."""
-        return Span(self.offset, self.length)
+        return FileBytes(self.offset, self.length)
 
 
 @dataclass
@@ -263,8 +263,9 @@ def _header(number: int, size: int) -> bytes:
 
 
 @dataclass(frozen=True)
-class Span:
-    """Bytes of the input model file (a stored tensor's raw data): the writer copies them from file to file."""
+class FileBytes:
+    """`length` bytes at `offset` of the input model file (a stored tensor's raw data): the writer copies them from
+    file to file. (Not ranges.Interval, which bounds a tensor's values.)"""
 
     offset: int
     length: int
@@ -273,7 +274,7 @@ class Span:
         return self.length
 
 
-Piece = bytes | Span
+Piece = bytes | FileBytes
 
 
 def record(number: int, message: Message) -> bytes:
@@ -281,7 +282,7 @@ def record(number: int, message: Message) -> bytes:
     return _header(number, len(data)) + data
 
 
-def tensor_record(number: int, tensor: onnx.TensorProto, data: Span) -> list[Piece]:
+def tensor_record(number: int, tensor: onnx.TensorProto, data: FileBytes) -> list[Piece]:
     """The record of `tensor` (which holds no raw data) with `data` as its raw data."""
     bare = onnx.TensorProto()
     bare.CopyFrom(tensor)
@@ -289,7 +290,7 @@ def tensor_record(number: int, tensor: onnx.TensorProto, data: Span) -> list[Pie
     return _with_data(number, bare.SerializeToString(), (_TENSOR_RAW_DATA,), data)
 
 
-def constant_record(node: onnx.NodeProto, data: Span) -> list[Piece]:
+def constant_record(node: onnx.NodeProto, data: FileBytes) -> list[Piece]:
     """The graph's record of a Constant node whose one attribute's tensor (which holds no raw data) has `data` as
     its raw data."""
     bare = onnx.NodeProto()
@@ -298,7 +299,7 @@ def constant_record(node: onnx.NodeProto, data: Span) -> list[Piece]:
     return _with_data(GRAPH_NODE, bare.SerializeToString(), (_NODE_ATTRIBUTE, _ATTRIBUTE_T, _TENSOR_RAW_DATA), data)
 
 
-def _with_data(number: int, message: bytes, path: tuple[int, ...], data: Span) -> list[Piece]:
+def _with_data(number: int, message: bytes, path: tuple[int, ...], data: FileBytes) -> list[Piece]:
     """The record of `message` (serialized, with an empty record at the field path `path`) with `data` as the bytes
     of that record: where protobuf itself puts the field, so the file is what serializing the whole tensor gives."""
 
@@ -341,7 +342,7 @@ def model_pieces(model: onnx.ModelProto, graph: Iterable[Piece]) -> list[Piece]:
 
 def serialized(pieces: Iterable[Piece], chunk: int = 1 << 20) -> Iterator[Piece]:
     """`pieces` with runs of records joined into chunks of about `chunk` bytes (records are small and many: one
-    write a record would cost more than the writing); a Span is passed on as it is."""
+    write a record would cost more than the writing); a FileBytes is passed on as it is."""
     run: list[bytes] = []
     size = 0
     for piece in pieces:
@@ -353,7 +354,7 @@ def serialized(pieces: Iterable[Piece], chunk: int = 1 << 20) -> Iterator[Piece]
         if run:
             yield b"".join(run)
             run, size = [], 0
-        if isinstance(piece, Span):
+        if isinstance(piece, FileBytes):
             yield piece
     if run:
         yield b"".join(run)

@@ -161,7 +161,7 @@ def _write_model(model: onnx.ModelProto, weights: Weights, layout: dict[str, tup
                 if writing is not None:
                     writing.result()
                     writing = None
-                if isinstance(data, wire.Span):
+                if isinstance(data, wire.FileBytes):
                     _copy_range(source, data.offset, data.length, fh)
                 else:
                     writing = disk.submit(_write_all, fh, data)

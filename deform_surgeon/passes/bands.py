@@ -39,16 +39,12 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from ..budget import human
 from ..ops import ELEMENTWISE_UNARY, TAIL_OPS
 from ..pipeline import Action, Context, Outcome, Refuse
 from ..shapes import Shapes
 from .local_proof import record
-from .split import (
-    SplitBlocks,
-    SplitPlan,
-    along_rows,
-    fmt_bytes,
-)
+from .split import SplitBlocks, SplitPlan, along_rows
 
 
 @dataclass(frozen=True)
@@ -153,7 +149,7 @@ class BandOversize:
     def _groups(self, ctx: Context, node: gs.Node, shapes: Shapes, limit: int, outside: set[int]) -> Action:
         out, x = node.outputs[0], node.inputs[0]
         size, os_, xs = shapes.nbytes(out), shapes.shape(out), shapes.shape(x)
-        head = f"output '{out.name}' ({fmt_bytes(size)}) stays over the {fmt_bytes(limit)} limit"
+        head = f"output '{out.name}' ({human(size)}) stays over the {human(limit)} limit"
         if id(out) in outside:
             raise Refuse(f"{head}: it is read outside the rewritten part or is a graph output")
         sizers = [r for r in out.outputs if r.op == "Shape"]  # need its shape only: a constant after the split
@@ -186,7 +182,7 @@ class BandOversize:
         channels = xs[1]
         n = math.ceil(size / limit)
         if n > channels:
-            raise Refuse(f"{head}: one channel alone is {fmt_bytes(size // channels)}")
+            raise Refuse(f"{head}: one channel alone is {human(size // channels)}")
         groups = _bands(channels, n)
         dtype = shapes.dtype(out)
         maker, source = self._channel_source(ctx, x, node, outside)
@@ -226,7 +222,7 @@ class BandOversize:
         largest = max(shapes.nbytes(p) or 0 for p in parts)
         return Action(self.name, node.name, node.op, Outcome.REWRITTEN,
                       f"computed in {n} channel groups of {widths} channels (of {channels}): output '{out.name}' "
-                      f"{fmt_bytes(size)} -> {fmt_bytes(largest)} per group, limit {fmt_bytes(limit)}; each group "
+                      f"{human(size)} -> {human(largest)} per group, limit {human(limit)}; each group "
                       + (f"reads the output of Conv '{maker.name}' computed for its channels only"
                          if source is not None else f"reads a Slice of its channels of '{x.name}'")
                       + f"; the groups take its place in {', '.join(repr(r.name) for r in readers)} (Concat on the "
@@ -266,7 +262,7 @@ class BandOversize:
                limit: int, outside: set[int]) -> Action:
         x = conv.inputs[0]
         size, xs = shapes.nbytes(x), shapes.shape(x)
-        head = f"input '{x.name}' ({fmt_bytes(size)}) stays over the {fmt_bytes(limit)} limit"
+        head = f"input '{x.name}' ({human(size)}) stays over the {human(limit)} limit"
         why = self.plan.keep_whole.get(conv.name)
         if why is not None:
             raise Refuse(f"{head}: {why}")
@@ -287,7 +283,7 @@ class BandOversize:
         for s in sources:
             if (shapes.nbytes(s) or 0) > limit:
                 raise Refuse(f"{head}: {producer.op} '{producer.name}' reads '{s.name}' "
-                             f"({fmt_bytes(shapes.nbytes(s))}), itself over the limit")
+                             f"({human(shapes.nbytes(s))}), itself over the limit")
         tail = SplitBlocks._tail(ctx, conv, shapes)
         rows_out, rows_x = y_shape[2], xs[2]
 
@@ -316,7 +312,7 @@ class BandOversize:
             n += 1
             bands, worst = plan(n)
         if worst > limit:
-            raise Refuse(f"{head}: even one output row per band needs {fmt_bytes(worst)}")
+            raise Refuse(f"{head}: even one output row per band needs {human(worst)}")
 
         first = len(ctx.graph.nodes)
         end = (tail[-1] if tail else conv).outputs[0]
@@ -346,9 +342,9 @@ class BandOversize:
         carried = "".join(f" -> {t.op}" for t in tail)
         return Action(self.name, conv.name, conv.op, Outcome.REWRITTEN,
                       f"computed in {n} row bands of {counts} output rows (of {rows_out}): input '{x.name}' "
-                      f"({fmt_bytes(size)}) was over the {fmt_bytes(limit)} limit; each band reads its rows of it "
+                      f"({human(size)}) was over the {human(limit)} limit; each band reads its rows of it "
                       f"(with the kernel's halo) from {fed}; largest band tensor "
-                      f"{fmt_bytes(worst)}; the Conv{carried} runs per band and one Concat joins the bands; each "
+                      f"{human(worst)}; the Conv{carried} runs per band and one Concat joins the bands; each "
                       "output pixel reads the same values, but the summation order of a Conv kernel on fewer rows "
                       "is the implementation's choice, so it is written only once shown exact",
                       tuple(t.name for t in ctx.graph.nodes[first:]), needs_verify=True)

@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 
 from ..pipeline import Action, Context, Outcome, Refuse, rewrite_each
@@ -169,7 +170,7 @@ class LowerGatherND:
                          [indices, ctx.const(f"{base}/component{i}", np.array(i, dtype=np.int64))],
                          [shaped], {"axis": -1})
             comp = ctx.var(f"{base}/index{i}", np.int32, point_shape)
-            ctx.node("Cast", f"{base}/index{i}_to_int32", [shaped], [comp], {"to": 6})  # 6 = INT32
+            ctx.node("Cast", f"{base}/index{i}_to_int32", [shaped], [comp], {"to": onnx.TensorProto.INT32})
             self._memo[key] = comp
             comps.append(comp)
         return comps

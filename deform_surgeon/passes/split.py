@@ -58,6 +58,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from ..budget import human
 from ..ops import ELEMENTWISE_NARY, ELEMENTWISE_UNARY, SHAPE_OPS, TAIL_OPS
 from ..pipeline import Action, Context, Outcome, Refuse
 from ..shapes import Shapes, broadcast
@@ -91,10 +92,6 @@ class Block:
     rows: int = 0  # h: the Conv's output rows
     layout: dict[str, Rows] | None = None  # region tensor name -> rows
     side: dict[tuple[int, int], Rows | None] | None = None  # (node index, input slot) -> rows of a side input
-
-
-def fmt_bytes(n: int) -> str:
-    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n:,} B"
 
 
 def along_rows(shape: tuple[int, ...], side: tuple[int, ...]) -> bool:
@@ -250,7 +247,7 @@ class SplitBlocks:
                     why = str(exc)
             name = block.conv.name if block.conv is not None else block.seeds[0].name
             op = block.conv.op if block.conv is not None else block.seeds[0].op
-            what = (f"{fmt_bytes(biggest[0])} tensor '{biggest[1]}' stays over the {fmt_bytes(limit)} limit"
+            what = (f"{human(biggest[0])} tensor '{biggest[1]}' stays over the {human(limit)} limit"
                     if over else f"--max-memory asked for {want} chunks")
             actions.append(Action(self.name, name, op, Outcome.REFUSED, f"block not split ({what}): {why}"))
         return actions
@@ -380,7 +377,7 @@ class SplitBlocks:
         fit = h if limit is None else min(limit * h // size for size, _ in sizes)
         if fit < 1:
             size, t = max(sizes, key=lambda p: p[0])
-            raise Refuse(f"one output row of '{t.name}' alone needs {fmt_bytes(size // h)}, more than the limit")
+            raise Refuse(f"one output row of '{t.name}' alone needs {human(size // h)}, more than the limit")
         n = max(math.ceil(h / fit), min(want, h))
         base, extra = divmod(h, n)
         counts = [base + (1 if c < extra else 0) for c in range(n)]
@@ -428,24 +425,24 @@ class SplitBlocks:
             carried = "".join(f" -> {node.op}" for node in tail)
             because = "would be over the limit" if over else "would hold the whole block again (--max-memory)"
             verdict = (f"the Conv{carried} is split into the same chunks (its input '{sink.name}', "
-                       f"{fmt_bytes(sink_size)}, {because}); the chunks alone give the whole chain's bytes on ORT CPU "
+                       f"{human(sink_size)}, {because}); the chunks alone give the whole chain's bytes on ORT CPU "
                        "(levels none and all), but ORT fuses a node with its neighbours, so it is written only once "
                        "shown exact in their company")
         else:
             sink.inputs[0].outputs.clear()
             ctx.node("Concat", f"{conv.name}/split/join", chunks, [sink], {"axis": 2})
-            verdict = (f"Conv input '{sink.name}' ({fmt_bytes(sink_size)}) stays whole"
+            verdict = (f"Conv input '{sink.name}' ({human(sink_size)}) stays whole"
                        + (", within the limit" if not over else " and REMAINS OVER the limit")
                        + (f": {why_whole}" if why_whole else ""))
         new_nodes = tuple(x.name for x in ctx.graph.nodes[first:])
         self.plan.chunks[conv.name] = n
 
         asked = f"; --max-memory asked for {want}" if want > 1 else ""
-        shown = fmt_bytes(limit) if limit else "(no --max-buffer)"
+        shown = human(limit) if limit else "(no --max-buffer)"
         reason = (f"split into {n} chunks of {'/'.join(str(x) for x in sorted(set(counts), reverse=True))} "
                   f"output rows (of {h}) along the sampling points ({len(block.seeds)} gathers, {len(block.nodes)} "
-                  f"nodes per chunk): largest tensor {fmt_bytes(before_size)} ('{before_name}') -> "
-                  f"{fmt_bytes(after_size)} per chunk, limit {shown}{asked}; "
+                  f"nodes per chunk): largest tensor {human(before_size)} ('{before_name}') -> "
+                  f"{human(after_size)} per chunk, limit {shown}{asked}; "
                   f"{verdict}")
         return Action(self.name, block.conv.name, block.conv.op, Outcome.REWRITTEN, reason, new_nodes, needs_verify)
 

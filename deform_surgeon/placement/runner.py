@@ -10,7 +10,6 @@ additionally found through the unique temporary profile directory on its command
 
 from __future__ import annotations
 
-import ctypes.util
 import dataclasses
 import json
 import os
@@ -28,13 +27,14 @@ import numpy as np
 
 from .. import runtimes
 from ..device import DeviceProfile, resolve_profile
+from ..ops import op_histogram
+from ..runtimes import harness_env, missing_setup
 from .logparse import CPU_EP, parse_ort_log
 from .result import Placement
 
 PKG_DIR = Path(__file__).resolve().parent
 CHROMIUM = runtimes.CHROMIUM
 SWIFTSHADER_ICD = runtimes.SWIFTSHADER_ICD
-CHROMIUM_LIBDIR = Path("/usr/lib/chromium")
 SETUP_COMMAND = runtimes.SETUP_COMMAND
 
 RUNTIMES = ("node", "browser")
@@ -67,69 +67,6 @@ class SetupMissing(RuntimeError):
 
 
 # --------------------------------------------------------------------------------------------------- setup
-
-
-def _pinned_versions() -> dict[str, str]:
-    try:
-        return json.loads((PKG_DIR / "package.json").read_text())["dependencies"]
-    except (OSError, ValueError, KeyError):
-        return {}
-
-
-def missing_setup(runtime: str | None = None) -> str | None:
-    """None when the runtimes are installed, else a one-line message naming ``deform-surgeon setup``.
-
-    ``runtime`` ("node" or "browser") limits the check to what that runtime needs; None checks both. Versions
-    are compared with the pins of package.json because a placement measured on another ORT build would not
-    be comparable across commits.
-    """
-    missing: list[str] = []
-    node_modules = runtimes.node_modules()
-    if shutil.which("node") is None:
-        missing.append("node")
-    need_node = runtime in (None, "node")
-    need_browser = runtime in (None, "browser")
-    files: list[Path] = [PKG_DIR / "harness_node.mjs"]
-    if need_browser:
-        files += [
-            CHROMIUM,
-            node_modules / "playwright-core" / "package.json",
-            node_modules / "onnxruntime-web" / "dist" / "ort.webgpu.min.mjs",
-            node_modules / "onnxruntime-web" / "dist" / "ort.min.mjs",
-            node_modules / "onnxruntime-web" / "dist" / "ort.all.min.mjs",
-        ]
-    if need_node:
-        files += [
-            SWIFTSHADER_ICD,
-            node_modules
-            / "onnxruntime-node"
-            / "bin"
-            / "napi-v6"
-            / "linux"
-            / "x64"
-            / "onnxruntime_binding.node",
-            node_modules / "webgpu" / "package.json",
-        ]
-    if not node_modules.is_dir():
-        missing.append(f"npm packages ({node_modules})")
-        files = [f for f in files if not f.is_relative_to(node_modules)]
-    for f in files:
-        if not f.exists():
-            missing.append(str(f.relative_to(PKG_DIR)) if f.is_relative_to(PKG_DIR) else str(f))
-    pins = _pinned_versions()
-    for pkg in ("onnxruntime-web", "onnxruntime-node", "playwright-core", "webgpu"):
-        pj = node_modules / pkg / "package.json"
-        if pkg in pins and pj.exists():
-            try:
-                got = json.loads(pj.read_text()).get("version")
-            except (OSError, ValueError):
-                got = None
-            if got != pins[pkg]:
-                missing.append(f"{pkg}@{pins[pkg]} (found {got})")
-    if not missing:
-        return None
-    command = SETUP_COMMAND + (" --browser" if need_browser else "")
-    return f"WebGPU runtimes not installed ({', '.join(missing)}); run `{command}`"
 
 
 # --------------------------------------------------------------------------------------------------- model io
@@ -362,21 +299,6 @@ def _run_harness(
                 proc.stdin.close()
 
 
-def _harness_env(tmp: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    xdg = tmp / "xdg"
-    xdg.mkdir(mode=0o700, exist_ok=True)
-    env["XDG_RUNTIME_DIR"] = str(xdg)  # Dawn's Vulkan backend wants a writable one
-    env["DEFORM_SURGEON_RUNTIMES"] = str(runtimes.node_modules().parent)  # where the harnesses find the packages
-    env["VK_ICD_FILENAMES"] = str(SWIFTSHADER_ICD)  # SwiftShader; Dawn rejects Mesa lavapipe
-    if ctypes.util.find_library("vulkan") is None and CHROMIUM_LIBDIR.is_dir():
-        # No system Vulkan loader (Debian libvulkan1): fall back to the one Chromium ships.
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(
-            p for p in (str(CHROMIUM_LIBDIR), env.get("LD_LIBRARY_PATH", "")) if p
-        )
-    return env
-
-
 # --------------------------------------------------------------------------------------------------- main
 
 
@@ -452,7 +374,7 @@ def measure_placement(
         if run:
             cmd += ["--io", str(io_dir), "--run"]
         cmd.append("--watch-stdin")
-        rc, fail, steps = _run_harness(cmd, _harness_env(tmp), log_path, timeout, progress, marker=str(tmp))
+        rc, fail, steps = _run_harness(cmd, harness_env(tmp), log_path, timeout, progress, marker=str(tmp))
         # a run that timed out after the session was created: the session is reported as what it was
         created = next((s for s in steps if s.startswith("session created in")), None) if fail else None
 
@@ -482,7 +404,8 @@ def measure_placement(
             (ep,) = summary.nodes_by_provider or {"?": 0}
             notes.append(f"ORT logged 'All nodes placed on [{ep}]' (no per-node list)")
         if summary.placement_logged and not summary.nodes_listed and summary.cpu_nodes:
-            summary = dataclasses.replace(summary, cpu_ops=_model_op_histogram(header))
+            by_count = sorted(op_histogram(header).items(), key=lambda kv: -kv[1])  # as the log's, most first
+            summary = dataclasses.replace(summary, cpu_ops=dict(by_count))
             notes.append(
                 "cpu_ops taken from the model file: ORT lists no nodes when one EP takes all of them"
             )
@@ -522,23 +445,6 @@ def measure_placement(
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def probe_adapter(timeout: float = 60.0) -> tuple[dict[str, Any] | None, str | None]:
-    """(adapter description, None) of the WebGPU adapter a Dawn instance in Node gets here, or (None, error)."""
-    msg = missing_setup("node")
-    if msg:
-        return None, msg
-    tmp = Path(tempfile.mkdtemp(prefix="ds-probe-"))
-    try:
-        r = subprocess.run(["node", str(PKG_DIR / "adapter_probe_node.mjs")], capture_output=True, text=True,
-                           env=_harness_env(tmp), cwd=str(PKG_DIR), timeout=timeout)
-        doc = json.loads(r.stdout.strip().splitlines()[-1]) if r.stdout.strip() else {}
-    except (subprocess.TimeoutExpired, ValueError, OSError) as e:
-        return None, f"adapter probe failed: {e}"
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return doc.get("adapter"), doc.get("error") or (None if doc.get("adapter") else "no adapter")
-
-
 def limit_violations(model: Path, profile: DeviceProfile, runtime: str, bundle: str | None) -> list[dict[str, Any]]:
     """Every node and tensor of `model` beyond `profile`'s limits, from the graph (`deform-surgeon budget`).
 
@@ -556,13 +462,6 @@ def limit_violations(model: Path, profile: DeviceProfile, runtime: str, bundle: 
     out += [{"kind": "binding_size", "tensor": t.name, "producer": t.producer, "bytes": t.nbytes,
              "limit": f"maxStorageBufferBindingSize {profile.max_binding}"} for t in report.over_binding]
     return out
-
-
-def _model_op_histogram(model: Any) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for node in model.graph.node:
-        counts[node.op_type] = counts.get(node.op_type, 0) + 1
-    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
 def _finish_run(

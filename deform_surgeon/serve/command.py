@@ -139,7 +139,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
 def _headless(url: str, args: argparse.Namespace) -> int:
     """Opens the page in headless Chromium, lets it run both models, saves its result JSON (and screenshot)."""
-    from ..placement.runner import _harness_env, _run_harness, missing_setup
+    from ..placement.runner import _run_harness
+    from ..runtimes import harness_env, missing_setup
 
     msg = missing_setup("browser")
     if msg:
@@ -157,7 +158,7 @@ def _headless(url: str, args: argparse.Namespace) -> int:
         def progress(text: str) -> None:
             print(f"[serve --headless] {text}", file=sys.stderr, flush=True)
 
-        rc, fail, _ = _run_harness(cmd, _harness_env(tmp), tmp / "browser.log", args.timeout + 60, progress,
+        rc, fail, _ = _run_harness(cmd, harness_env(tmp), tmp / "browser.log", args.timeout + 60, progress,
                                    marker=str(tmp))
         if not (tmp / "result.json").exists():
             tail = "\n".join((tmp / "browser.log").read_text("utf-8", "replace").strip().splitlines()[-5:]) \

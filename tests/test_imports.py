@@ -1,0 +1,98 @@
+"""The package's import graph has no cycle.
+
+Read from the source with `ast`, not by importing: every `import` / `from ... import` of a deform_surgeon module,
+wherever it stands (at the top, inside a function, under `if TYPE_CHECKING`), is an edge. An import moved into a
+function still makes the two modules depend on each other, so it cannot hide a cycle here: a cycle is broken by
+moving what belongs together (docs/architecture.md, "Layers"). `from pkg import sub` where `sub` is a module is an
+edge to `sub`; a package's own `__init__` is a node like any other.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import deform_surgeon
+
+PACKAGE = Path(deform_surgeon.__file__).resolve().parent
+ROOT = PACKAGE.name
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def _known(name: str, modules: dict[str, Path]) -> str | None:
+    """The package module `name` is (or lies in: `a.b.func` is `a.b`), None outside the package."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for module, path in modules.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    source = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    source = node.module or ""
+                subs = [f"{source}.{a.name}" for a in node.names if f"{source}.{a.name}" in modules]
+                targets = subs + ([source] if len(subs) < len(node.names) else [])
+            else:
+                continue
+            for target in targets:
+                known = _known(target, modules) if target.split(".")[0] == ROOT else None
+                if known is not None and known != module:
+                    graph[module].add(known)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of `graph` as [a, b, ..., a], or None (depth-first search, white/grey/black)."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_the_package_import_graph_has_no_cycle():
+    graph = import_graph()
+    assert len(graph) > 40 and graph[f"{ROOT}.surgeon"]  # the graph was read: every module, with its imports
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_finder_finds_a_cycle_through_a_function_level_import():
+    """The reader sees imports inside functions, and the search reports a cycle it is given."""
+    graph = import_graph()
+    assert f"{ROOT}.verify" in graph[f"{ROOT}.fold"]  # fold imports verify inside a function only
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
