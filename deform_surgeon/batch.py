@@ -34,9 +34,9 @@ runs each in its own process (one variant that fails or runs out of memory fails
 summary and exit codes.
 
 Entry options: allow_unproven, sum_mode, verify, strict, copy_unchanged, iterations, seed, val_range
-(`{ image = [0, 1] }`), opt_level, input_shapes (`{ input_image = [1, 3, 1024, 1024] }`). Switches given on the
-command line (--verify, --strict, ...) apply to every entry; valued command-line options are defaults that the
-manifest overrides.
+(`{ image = [0, 1] }`), opt_level, input_shapes (`{ input_image = [1, 3, 1024, 1024] }`), skip_passes
+(`["sum_chain"]`: passes not to run, as `--skip-pass`). Switches given on the command line (--verify, --strict, ...)
+apply to every entry; valued command-line options are defaults that the manifest overrides.
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ OPTIONS = {  # entry option -> accepted Python types
     "max_buffer": (int, str),  # bytes, or a size such as "256MiB" (as on the command line)
     "max_memory": (int, str), "device_profile": (str,),
     "input_shapes": (dict,),  # {input name: [dims]}, as `--input-shapes NAME:DIMS`
+    "skip_passes": (list,),  # ["sum_chain", ...]: registered passes not to run, as `--skip-pass NAME`
 }
 SWITCHES = ("allow_unproven", "verify", "strict", "copy_unchanged")
 ENTRY_KEYS = {"input", "glob", "output", "report", *OPTIONS}
@@ -207,6 +208,13 @@ def _option_problem(spec: dict) -> str | None:
             return f"option input_shapes: {exc.one_line()}"
     if "seed" in spec and spec["seed"] + spec.get("iterations", 1) - 1 > MAX_SEED:
         return f"option seed = {spec['seed']!r} should be at most {MAX_SEED:,} - iterations + 1"
+    if "skip_passes" in spec:
+        from .passes.registry import check_pass_names
+
+        try:
+            check_pass_names(spec["skip_passes"], "option skip_passes")
+        except SurgeonError as exc:
+            return exc.one_line()
     for key in ("max_buffer", "max_memory"):
         if key in spec:
             from .budget import parse_size

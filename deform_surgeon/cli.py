@@ -22,6 +22,7 @@ from .errors import SurgeonError, catch_signals, stopped_exit
 from .input_shapes import parse_input_shapes
 from .io_check import check_io
 from .model_io import atomic_path, check_model, load_model
+from .passes.registry import PASS_NAMES
 from .surgeon import SUM_MODES, inspect, patch
 from .verify import DEFAULT_ITERATIONS, DEFAULT_SEED, OPT_LEVELS, verify
 
@@ -86,6 +87,10 @@ def _rewrite_group(parser: argparse.ArgumentParser) -> None:
                    help="fix symbolic input dims first, e.g. input_image:1,3,1024,1024 (repeatable; polygraphy's "
                         "--input-shapes): the deform blocks are proven and the shape computations folded for that "
                         "size, and --verify compares with the original given that size")
+    g.add_argument("--skip-pass", dest="skip_passes", action="append", choices=PASS_NAMES, default=None,
+                   metavar="NAME", help=f"do not run this pass (repeatable; one of {', '.join(PASS_NAMES)}): "
+                                        "to find which rewrite a failing verification comes from; the report "
+                                        "lists the passes that ran")
 
 
 def _profile_arg(group, what: str) -> None:
@@ -99,7 +104,7 @@ def _cmd_patch(args: argparse.Namespace) -> int:
     check_io([args.model], out, [("--report", args.report)])
     report = patch(args.model, out, allow_unproven=args.allow_unproven, sum_mode=args.sum_mode,
                    max_buffer=args.max_buffer, max_memory=args.max_memory, device_profile=args.device_profile,
-                   input_shapes=parse_input_shapes(args.input_shapes),
+                   input_shapes=parse_input_shapes(args.input_shapes), skip_passes=args.skip_passes,
                    verify=args.verify, copy_unchanged=args.copy_unchanged, strict=args.strict,
                    verify_options=_verify_kwargs(args, args.model))
     print(report.format(verbose=args.verbose, cli=True))
@@ -115,7 +120,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     check_io([args.model], others=[("--json", args.json)])
     report = inspect(args.model, allow_unproven=args.allow_unproven, sum_mode=args.sum_mode,
                      max_buffer=args.max_buffer, max_memory=args.max_memory, device_profile=args.device_profile,
-                     input_shapes=parse_input_shapes(args.input_shapes))
+                     input_shapes=parse_input_shapes(args.input_shapes), skip_passes=args.skip_passes)
     print(report.format(verbose=args.verbose, cli=True))
     if args.json:
         _write_text(args.json, report.to_json())
@@ -181,7 +186,7 @@ def _cmd_batch(args: argparse.Namespace) -> int:
 
     cli = {k: getattr(args, k, None) for k in ("allow_unproven", "sum_mode", "verify", "strict", "copy_unchanged",
                                                "iterations", "seed", "opt_level", "out_dir", "report_dir",
-                                               "max_buffer", "max_memory", "device_profile")}
+                                               "max_buffer", "max_memory", "device_profile", "skip_passes")}
     ranges = parse_val_ranges(args.val_range)
     if ranges:
         cli["val_range"] = {k: list(v) for k, v in ranges.items()}

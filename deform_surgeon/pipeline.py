@@ -82,6 +82,7 @@ class Options:
     device_profile: str = "spec-default"  # the name of the device profile the model is fitted to
     storage_buffers: int | None = 8  # that profile's maxStorageBuffersPerShaderStage (None: no fitting)
     input_shapes: dict[str, tuple[int, ...]] | None = None  # --input-shape: inputs' dims fixed first (None: as is)
+    skip_passes: tuple[str, ...] = ()  # --skip-pass: names of registered passes (passes/registry.py) not to run
 
 
 class NameScope:

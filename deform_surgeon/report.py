@@ -37,6 +37,7 @@ class PatchReport:
     verification: VerifyResult | None = None
     note: str = ""
     webgpu: KernelReport | None = None  # the nodes without a WebGPU kernel, of the output (or the input if unchanged)
+    passes: list[str] = field(default_factory=list)  # the registered passes that ran, in order (--skip-pass: not all)
 
     @property
     def rewritten(self) -> list[Action]:
@@ -61,6 +62,7 @@ class PatchReport:
             "output": self.output,
             "written": self.written,
             "options": self.options,
+            "passes": self.passes,
             "ops_before": self.ops_before,
             "ops_after": self.ops_after,
             "summary": {
@@ -91,7 +93,11 @@ class PatchReport:
         line's flags (`--verbose`) where it tells how to see more, else the Python API's (`verbose=True`)."""
         more = "--verbose or --report FILE.json lists all" if cli else "format(verbose=True) or to_json() lists all"
         unproven = "--allow-unproven" if cli else "allow_unproven=True"
-        lines = [f"model: {self.model}", self.op_table(), ""]
+        skipped = self.options.get("skip_passes") or ()
+        lines = [f"model: {self.model}",
+                 f"passes: {', '.join(self.passes) or '(none)'}" + (f" (skipped: {', '.join(skipped)})" if skipped
+                                                                     else ""),
+                 self.op_table(), ""]
         by_kind: dict[tuple[str, str], list[Action]] = {}
         for a in self.actions:
             by_kind.setdefault((a.pass_name, a.action), []).append(a)

@@ -39,14 +39,8 @@ from .model_io import (
     user_path,
 )
 from .ops import op_histogram
-from .passes.bands import BandOversize
-from .passes.deform_conv import LowerDeformConv
-from .passes.fit import FitStorageBuffers
-from .passes.gather_elements import LowerGatherElements
-from .passes.gathernd import LowerGatherND
-from .passes.residency import IndexChainResidency
-from .passes.split import SplitBlocks, SplitPlan
-from .passes.sum_chain import ChainSum
+from .passes.registry import PASS_NAMES, check_pass_names, make_passes
+from .passes.split import SplitPlan
 from .pipeline import Action, Context, Options, Outcome, run_passes
 from .region import Region, find_region, region_model, splice, type_boundary
 from .report import PatchReport
@@ -61,12 +55,15 @@ PATCH_STAGES = ("prove", "export", "write", "verify")  # what `patch(progress=..
 MEMORY_ROUNDS = 6  # --max-memory: at most this many re-chunkings after the first patch
 
 
-def default_passes(plan: SplitPlan | None = None) -> list:
-    """The passes `patch` runs, in order (to a fixed point); the split and bands passes share `plan`."""
-    plan = plan if plan is not None else SplitPlan()
-    return [LowerDeformConv(plan.keep_whole), LowerGatherND(), LowerGatherElements(), IndexChainResidency(),
-            ChainSum(), FitStorageBuffers(),
-            SplitBlocks(plan), BandOversize(plan)]
+def default_passes(plan: SplitPlan | None = None, skip: tuple[str, ...] = ()) -> list:
+    """The passes `patch` runs, in order (to a fixed point): the pass registry's (passes/registry.py), but those
+    named in `skip` (`--skip-pass`); the split and bands passes share `plan`."""
+    return make_passes(plan, skip)
+
+
+def passes_run(options: Options) -> list[str]:
+    """The names of the passes a run with `options` runs, in order (what the report lists)."""
+    return [name for name in PASS_NAMES if name not in options.skip_passes]
 
 
 @contextmanager
@@ -116,7 +113,7 @@ def _run(model_path: str | Path, options: Options, plan: SplitPlan | None = None
     ctx = Context(graph, types, options, reserved=region.names, stored=weights)
     if plan is not None:
         plan.proofs.clear()  # the proofs of an earlier lift name the nodes of its graph
-    actions = whole + run_passes(ctx, default_passes(plan))
+    actions = whole + run_passes(ctx, default_passes(plan, options.skip_passes))
     return Lifted(model, weights, region, sub, graph, actions, ops_before, types, ctx)
 
 
@@ -234,16 +231,17 @@ def _more_chunks(peak, plan: SplitPlan, limit: int) -> dict[str, int]:
 def inspect(model_path: str | Path, *, allow_unproven: bool = False, sum_mode: str | None = None,
             max_buffer: int | str | None = None, max_memory: int | str | None = None,
             device_profile: str | Path | DeviceProfile | None = None,
-            input_shapes: dict[str, list[int] | tuple[int, ...]] | None = None) -> PatchReport:
+            input_shapes: dict[str, list[int] | tuple[int, ...]] | None = None,
+            skip_passes: list[str] | tuple[str, ...] | None = None) -> PatchReport:
     """Dry run: what `patch` would rewrite or refuse, and why. Writes nothing (so the whole-model verification a
     split Conv needs before it is written is not run either)."""
     model_path = user_path(model_path, "the model")
-    options = _options(allow_unproven, sum_mode, max_buffer, max_memory, device_profile, input_shapes)
+    options = _options(allow_unproven, sum_mode, max_buffer, max_memory, device_profile, input_shapes, skip_passes)
     lifted, memory = _lift(model_path, options, SplitPlan())
     note = "; ".join(x for x in ("inspect: dry run, nothing written", memory, _symbolic_note(lifted)) if x)
     return PatchReport(str(model_path), None, False, vars(options), lifted.ops_before,
                        op_histogram(lifted.patched()[0]), lifted.actions, note=note,
-                       webgpu=lifted.kernels(patched=True))
+                       webgpu=lifted.kernels(patched=True), passes=passes_run(options))
 
 
 @api_call
@@ -253,7 +251,8 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
           strict: bool = False, verify_options: dict | None = None, max_buffer: int | str | None = None,
           max_memory: int | str | None = None, device_profile: str | Path | DeviceProfile | None = None,
           progress: Callable[[str], None] | None = None,
-          input_shapes: dict[str, list[int] | tuple[int, ...]] | None = None) -> PatchReport:
+          input_shapes: dict[str, list[int] | tuple[int, ...]] | None = None,
+          skip_passes: list[str] | tuple[str, ...] | None = None) -> PatchReport:
     """Patch `model_path`; write `output_path` (atomically, and only after verification if `verify`).
 
     `input_shapes` ({input: dims}, `--input-shape`) fixes the named inputs' symbolic dims first (input_shapes.py);
@@ -264,6 +263,8 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
     blocks in row chunks, Convs in row bands, Resizes in channel groups.
     Weights are never loaded into memory as a whole (see model_io): a model with external data keeps it external,
     in the output's own `<OUT>.data`. `progress(stage)` is called as the work reaches each of `PATCH_STAGES`.
+    `skip_passes` names passes of the registry (passes/registry.py: `PASS_NAMES`) not to run, e.g. to find which
+    rewrite a failing verification comes from; the report lists the passes that ran.
 
     With nothing to rewrite, nothing is written unless `copy_unchanged` (then an exact copy of the input).
     With `strict`, nothing is written if any node was refused.
@@ -276,7 +277,7 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
     """
     model_path = user_path(model_path, "the model")
     output_path = None if output_path is None else user_path(output_path, "the output")
-    options = _options(allow_unproven, sum_mode, max_buffer, max_memory, device_profile, input_shapes)
+    options = _options(allow_unproven, sum_mode, max_buffer, max_memory, device_profile, input_shapes, skip_passes)
     _switches(verify=verify, copy_unchanged=copy_unchanged, strict=strict)
     if progress is not None and not callable(progress):
         raise SurgeonError(None, f"progress must be a function of the stage name, or None (got {progress!r})")
@@ -293,7 +294,7 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
         check_external_output(output_path, model_path, weights)
     report = PatchReport(str(model_path), None if output_path is None else str(output_path), False,
                          vars(options), before, before, actions,
-                         note="; ".join(x for x in (memory, _symbolic_note(lifted)) if x))
+                         note="; ".join(x for x in (memory, _symbolic_note(lifted)) if x), passes=passes_run(options))
     if strict and report.refused and output_path is not None:
         report.note = f"--strict: {len(report.refused)} node(s) refused; {output_path} not written"
         return report
@@ -573,7 +574,7 @@ def _size(name: str, value: int | str | None) -> int | None:
 
 def _options(allow_unproven: bool, sum_mode: str | None, max_buffer: int | str | None = None,
              max_memory: int | str | None = None, device_profile: str | Path | DeviceProfile | None = None,
-             input_shapes: dict | None = None) -> Options:
+             input_shapes: dict | None = None, skip_passes: list[str] | tuple[str, ...] | None = None) -> Options:
     """The rewrite options of `patch` and `inspect`, checked before any work (one-line `SurgeonError`s)."""
     _switches(allow_unproven=allow_unproven)
     sum_mode = "chain" if sum_mode is None else sum_mode
@@ -585,4 +586,5 @@ def _options(allow_unproven: bool, sum_mode: str | None, max_buffer: int | str |
         max_buffer = min(profile.max_binding, profile.max_buffer)
     return Options(allow_unproven=allow_unproven, sum_mode=sum_mode, max_buffer=max_buffer, max_memory=max_memory,
                    device_profile=profile.name, storage_buffers=profile.storage_buffers,
-                   input_shapes=check_input_shapes(input_shapes))
+                   input_shapes=check_input_shapes(input_shapes),
+                   skip_passes=check_pass_names(skip_passes, "skip_passes"))

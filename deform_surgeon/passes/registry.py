@@ -1,0 +1,85 @@
+"""The pass registry: every node-level pass by its name, in the order `patch` runs them.
+
+Why a registry: a pass is addressed by its name wherever a user or a test picks passes (`--skip-pass NAME`,
+`skip_passes=` in the Python API and in batch manifests, the report's list of the passes that ran), and the
+choices of those come from here, as OnnxSlim takes its `--skip-fusion-patterns` choices from its pattern registry
+and onnxscript's rewriter holds its default rules in one named set. When a patched model fails to verify on a
+user's machine, skipping one pass at a time bisects which rewrite is at fault.
+
+Why an ordered tuple and not registration by a decorator at import time: the order is part of the output (the
+passes run in this order to a fixed point, and a later pass sees what an earlier one built), so it is written
+down once, here, rather than following whichever module happened to be imported first. A pass's name is its
+class's `name`: the same string its `Action`s carry in the report.
+
+Every pass is exact on its own (each rewrite is proven, or verified before it is written), so any subset of them
+gives a model that computes the same bytes; skipping a pass leaves exactly its rewrites out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from ..errors import SurgeonError
+from ..pipeline import Pass
+from .bands import BandOversize
+from .deform_conv import LowerDeformConv
+from .fit import FitStorageBuffers
+from .gather_elements import LowerGatherElements
+from .gathernd import LowerGatherND
+from .residency import IndexChainResidency
+from .split import SplitBlocks, SplitPlan
+from .sum_chain import ChainSum
+
+
+@dataclass(frozen=True)
+class Registered:
+    """One pass in the registry: its class and how `patch` makes it for one run (the split, bands and deform_conv
+    passes share the run's `SplitPlan`: the blocks to keep whole, the chunks asked for)."""
+
+    cls: type
+    make: Callable[[SplitPlan], Pass]
+
+    @property
+    def name(self) -> str:
+        return self.cls.name
+
+    @property
+    def summary(self) -> str:
+        """The first sentence of the pass's docstring (for `--help` and the docs)."""
+        return " ".join((self.cls.__doc__ or "").split()).split(". ")[0].rstrip(".")
+
+
+REGISTRY: tuple[Registered, ...] = (
+    Registered(LowerDeformConv, lambda plan: LowerDeformConv(plan.keep_whole)),
+    Registered(LowerGatherND, lambda plan: LowerGatherND()),
+    Registered(LowerGatherElements, lambda plan: LowerGatherElements()),
+    Registered(IndexChainResidency, lambda plan: IndexChainResidency()),
+    Registered(ChainSum, lambda plan: ChainSum()),
+    Registered(FitStorageBuffers, lambda plan: FitStorageBuffers()),
+    Registered(SplitBlocks, lambda plan: SplitBlocks(plan)),
+    Registered(BandOversize, lambda plan: BandOversize(plan)),
+)
+PASS_NAMES: tuple[str, ...] = tuple(r.name for r in REGISTRY)
+
+
+def check_pass_names(names: Iterable[str] | None, option: str = "skip_passes") -> tuple[str, ...]:
+    """`names` as a tuple in the registry's order, each once; `SurgeonError` (one line naming `option` and the
+    known names) for a name the registry does not hold or a value that is not a list of names."""
+    if names is None:
+        return ()
+    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+        raise SurgeonError(None, f"{option} takes a list of pass names, not {names!r}",
+                           f"known passes: {', '.join(PASS_NAMES)}")
+    unknown = [n for n in names if n not in PASS_NAMES]
+    if unknown:
+        raise SurgeonError(None, f"unknown pass {', '.join(repr(n) for n in unknown)} in {option}",
+                           f"known passes: {', '.join(PASS_NAMES)}")
+    return tuple(n for n in PASS_NAMES if n in set(names))
+
+
+def make_passes(plan: SplitPlan | None = None, skip: Iterable[str] = ()) -> list[Pass]:
+    """The registered passes but those named in `skip`, made for one run that shares `plan`."""
+    plan = plan if plan is not None else SplitPlan()
+    skipped = set(check_pass_names(skip))
+    return [r.make(plan) for r in REGISTRY if r.name not in skipped]
