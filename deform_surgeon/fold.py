@@ -380,7 +380,7 @@ def _boundary(found: _Static, folded: set[int], outputs: set[str]) -> set[str]:
 
 def _unstorable(name: str, value: np.ndarray, types: TypeTable, limit: int) -> str | None:
     if value.nbytes > limit:
-        return f"'{name}' would be a {_describe(value)} initializer, above the fold limit of {limit >> 20} MiB"
+        return f"'{name}' would be a {_describe(value)} initializer, above the fold limit of {human(limit)}"
     if name in types:
         elem, shape = types[name]
         if elem and onnx.helper.np_dtype_to_tensor_dtype(value.dtype) != elem:
