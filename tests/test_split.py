@@ -518,7 +518,7 @@ def test_max_memory_chunks_until_budgets_peak_fits(tmp_path):
     report = patch(src, out, max_memory=800_000)  # nothing over the buffer limit: the memory budget alone chunks
     (split,) = split_actions(report.actions)
     assert split.node == "Conv_1004" and "--max-memory asked for" in split.reason
-    assert "limit 128.0 MiB" in split.reason and report.options["max_buffer"] == 128 << 20  # spec-default's
+    assert "limit 134.2 MB (128.0 MiB)" in split.reason and report.options["max_buffer"] == 128 << 20  # spec-default's
     assert "peak of live activations (budget's measure) 1.3 MB (1.2 MiB) -> " in report.note
     assert "within the limit" in report.note
     after = analyze(out)
