@@ -8,7 +8,7 @@ Both are real subprocesses, timed with the wall clock, their peak resident set s
 (`os.wait4`'s rusage of that one child). The floor is one inference of the original on ORT CPU (default graph
 optimisation level, seeded input in [0, 1)): what a user's machine must afford to run the model at all. Targets
 (issue 23, the real BiRefNet-lite 1024): patch <= 30 s and <= 3 GB peak RSS. Prints both, the ratios, and the
-patch's report note. Run real 1024 models under `flock /work/bigmem.lock`. Measures; does not gate (exit 0).
+patch's report note. A real 1024 model needs ~8 GB for the floor: run it alone. Measures; does not gate (exit 0).
 """
 
 from __future__ import annotations
