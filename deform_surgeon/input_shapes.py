@@ -11,10 +11,12 @@ inference now knows it (a size the baked Reshapes cannot take fails as bad input
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 
 import onnx
+from onnx import numpy_helper
 
 from .errors import SurgeonError
 
@@ -80,6 +82,35 @@ def fix_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]
         if describe(vi) != before:
             changed.append(f"{before} -> [{','.join(map(str, dims))}]")
     return changed
+
+
+def impossible_reshape(model: onnx.ModelProto, types, path: object) -> None:
+    """Refuse (SurgeonError) a size the model cannot run at: a Reshape to a constant shape (no 0, no -1) whose
+    input, at the given size, has another number of elements. Why: an exporter that bakes the traced size into
+    its Reshapes (deform-conv2d-onnx-exporter does, for every deform block) gives a model that ORT refuses to run
+    at any other size; the proofs would hold for the baked shapes only, and nothing else says so before a run.
+    `types` is the inference of the model at the given size (model_io.TypeTable)."""
+    small = {t.name: t for t in model.graph.initializer if t.HasField("raw_data") or t.int64_data}
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            small[node.output[0]] = node.attribute[0].t
+    for node in model.graph.node:
+        if node.op_type != "Reshape" or len(node.input) < 2 or node.input[1] not in small:
+            continue
+        tensor = small[node.input[1]]
+        if tensor.data_type != onnx.TensorProto.INT64 or not (tensor.raw_data or tensor.int64_data):
+            continue  # a stored tensor (not a shape) or no value here: nothing to say
+        target = numpy_helper.to_array(tensor).tolist()
+        try:
+            _, shape = types[node.input[0]]
+        except KeyError:
+            continue
+        if not target or min(target) < 1 or not shape or not all(isinstance(d, int) and d > 0 for d in shape):
+            continue
+        if math.prod(shape) != math.prod(target):
+            raise SurgeonError(path, f"the model cannot run at the given --input-shape: Reshape '{node.name}' "
+                               f"turns {list(shape)} into the constant shape {target} (the export baked its "
+                               "traced size in; give that size, or export at the size the model will get)")
 
 
 def symbolic_inputs(model: onnx.ModelProto) -> list[str]:

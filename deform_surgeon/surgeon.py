@@ -21,7 +21,7 @@ from .background import Background
 from .device import DeviceProfile, resolve_profile
 from .errors import SurgeonError, VerificationError, api_call
 from .fold import fold_static, has_reduced_floats
-from .input_shapes import check_input_shapes, fix_input_shapes, symbolic_inputs
+from .input_shapes import check_input_shapes, fix_input_shapes, impossible_reshape, symbolic_inputs
 from .io_check import check_io
 from .kernels import KernelReport, kernel_report
 from .model_io import (
@@ -100,6 +100,8 @@ def _run(model_path: str | Path, options: Options, plan: SplitPlan | None = None
         types = TypeTable(onnx.GraphProto.FromString(checking.result()))
     finally:
         checking.close()
+    if fixed:
+        impossible_reshape(model, types, model_path)
     whole = [Action("input-shape", line.split(":")[0], "Input", Outcome.REWRITTEN,
                     f"fixed to the given size ({line}): what is then static is folded, by fold.py for float16 or "
                     "by ORT when the session is created") for line in fixed]
