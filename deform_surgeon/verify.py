@@ -244,6 +244,11 @@ def verify(original: str | Path, patched: str | Path, *, iterations: int | None 
                 d.dim_value = want
     ranges = default_val_ranges(original, val_range, inputs[0])
     signatures = [_describe(i) for i in inputs]
+    symbolic = [vi for vi in inputs[0] if any(not d.HasField("dim_value") for d in vi.type.tensor_type.shape.dim)]
+    # what to change when a model fails on the seeded inputs: a symbolic dim is fed as 1, which the exporter's
+    # baked Reshapes (or a Resize) cannot take, and then the size, not the value range, is the cause
+    fix = (f"give the size the model will get with --input-shapes NAME:DIMS (its inputs have symbolic dims: "
+           f"{_describe(symbolic)})" if symbolic else "choose input ranges the model is valid for with --val-range")
     for name, (lo, hi) in (val_range or {}).items():
         if name not in ranges:
             raise SurgeonError(original, f"--val-range names '{name}', which is not an input of the model",
@@ -282,7 +287,7 @@ def verify(original: str | Path, patched: str | Path, *, iterations: int | None 
                                                                      input_metadata=_metadata(input_shapes)))
             except Exception as exc:
                 raise SurgeonError(path, f"fails to run on ORT CPU with the seeded inputs ({_one_line(exc)})",
-                                   "choose input ranges the model is valid for with --val-range") from None
+                                   fix) from None
             if results is None:
                 results = ran
             else:

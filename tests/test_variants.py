@@ -283,6 +283,18 @@ def test_a_bad_input_shape_is_one_line_exit_2(dynamic, tmp_path, shape, problem)
     assert snapshot(tmp_path) == before
 
 
+def test_verify_of_a_dynamic_model_without_its_size_asks_for_the_size(dynamic):
+    """Seeded inputs give a symbolic dim the size 1, which the baked Reshapes cannot take: the fix to suggest is
+    the size (--input-shapes), not the value range."""
+    proc = run_cli("verify", "dyn.onnx", "dyn.onnx", "--iterations", "1", cwd=dynamic)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    line = one_error_line(proc)
+    assert re.search(r"dyn\.onnx: fails to run on ORT CPU with the seeded inputs .*give the size the model will get "
+                     r"with --input-shapes NAME:DIMS \(its inputs have symbolic dims: image: float32\[batch,3,height,"
+                     r"width\]\)", line), line
+    assert "--val-range" not in line
+
+
 def test_input_shapes_in_a_manifest(dynamic, tmp_path):
     shutil.copyfile(dynamic / "dyn.onnx", tmp_path / "dyn.onnx")
     (tmp_path / "m.toml").write_text('[[model]]\ninput = "dyn.onnx"\noutput = "fixed.onnx"\nverify = true\n'
