@@ -71,10 +71,13 @@ def fixed_inputs(inputs: Sequence[onnx.ValueInfoProto], shapes: Mapping[str, Seq
     return out
 
 
-def fix_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], path: object) -> list[str]:
-    """Set the named inputs' dims in place; returns one line per input that changed ("name: [a,b] -> [1,2]")."""
+def fix_input_shapes(model: onnx.ModelProto | Sequence[onnx.ValueInfoProto], shapes: Mapping[str, Sequence[int]],
+                     path: object) -> list[str]:
+    """Set the named inputs' dims in place (of a model, or of its input declarations alone); returns one line per
+    input that changed ("name: [a,b] -> [1,2]")."""
+    inputs = model.graph.input if isinstance(model, onnx.ModelProto) else model
     changed = []
-    for vi, dims in fixed_inputs(model.graph.input, shapes, path):
+    for vi, dims in fixed_inputs(inputs, shapes, path):
         before = describe(vi)
         for d, want in zip(vi.type.tensor_type.shape.dim, dims, strict=True):
             d.ClearField("dim_param")
@@ -116,8 +119,11 @@ def impossible_reshape(model: onnx.ModelProto, types, path: object) -> None:
 def symbolic_inputs(model: onnx.ModelProto) -> list[str]:
     """The inputs with a dim that is not a number, described ("image: [batch,3,height,width]")."""
     init = {t.name for t in model.graph.initializer}
-    return [describe(vi) for vi in model.graph.input if vi.name not in init and
-            any(not d.HasField("dim_value") for d in vi.type.tensor_type.shape.dim)]
+    return [describe(vi) for vi in model.graph.input if vi.name not in init and has_symbolic_dims(vi)]
+
+
+def has_symbolic_dims(vi: onnx.ValueInfoProto) -> bool:
+    return any(not d.HasField("dim_value") for d in vi.type.tensor_type.shape.dim)
 
 
 def describe(vi: onnx.ValueInfoProto) -> str:

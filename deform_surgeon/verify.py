@@ -235,16 +235,14 @@ def verify(original: str | Path, patched: str | Path, *, iterations: int | None 
     check_options(iterations, seed, opt_level, val_range, threads)
     if not isinstance(quiet, bool):
         raise SurgeonError(None, f"quiet must be True or False (got {quiet!r})")
+    from .input_shapes import fix_input_shapes, has_symbolic_dims
+
     inputs = [input_signature(path) for path in (original, patched)]
     if input_shapes:
-        from .input_shapes import fixed_inputs
-
-        for vi, dims in fixed_inputs(inputs[0], input_shapes, original):
-            for d, want in zip(vi.type.tensor_type.shape.dim, dims, strict=True):
-                d.dim_value = want
+        fix_input_shapes(inputs[0], input_shapes, original)
     ranges = default_val_ranges(original, val_range, inputs[0])
     signatures = [_describe(i) for i in inputs]
-    symbolic = [vi for vi in inputs[0] if any(not d.HasField("dim_value") for d in vi.type.tensor_type.shape.dim)]
+    symbolic = [vi for vi in inputs[0] if has_symbolic_dims(vi)]
     # what to change when a model fails on the seeded inputs: a symbolic dim is fed as 1, which the exporter's
     # baked Reshapes (or a Resize) cannot take, and then the size, not the value range, is the cause
     fix = (f"give the size the model will get with --input-shapes NAME:DIMS (its inputs have symbolic dims: "
