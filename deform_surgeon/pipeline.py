@@ -7,7 +7,8 @@ construction.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
@@ -33,7 +34,31 @@ class Outcome(StrEnum):
 
 class Refuse(Exception):
     """Raised deep inside a pass's check when a match must be left as it is; the message is the reason the report
-    shows. The pass catches it at the match and returns `Action(..., Outcome.REFUSED, str(exc))`."""
+    shows, `details` what it states as data (docs/report.md, "Details"): `Refuse(reason, limit_bytes=...)`. The pass
+    catches it at the match and returns `Action(..., Outcome.REFUSED, str(exc), details=exc.details)`."""
+
+    def __init__(self, reason: str, **details: Any) -> None:
+        super().__init__(reason)
+        self.details = json_safe(details)
+
+    def prefixed(self, head: str, **details: Any) -> Refuse:
+        """The same refusal under `head` (`f"{head}{reason}"`), with `details` added: for a check that refuses in
+        the words of the match it is part of."""
+        return Refuse(f"{head}{self}", **{**details, **self.details})
+
+
+def json_safe(value: Any) -> Any:
+    """`value` with numpy scalars as Python numbers, tuples as lists and a float infinity or NaN as the string
+    `"inf"`, `"-inf"` or `"nan"`: what `json.dumps` writes as standard JSON."""
+    if isinstance(value, Mapping):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return value
 
 
 @dataclass(frozen=True)
@@ -49,6 +74,12 @@ class Action:
     # True when the rewrite is not exact by construction and was only checked on a part of the model (the split
     # pass's Conv chunks): `patch` then verifies the whole model before writing it, and undoes it if that fails
     needs_verify: bool = False
+    # what `reason` states, as data (chunks, rows, sizes in bytes, bounds, the limit, a measured difference): one
+    # vocabulary for every pass, docs/report.md "Details"; JSON-safe (numbers, strings, lists, mappings)
+    details: Mapping[str, Any] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "details", json_safe(self.details))
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -65,7 +96,7 @@ def rewrite_each(pass_name: str, nodes: Iterable[gs.Node], check: Callable[[gs.N
         try:
             plan = check(node)
         except Refuse as why:
-            actions.append(Action(pass_name, node.name, node.op, Outcome.REFUSED, str(why)))
+            actions.append(Action(pass_name, node.name, node.op, Outcome.REFUSED, str(why), details=why.details))
             continue
         actions.append(rewrite(node, plan))
     return actions

@@ -217,6 +217,17 @@ class ComponentProof:
     status: Status
     why: str
 
+    def details(self) -> dict:
+        """This component as data (a report's `details`, docs/report.md): the data dim it addresses and its size,
+        the interval of the index, and the clamp that bounds it or the node where the proof stops."""
+        out = {"dim": self.dim, "size": self.size, "interval": [self.span.lo, self.span.hi], "nan": self.span.nan,
+               "status": str(self.status)}
+        if self.span.clamp:
+            out["clamp"] = self.span.clamp
+        if self.status is not Status.PROVEN and self.span.stop_node():
+            out["stop"] = self.span.stop_node()
+        return out
+
 
 @dataclass(frozen=True)
 class IndexVerdict:
@@ -231,6 +242,11 @@ class IndexVerdict:
     @property
     def proven(self) -> bool:
         return self.status is Status.PROVEN
+
+    @property
+    def details(self) -> dict:
+        """The verdict as data: its status (`proof`) and one entry per index component (`indices`)."""
+        return {"proof": str(self.status), "indices": [c.details() for c in self.components]}
 
 
 def judge(dim: int, size: int | None, span: Interval, what: str = "index") -> ComponentProof:

@@ -41,7 +41,7 @@ from .model_io import (
 from .ops import op_histogram
 from .passes.registry import PASS_NAMES, check_pass_names, make_passes
 from .passes.split import SplitPlan
-from .pipeline import Action, Context, Options, Outcome, run_passes
+from .pipeline import Action, Context, Options, Outcome, Refuse, run_passes
 from .region import Region, find_region, region_model, splice, type_boundary
 from .report import PatchReport
 from .slices import split_to_slices
@@ -370,7 +370,9 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
             checked = "; ".join(f"level '{r.get('opt_level') or 'all'}', "
                                 f"{r.get('iterations') or DEFAULT_ITERATIONS} input(s)" for r in runs)
             report.actions = [dataclasses.replace(a, reason=f"{a.reason}: verified byte-identical before "
-                                                  f"writing ({checked})")
+                                                  f"writing ({checked})",
+                                                  details={**a.details, "shown_exact": "whole_model",
+                                                           "levels": [r.get("opt_level") or "all" for r in runs]})
                               if a.needs_verify else a for a in report.actions]
 
     stage("write")
@@ -387,7 +389,7 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
         why = (f"not shown exact on the whole model: with {'it' if len(unproven) == 1 else 'these'} (the rewrites not "
                f"exact by construction: {', '.join(sorted({a.pass_name for a in unproven}))}) the whole patched "
                f"model was checked on ORT CPU and {exc.__cause__}")
-        plan.keep_whole.update({a.node: why for a in unproven})
+        plan.keep_whole.update({a.node: Refuse(why, undone="whole_model") for a in unproven})
         report.verification = None
         lifted, memory = _lift(model_path, options, plan, rounds=0)
         patched, region = lifted.patched()
@@ -425,10 +427,12 @@ def _prove_locally(model_path: str | Path, options: Options, plan: SplitPlan, li
             levels = " and ".join(f"'{x}'" for x in LEVELS)
             lifted.actions = [dataclasses.replace(a, needs_verify=False, reason=(
                 f"{a.reason}: shown exact before writing, on its own: beside the nodes it replaced, with the nodes "
-                f"reading it, on ORT CPU at levels {levels} (seeded inputs of the real shapes)"))
+                f"reading it, on ORT CPU at levels {levels} (seeded inputs of the real shapes)"),
+                details={**a.details, "shown_exact": "on_its_own", "levels": list(LEVELS)})
                 if a in unproven else a for a in lifted.actions]
             break
-        plan.keep_whole.update({node: f"not shown exact: {why}" for node, why in failed.items()})
+        plan.keep_whole.update({node: why.prefixed("not shown exact: ", undone="on_its_own")
+                                for node, why in failed.items()})
         undone += len(failed)
         lifted, memory = _lift(model_path, options, plan)
     if undone:

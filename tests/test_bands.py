@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from deform_surgeon import patch
 from deform_surgeon.budget import analyze
-from deform_surgeon.pipeline import Outcome
+from deform_surgeon.pipeline import Outcome, Refuse
 
 KiB = 1024
 LEVELS = {"all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL, "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL}
@@ -59,13 +59,14 @@ def test_decoder_tail_fits_the_limit_and_is_byte_identical(tmp_path, current):
     acts = {a.node: a for a in bands_actions(report.actions)}
     assert sorted(acts) == ["Conv_att_conv1", "Conv_ipt_conv_out", "Conv_mask", "Resize_dec_up"]
     assert all(a.action == Outcome.REWRITTEN and not a.needs_verify for a in acts.values())
-    assert all("shown exact before writing, on its own" in a.reason for a in acts.values())
-    assert "2 channel groups of 16 channels (of 32)" in acts["Resize_dec_up"].reason
-    assert "reads the output of Conv 'Conv_dec_conv_out' computed for its channels only" in \
-        acts["Resize_dec_up"].reason
-    assert "from Conv 'Conv_ipt_conv1' computed for those rows" in acts["Conv_ipt_conv_out"].reason
-    assert "the Conv -> Relu runs per band" in acts["Conv_att_conv1"].reason
-    assert ("its 1 Shape reader(s) become Constants of its static shape" in acts["Resize_dec_up"].reason) == current
+    assert all(a.details["shown_exact"] == "on_its_own" for a in acts.values())
+    resize = acts["Resize_dec_up"].details
+    assert (resize["groups"], resize["group_channels"], resize["channels"]) == (2, [16, 16], 32)
+    assert resize["source"] == "Conv_dec_conv_out"  # the Conv computed for each group's channels, not a Slice
+    assert resize["shape_readers"] == (1 if current else 0)  # a Shape reader becomes a Constant
+    assert acts["Conv_ipt_conv_out"].details["source"] == "Conv_ipt_conv1"
+    assert acts["Conv_att_conv1"].details["carried"] == ["Relu"]
+    assert all(a.details["band_bytes"] <= limit for a in acts.values() if a.op == "Conv")
     assert report.written and over(str(out), limit) == []
     model = onnx.load(src)
     for seed in (0, 1):
@@ -93,12 +94,16 @@ def test_a_band_not_shown_exact_on_the_whole_model_is_undone(tmp_path):
     src = tmp_path / "tail.onnx"
     onnx.save(decoder_tail(), src)
     why = "not shown exact on the whole model: (test)"
-    plan = SplitPlan(keep_whole={"Conv_mask": why, "Resize_dec_up": why})
+    plan = SplitPlan(keep_whole={"Conv_mask": Refuse(why, undone="whole_model"),
+                                 "Resize_dec_up": Refuse(why, undone="whole_model")})
     lifted, _ = _lift(src, _options(False, None, 300 * KiB), plan)
     acts = {a.node: a for a in bands_actions(lifted.actions)}
-    assert acts["Conv_mask"].action == Outcome.REFUSED and acts["Conv_mask"].reason.endswith(why)
-    assert acts["Resize_dec_up"].action == Outcome.REFUSED
-    assert "'dec_up' (524,288 B) stays over" in acts["Resize_dec_up"].reason
+    assert acts["Conv_mask"].action == Outcome.REFUSED and acts["Conv_mask"].details["undone"] == "whole_model"
+    assert acts["Conv_mask"].reason.endswith(why)  # the reason says why, for a person
+    resize = acts["Resize_dec_up"]
+    assert resize.action == Outcome.REFUSED and resize.details["undone"] == "whole_model"
+    assert (resize.details["tensor"], resize.details["size_bytes"], resize.details["limit_bytes"]) == \
+        ("dec_up", 524_288, 300 * KiB)
     assert acts["Conv_att_conv1"].action == Outcome.REWRITTEN
 
 
@@ -113,8 +118,8 @@ def test_groups_from_a_slice_when_the_conv_output_is_read_elsewhere(tmp_path):
     act = next(a for a in bands_actions(report.actions) if a.node == "Resize_dec_up")
     # its proof runs the Conv before it too (the NCHWc layout reaches the whole Resize, not the Slices' groups):
     # the groups differ at level 'all', so the Resize is kept whole, with the measured difference
-    assert act.action == Outcome.REFUSED and "not shown exact: run on its own with its neighbours on ORT CPU " \
-        "(level 'all'), it does not give the whole node's bytes (max diff 3e-08)" in act.reason
+    assert act.action == Outcome.REFUSED and act.details["undone"] == "on_its_own"
+    assert act.details["level"] == "all" and 0 < act.details["max_diff"] < 1e-7  # measured: 3e-08
     assert "1 rewrite(s) undone: not shown exact on their own" in report.note
     feeds = feeds_for(model)
     for level in LEVELS:
@@ -143,13 +148,14 @@ def _concat_conv(inputs: list[tuple[str, int]], hw: int = 16, extra_reader: bool
 def test_refused_when_the_input_is_needed_whole_anyway():
     _, actions = patch_in_memory(_concat_conv([("a", 4), ("b", 4)], extra_reader=True), max_buffer=4 * KiB)
     (act,) = bands_actions(actions)
-    assert act.action == Outcome.REFUSED and "'cat' is also read elsewhere" in act.reason
+    assert act.action == Outcome.REFUSED and act.details["read_elsewhere"] == "cat"
 
 
 def test_refused_when_a_concat_input_is_itself_over_the_limit():
     _, actions = patch_in_memory(_concat_conv([("a", 12), ("b", 2)]), max_buffer=10 * KiB)
     (act,) = bands_actions(actions)
-    assert act.action == Outcome.REFUSED and "Concat 'cat' reads 'a' (12,288 B), itself over the limit" in act.reason
+    assert act.action == Outcome.REFUSED and (act.details["source"], act.details["source_bytes"]) == ("a", 12_288)
+    assert act.details["source_bytes"] > act.details["limit_bytes"] == 10 * KiB
 
 
 # --------------------------------------------------------------------------- the band geometry, for any window
@@ -195,10 +201,10 @@ def test_bands_read_exactly_the_rows_the_conv_reads(first, second, hw, fraction,
     (act,) = bands_actions(actions)
     feeds = feeds_for(model, seed, integers=True)
     if act.action == Outcome.REFUSED:  # no room to band, or its proof (float data, levels disable and all) differs
-        assert "even one output row per band needs" in act.reason or "nothing but the zero padding" in act.reason \
-            or "not shown exact: run on its own with its neighbours on ORT CPU" in act.reason
+        assert act.details.get("band_bytes", 0) > limit or "output_rows" in act.details \
+            or act.details.get("undone") == "on_its_own"
         return
-    assert "row bands" in act.reason
+    assert act.details["bands"] == len(act.details["band_rows"]) >= 2 and act.details["band_bytes"] <= limit
     for level in LEVELS:
         assert_bytes_equal(run(model, feeds, level), run(patched, feeds, level))
     # weights, and the joined output (over the limit as before) with the partial joins the fit pass makes of it

@@ -46,7 +46,7 @@ def split_actions(actions) -> list:
 
 
 def chunks_of(action) -> int:
-    return int(action.reason.split("split into ")[1].split(" chunks")[0])
+    return action.details["chunks"]
 
 
 def tensor_sizes(model: onnx.ModelProto) -> dict[str, int]:
@@ -84,8 +84,8 @@ def test_birefnet64_split_at_256mib_leaves_nothing_over_the_limit(birefnet64):
     patched, actions = patch_in_memory(birefnet64, max_buffer=256 * MiB)
     (split,) = split_actions(actions)
     assert split.action == Outcome.REWRITTEN and chunks_of(split) == 4  # 64 of 256 rows: 205.5 MB per chunk tensor
-    assert "the Conv -> Add -> BatchNormalization -> Relu is split into the same chunks" in split.reason
-    assert "784.0 MiB" in split.reason
+    assert split.details["conv_split"] and split.details["carried"] == ["Add", "BatchNormalization", "Relu"]
+    assert split.details["conv_input_bytes"] == 822_083_584 and split.details["chunk_rows"] == [64] * 4
     report = analyze(patched)
     assert report.ok and report.over_buffer == []
     assert [n.name for n in patched.graph.node if n.op_type == "Conv" and n.name.startswith(split.node)] == [
@@ -154,8 +154,10 @@ def test_a_limit_below_one_row_is_refused_with_the_reason():
     model = onnx.load(str(FIXTURES / "decoder_gathernd.onnx"))
     patched, actions = patch_in_memory(model, max_buffer=10_000)
     refused = [a for a in split_actions(actions) if a.action == Outcome.REFUSED]
-    assert "Conv_1004" in [a.node for a in refused] and all("one output row" in a.reason for a in refused)
-    assert "alone needs 0.0 MiB" not in refused[0].reason
+    assert "Conv_1004" in [a.node for a in refused] and all("row_bytes" in a.details for a in refused)
+    big = next(a for a in refused if a.node == "Conv_1004")
+    assert (big.details["row_bytes"], big.details["rows"], big.details["limit_bytes"]) == (12_544, 16, 10_000)
+    assert "one output row" in big.reason and "alone needs 12,544 B" in big.reason  # a person reads it too
     joined = {n.name for n in patched.graph.node if n.name.endswith("/split/join")}
     assert "Conv_1004/split/join" not in joined and joined  # the smaller blocks still split
 
@@ -165,7 +167,7 @@ def test_float16_blocks_are_refused_because_ort_cpu_rounds_fp16_chains_once():
     unsplit, _ = patch_in_memory(model)
     patched, actions = patch_in_memory(model, max_buffer=30_000)
     splits = split_actions(actions)
-    assert splits and all(a.action == Outcome.REFUSED and "float16 block" in a.reason for a in splits)
+    assert splits and all(a.action == Outcome.REFUSED and a.details["dtype"] == ["float16"] for a in splits)
     assert same_graph(patched, unsplit)
 
 
@@ -203,7 +205,7 @@ def test_property_any_deform_conv_splits_exactly(batch, groups, per_group, plane
     (split,) = split_actions(actions)
     per_row = full // size
     if limit < per_row:
-        assert split.action == Outcome.REFUSED and "one output row" in split.reason
+        assert split.action == Outcome.REFUSED and split.details["row_bytes"] == per_row
     else:
         assert split.action == Outcome.REWRITTEN and chunks_of(split) == math.ceil(size / (limit // per_row))
     rng = np.random.default_rng(seed)
@@ -228,7 +230,7 @@ def test_birefnet4_at_1024_splits_and_verifies(birefnet4, tmp_path):
     report = patch(birefnet4, out, max_buffer=16 * MiB, verify=True, verify_options={"iterations": 1})
     assert report.verification.identical
     (split,) = split_actions(report.actions)
-    assert chunks_of(split) == 4 and "Relu is split into the same chunks" in split.reason
+    assert chunks_of(split) == 4 and split.details["conv_split"] and split.details["carried"][-1] == "Relu"
     before, after = analyze(birefnet4, max_buffer=16 * MiB), analyze(out, max_buffer=16 * MiB)
     shapes = [t.shape for t in before.over_buffer]
     assert [1, 1, 3211264, 4] in shapes and [1, 4, 1792, 1792] in shapes  # gathered values, the Conv input
@@ -322,11 +324,11 @@ def test_a_conv_split_that_would_round_differently_is_refused_with_the_reason():
     so the pass keeps that Conv whole (and says so) while the other blocks' Convs are split."""
     model = onnx.load(str(FIXTURES / "decoder_gathernd_b2g2.onnx"))
     _, actions = patch_in_memory(model, max_buffer=30_000)
-    kept = [a for a in split_actions(actions) if "REMAINS OVER" in a.reason]
-    split = [a for a in split_actions(actions) if "is split into the same chunks" in a.reason]
+    kept = [a for a in split_actions(actions) if a.details["over_limit"]]
+    split = [a for a in split_actions(actions) if a.details["conv_split"]]
     assert len(kept) == 1 and chunks_of(kept[0]) == 16 and len(split) == 2
-    assert "not shown exact: run on its own with its neighbours on ORT CPU (level 'disable'), it does not give " \
-        "the whole node's bytes (max diff" in kept[0].reason
+    assert kept[0].details["undone"] == "on_its_own" and kept[0].details["level"] == "disable"
+    assert kept[0].details["max_diff"] > 0 and "REMAINS OVER" in kept[0].reason
 
 
 def test_the_chunk_check_asks_the_context_oracle_at_both_levels_and_trusts_no_difference():
@@ -356,12 +358,13 @@ def test_the_chunk_check_asks_the_context_oracle_at_both_levels_and_trusts_no_di
         return [a for a in run_passes(ctx, [SplitBlocks()]) if a.action == Outcome.REWRITTEN]  # the three blocks
 
     actions = split_with(honest)
-    assert sum("is split into the same chunks" in a.reason for a in actions) == 2
+    assert sum(a.details["conv_split"] for a in actions) == 2
     assert asked.count("all") == 2 and asked.count("disable") == 3  # the Conv that differs stops at 'disable'
     asked.clear()
     actions = split_with(one_ulp_off)
     assert len(actions) == 3 and asked == ["disable"] * 3
-    assert all("row chunks do not give the whole Conv's bytes on ORT CPU (max diff" in a.reason for a in actions)
+    assert all(not a.details["conv_split"] and a.details["over_limit"] and a.details["level"] == "disable"
+               and a.details["max_diff"] > 0 for a in actions)
 
 
 # --------------------------------------------------------------------------------------- the whole model decides
@@ -410,10 +413,8 @@ def test_a_split_conv_is_written_only_after_it_is_shown_exact_on_its_own(tmp_pat
     report = patch(src, out, max_buffer=40_000)  # no --verify: the split Conv is checked all the same
     (split,) = split_actions(report.actions)
     assert report.written and not split.needs_verify and report.verification is None
-    assert "the Conv -> Add -> BatchNormalization -> Relu is split into the same chunks" in split.reason
-    assert split.reason.endswith("shown exact before writing, on its own: beside the nodes it replaced, with the "
-                                 "nodes reading it, on ORT CPU at levels 'disable' and 'all' (seeded inputs of the "
-                                 "real shapes)")
+    assert split.details["conv_split"] and split.details["carried"] == ["Add", "BatchNormalization", "Relu"]
+    assert split.details["shown_exact"] == "on_its_own" and split.details["levels"] == ["disable", "all"]
     patched = onnx.load(str(out))
     assert [n.name for n in patched.graph.node if n.op_type == "Conv"] == [f"{split.node}/chunk{c}" for c in range(8)]
     for seed in range(2):
@@ -430,7 +431,7 @@ def test_a_split_conv_the_whole_model_disproves_is_kept_whole_and_said_so(tmp_pa
     # what the pass alone does (no whole-model check): chunks through Conv -> Add, the BatchNorm after the join,
     # which ORT no longer fuses into the Conv: the whole model differs on ORT CPU
     alone, actions = patch_whole_graph(model, max_buffer=40_000)
-    assert "the Conv -> Add is split into the same chunks" in split_actions(actions)[0].reason
+    assert split_actions(actions)[0].details["carried"] == ["Add"]
     assert run(model, _feeds(0))[0].tobytes() != run(alone, _feeds(0))[0].tobytes()
 
     report = patch(src, out, max_buffer=40_000, verify=verify, verify_options={"iterations": 1})
@@ -438,8 +439,8 @@ def test_a_split_conv_the_whole_model_disproves_is_kept_whole_and_said_so(tmp_pa
     assert report.written and split.action == Outcome.REWRITTEN and not split.needs_verify
     # the BatchNorm's parameters come through Cast nodes outside the lifted region: the proof folds them as ORT
     # does, so the BatchNorm it reads the Conv's output with fuses into the whole Conv and not into the chunks
-    assert "stays whole and REMAINS OVER the limit: not shown exact: run on its own with its neighbours on ORT " \
-        "CPU (level 'all'), it does not give the whole node's bytes" in split.reason
+    assert not split.details["conv_split"] and split.details["over_limit"]
+    assert split.details["undone"] == "on_its_own" and split.details["level"] == "all" and split.details["max_diff"] > 0
     assert "1 rewrite(s) undone: not shown exact on their own" in report.note
     assert (report.verification is not None and report.verification.identical) == verify
     patched = onnx.load(str(out))
@@ -517,8 +518,8 @@ def test_max_memory_chunks_until_budgets_peak_fits(tmp_path):
     assert before.peak_bytes > 1_200_000  # the 7x7 block at 16x16: four gathered [1,1,12544,4] + their products
     report = patch(src, out, max_memory=800_000)  # nothing over the buffer limit: the memory budget alone chunks
     (split,) = split_actions(report.actions)
-    assert split.node == "Conv_1004" and "--max-memory asked for" in split.reason
-    assert "limit 134.2 MB (128.0 MiB)" in split.reason and report.options["max_buffer"] == 128 << 20  # spec-default's
+    assert split.node == "Conv_1004" and split.details["chunks"] >= split.details["asked_chunks"] > 1
+    assert split.details["limit_bytes"] == report.options["max_buffer"] == 128 << 20  # spec-default's
     assert "peak of live activations (budget's measure) 1.3 MB (1.2 MiB) -> " in report.note
     assert "within the limit" in report.note
     after = analyze(out)

@@ -31,7 +31,8 @@ def test_inspect_is_a_dry_run_with_the_same_verdicts_as_patch(tmp_path):
     dry = ds.inspect(source)
     real = ds.patch(source, tmp_path / "out.onnx")
     assert source.read_bytes() == before
-    assert [(a.node, a.action, a.reason) for a in dry.actions] == [(a.node, a.action, a.reason) for a in real.actions]
+    assert [(a.node, a.action, a.reason, a.details) for a in dry.actions] == \
+        [(a.node, a.action, a.reason, a.details) for a in real.actions]
     # what a report calls refused is what the written model still holds, node for node, exactly as it was
     written = {n.name: n for n in onnx.load(str(tmp_path / "out.onnx")).graph.node}
     original = {n.name: n for n in onnx.load(str(source)).graph.node}

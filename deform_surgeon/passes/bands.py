@@ -130,20 +130,25 @@ class BandOversize:
         actions: list[Action] = []
         resizes = [n for n in ctx.graph.nodes if n.op == "Resize" and (shapes.nbytes(n.outputs[0]) or 0) > limit]
         for node in resizes:
-            actions.append(self._attempt(node, lambda n=node: self._groups(ctx, n, shapes, limit, outside)))
+            actions.append(self._attempt(node, lambda n=node: self._groups(ctx, n, shapes, limit, outside),
+                                         tensor=node.outputs[0].name, size_bytes=shapes.nbytes(node.outputs[0]),
+                                         limit_bytes=limit))
         convs = [(n, self._feeding(ctx, n.inputs[0], shapes)) for n in ctx.graph.nodes
                  if n.op == "Conv" and n.inputs and (shapes.nbytes(n.inputs[0]) or 0) > limit]
         for node, feeders in convs:
             if feeders is not None:  # else not this pass's pattern (a deform block's join, for one): not reported
                 actions.append(self._attempt(node, lambda n=node, f=feeders: self._bands(ctx, n, f, shapes, limit,
-                                                                                            outside)))
+                                                                                            outside),
+                                             tensor=node.inputs[0].name, size_bytes=shapes.nbytes(node.inputs[0]),
+                                             limit_bytes=limit))
         return actions
 
-    def _attempt(self, node: gs.Node, rewrite) -> Action:
+    def _attempt(self, node: gs.Node, rewrite, **details) -> Action:
+        """`rewrite()`, or the refusal it raised with `details` (the tensor over the limit, its size, the limit)."""
         try:
             return rewrite()
         except Refuse as exc:
-            return Action(self.name, node.name, node.op, Outcome.REFUSED, str(exc))
+            return Action(self.name, node.name, node.op, Outcome.REFUSED, str(exc), details={**details, **exc.details})
 
     # -- Resize in channel groups -------------------------------------------------------------------------------
     def _groups(self, ctx: Context, node: gs.Node, shapes: Shapes, limit: int, outside: set[int]) -> Action:
@@ -151,7 +156,8 @@ class BandOversize:
         size, os_, xs = shapes.nbytes(out), shapes.shape(out), shapes.shape(x)
         head = f"output '{out.name}' ({human(size)}) stays over the {human(limit)} limit"
         if id(out) in outside:
-            raise Refuse(f"{head}: it is read outside the rewritten part or is a graph output")
+            raise Refuse(f"{head}: it is read outside the rewritten part or is a graph output",
+                         read_elsewhere=out.name)
         sizers = [r for r in out.outputs if r.op == "Shape"]  # need its shape only: a constant after the split
         readers = [r for r in out.outputs if r.op != "Shape"]
         if not readers or any(r.op != "Concat" or _axis(r, len(os_)) != 1 for r in readers):
@@ -168,11 +174,12 @@ class BandOversize:
         roi, scales, sizes = ins[1], ins[2], ins[3]
         why = self.plan.keep_whole.get(node.name)
         if why is not None:
-            raise Refuse(f"{head}: {why}")
+            raise why.prefixed(f"{head}: ")
         if sizes.name:
             known = ctx.prover.constant(sizes)
             if known is not None and [int(v) for v in known.reshape(-1)] != list(os_):
-                raise Refuse(f"{head}: its sizes {known.tolist()} are not its inferred shape {list(os_)}")
+                raise Refuse(f"{head}: its sizes {known.tolist()} are not its inferred shape {list(os_)}",
+                             sizes=known.reshape(-1).tolist(), shape=os_)
         elif scales.name:
             values = ctx.prover.constant(scales)
             if values is None or values.size != 4 or values[0] != 1 or values[1] != 1:
@@ -182,7 +189,8 @@ class BandOversize:
         channels = xs[1]
         n = math.ceil(size / limit)
         if n > channels:
-            raise Refuse(f"{head}: one channel alone is {human(size // channels)}")
+            raise Refuse(f"{head}: one channel alone is {human(size // channels)}", channels=channels,
+                         channel_bytes=size // channels)
         groups = _bands(channels, n)
         dtype = shapes.dtype(out)
         maker, source = self._channel_source(ctx, x, node, outside)
@@ -220,6 +228,10 @@ class BandOversize:
         proof.taken(ctx, shapes)
         widths = "/".join(str(w) for w in sorted({c1 - c0 for c0, c1 in groups}, reverse=True))
         largest = max(shapes.nbytes(p) or 0 for p in parts)
+        details = {"groups": n, "group_channels": [c1 - c0 for c0, c1 in groups], "channels": channels,
+                   "tensor": out.name, "size_bytes": size, "group_bytes": largest, "limit_bytes": limit,
+                   "source": maker.name if source is not None else x.name, "readers": [r.name for r in readers],
+                   "shape_readers": len(sizers)}
         return Action(self.name, node.name, node.op, Outcome.REWRITTEN,
                       f"computed in {n} channel groups of {widths} channels (of {channels}): output '{out.name}' "
                       f"{human(size)} -> {human(largest)} per group, limit {human(limit)}; each group "
@@ -232,7 +244,7 @@ class BandOversize:
                       "each element is interpolated from its own channel with the same weights (they depend on "
                       "the spatial sizes only), but ORT's NCHWc layout (level all) runs a Resize of whole channel "
                       "blocks with a kernel of its own, so it is written only once shown exact",
-                      tuple(x.name for x in ctx.graph.nodes[first:]), needs_verify=True)
+                      tuple(x.name for x in ctx.graph.nodes[first:]), needs_verify=True, details=details)
 
     @staticmethod
     def _channel_source(ctx: Context, x: gs.Tensor, resize: gs.Node, outside: set[int]
@@ -265,7 +277,7 @@ class BandOversize:
         head = f"input '{x.name}' ({human(size)}) stays over the {human(limit)} limit"
         why = self.plan.keep_whole.get(conv.name)
         if why is not None:
-            raise Refuse(f"{head}: {why}")
+            raise why.prefixed(f"{head}: ")
         window = Window.of(conv, xs, shapes.shape(conv.inputs[1]))
         y_shape = shapes.shape(conv.outputs[0])
         if y_shape is None or len(y_shape) != 4 or y_shape[2] < 2:
@@ -274,7 +286,7 @@ class BandOversize:
         for t in [x, *(n.outputs[0] for n in chain), *(producer.outputs if chain else ())]:
             if id(t) in outside or len(t.outputs) != 1:
                 raise Refuse(f"{head}: '{t.name}' is also read elsewhere (or outside the rewritten part), so it "
-                             "would be needed whole anyway")
+                             "would be needed whole anyway", read_elsewhere=t.name)
         if producer.op == "Conv" and shapes.shape(producer.inputs[0]) is None:
             self._derive_input(producer, shapes)
         inner = Window.of(producer, shapes.shape(producer.inputs[0]), shapes.shape(producer.inputs[1])) \
@@ -283,7 +295,8 @@ class BandOversize:
         for s in sources:
             if (shapes.nbytes(s) or 0) > limit:
                 raise Refuse(f"{head}: {producer.op} '{producer.name}' reads '{s.name}' "
-                             f"({human(shapes.nbytes(s))}), itself over the limit")
+                             f"({human(shapes.nbytes(s))}), itself over the limit", source=s.name,
+                             source_bytes=shapes.nbytes(s))
         tail = SplitBlocks._tail(ctx, conv, shapes)
         rows_out, rows_x = y_shape[2], xs[2]
 
@@ -298,7 +311,7 @@ class BandOversize:
                 reads = inner.rows_read(x0, x1, shapes.shape(sources[0])[2]) if inner and x1 > x0 else None
                 if x1 <= x0 or (inner and reads[1] <= reads[0]):
                     raise Refuse(f"{head}: output rows {o0}..{o1 - 1} of {n} bands would read nothing but the "
-                                 "zero padding")
+                                 "zero padding", bands=n, output_rows=[o0, o1])
                 worst = max(worst, row_bytes(x) * (x1 - x0), *[row_bytes(t) * (o1 - o0) for t in
                                                               [conv.outputs[0]] + [t.outputs[0] for t in tail]])
                 if reads:
@@ -312,7 +325,7 @@ class BandOversize:
             n += 1
             bands, worst = plan(n)
         if worst > limit:
-            raise Refuse(f"{head}: even one output row per band needs {human(worst)}")
+            raise Refuse(f"{head}: even one output row per band needs {human(worst)}", bands=n, band_bytes=worst)
 
         first = len(ctx.graph.nodes)
         end = (tail[-1] if tail else conv).outputs[0]
@@ -340,6 +353,9 @@ class BandOversize:
                f"Conv '{producer.name}'{''.join(f' -> {c.op}' for c in chain)} computed for those rows from "
                f"the rows of '{sources[0].name}' it reads")
         carried = "".join(f" -> {t.op}" for t in tail)
+        details = {"bands": n, "band_rows": [b[1] - b[0] for b in bands], "rows": rows_out, "tensor": x.name,
+                   "size_bytes": size, "band_bytes": worst, "limit_bytes": limit, "source": producer.name,
+                   "carried": [t.op for t in tail]}
         return Action(self.name, conv.name, conv.op, Outcome.REWRITTEN,
                       f"computed in {n} row bands of {counts} output rows (of {rows_out}): input '{x.name}' "
                       f"({human(size)}) was over the {human(limit)} limit; each band reads its rows of it "
@@ -347,7 +363,7 @@ class BandOversize:
                       f"{human(worst)}; the Conv{carried} runs per band and one Concat joins the bands; each "
                       "output pixel reads the same values, but the summation order of a Conv kernel on fewer rows "
                       "is the implementation's choice, so it is written only once shown exact",
-                      tuple(t.name for t in ctx.graph.nodes[first:]), needs_verify=True)
+                      tuple(t.name for t in ctx.graph.nodes[first:]), needs_verify=True, details=details)
 
     @staticmethod
     def _derive_input(conv: gs.Node, shapes: Shapes) -> None:

@@ -79,7 +79,7 @@ class LowerDeformConv:
 
     name = "deform_conv"
 
-    def __init__(self, keep_whole: dict[str, str] | None = None) -> None:
+    def __init__(self, keep_whole: dict[str, Refuse] | None = None) -> None:
         self.keep_whole = keep_whole if keep_whole is not None else {}  # node -> why it stays (a failed check)
 
     def run(self, ctx: Context) -> list[Action]:
@@ -91,17 +91,18 @@ class LowerDeformConv:
         try:
             return self._plan(ctx, node)
         except Refuse as why:
-            raise Refuse(f"{why}; {STAYS}") from None
+            raise Refuse(f"{why}; {STAYS}", **why.details) from None
 
     def _plan(self, ctx: Context, node: gs.Node) -> DeformConvPlan:
         if node.name in self.keep_whole:
-            raise Refuse(self.keep_whole[node.name])
+            raise self.keep_whole[node.name]
         prover = ctx.prover
         ins = list(node.inputs) + [gs.Variable("")] * (5 - len(node.inputs))
         x, weight, offset, bias, mask = ins[:5]
         dtype = prover.dtype(x)
         if dtype != np.dtype(np.float32):
-            raise Refuse(f"element type {dtype} (only float32 is lowered: the WebGPU EPs have no float64)")
+            raise Refuse(f"element type {dtype} (only float32 is lowered: the WebGPU EPs have no float64)",
+                         dtype=str(dtype))
         shapes = [prover.static_shape(t) for t in (x, weight, offset)]
         if any(s is None for s in shapes):
             raise Refuse("input, weight or offset shape not known statically")
@@ -119,21 +120,26 @@ class LowerDeformConv:
         if len(strides) != 2 or len(dilations) != 2 or len(pads) != 4:
             raise Refuse("strides, dilations or pads do not have the 2-D lengths")
         if c % group or m % group or c % og or wshape[1] * group != c:
-            raise Refuse(f"channels {c}, output channels {m}, group {group}, offset_group {og} do not divide")
+            raise Refuse(f"channels {c}, output channels {m}, group {group}, offset_group {og} do not divide",
+                         channels=c, output_channels=m, group=group, offset_group=og)
         oh = (h + pads[0] + pads[2] - (dilations[0] * (kh - 1) + 1)) // strides[0] + 1
         ow = (w + pads[1] + pads[3] - (dilations[1] * (kw - 1) + 1)) // strides[1] + 1
         if oh < 1 or ow < 1:
-            raise Refuse(f"empty output ({oh} x {ow})")
+            raise Refuse(f"empty output ({oh} x {ow})", output_shape=[oh, ow])
         if tuple(oshape) != (n, og * 2 * kh * kw, oh, ow):
-            raise Refuse(f"offset shape {list(oshape)} is not {[n, og * 2 * kh * kw, oh, ow]}")
+            raise Refuse(f"offset shape {list(oshape)} is not {[n, og * 2 * kh * kw, oh, ow]}", shape=oshape,
+                         expected=[n, og * 2 * kh * kw, oh, ow])
         has_mask = mask.name != ""
         if has_mask and prover.static_shape(mask) != (n, og * kh * kw, oh, ow):
-            raise Refuse(f"mask shape {prover.static_shape(mask)} is not {[n, og * kh * kw, oh, ow]}")
+            raise Refuse(f"mask shape {prover.static_shape(mask)} is not {[n, og * kh * kw, oh, ow]}",
+                         shape=prover.static_shape(mask), expected=[n, og * kh * kw, oh, ow])
         has_bias = bias.name != ""
         if has_bias and prover.static_shape(bias) != (m,):
-            raise Refuse(f"bias shape {prover.static_shape(bias)} is not {[m]}")
+            raise Refuse(f"bias shape {prover.static_shape(bias)} is not {[m]}", shape=prover.static_shape(bias),
+                         expected=[m])
         if n * og * h * w - 1 > INT32_MAX:
-            raise Refuse(f"{n * og * h * w} sampled rows, more than an int32 index can address")
+            raise Refuse(f"{n * og * h * w} sampled rows, more than an int32 index can address",
+                         data_rows=n * og * h * w, max_rows=INT32_MAX + 1)
         return DeformConvPlan(n, c, h, w, m, kh, kw, oh, ow, strides, dilations, pads, group, og, has_bias, has_mask,
                               _chunk_rows(ctx.options.max_buffer, n, c, kh * kw, oh, ow, c // group * kh * kw))
 
@@ -152,7 +158,8 @@ class LowerDeformConv:
             node.outputs.append(out)
             node.name = name
             why = "; ".join(v.reason for v in verdicts if not v.proven)
-            return Action(self.name, name, OP, Outcome.REFUSED, f"sampling index not proven in range: {why}; {STAYS}")
+            return Action(self.name, name, OP, Outcome.REFUSED, f"sampling index not proven in range: {why}; {STAYS}",
+                          details=next(v.details for v in verdicts if not v.proven))
         p = plan
         what = (f"{p.kh}x{p.kw}, stride {list(p.strides)}, dilation {list(p.dilations)}, pads {list(p.pads)}, "
                 f"group {p.group}, offset_group {p.offset_group}, {'with' if p.has_mask else 'no'} mask, "
@@ -161,8 +168,16 @@ class LowerDeformConv:
             what += f"; in {-(-p.oh // p.chunk_rows)} chunks of {p.chunk_rows} output rows (--max-buffer)"
         reason = (f"DeformConv ({what}) -> 4 Gathers + Add chain + MatMul in ORT CPU's own order; indices "
                   f"proven in range ({verdicts[0].reason})")
+        chunks = -(-p.oh // p.chunk_rows)
+        details = {"kernel": [p.kh, p.kw], "strides": p.strides, "dilations": p.dilations, "pads": p.pads,
+                   "group": p.group, "offset_group": p.offset_group, "mask": p.has_mask, "bias": p.has_bias,
+                   "rows": p.oh, "chunks": chunks, "chunk_rows": [min(p.chunk_rows, p.oh - r)
+                                                                  for r in range(0, p.oh, p.chunk_rows)],
+                   **verdicts[0].details}
+        if p.chunk_rows < p.oh:
+            details["limit_bytes"] = ctx.options.max_buffer
         return Action(self.name, name, OP, Outcome.REWRITTEN, reason,
-                      tuple(n.name for n in ctx.graph.nodes[before:]), needs_verify=True)
+                      tuple(n.name for n in ctx.graph.nodes[before:]), needs_verify=True, details=details)
 
     @staticmethod
     def _build(b: _Builder, node: gs.Node, p: DeformConvPlan, out: gs.Tensor) -> list[gs.Node]:

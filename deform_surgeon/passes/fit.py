@@ -54,17 +54,19 @@ class FitStorageBuffers:
     def check(self, ctx: Context, node: gs.Node, limit: int) -> list[int] | None:
         """The plan: for a Split the sizes of its outputs along the axis (None for the other ops); or `Refuse`."""
         count = f"binds {node_buffers(node)} storage buffers, the device profile allows {limit}"
+        numbers = {"buffers": node_buffers(node), "buffers_limit": limit}
         if limit < 3:
-            raise Refuse(f"{count}: no tree of nodes fits fewer than 3")
+            raise Refuse(f"{count}: no tree of nodes fits fewer than 3", **numbers)
         if node.op == "Mean":
-            raise Refuse(f"{count}; Mean's division by the input count cannot be split into narrower Means exactly")
+            raise Refuse(f"{count}; Mean's division by the input count cannot be split into narrower Means exactly",
+                         **numbers)
         if node.op not in FITTED:
-            raise Refuse(f"{count}; no exact rewrite into narrower nodes is known for {node.op}")
+            raise Refuse(f"{count}; no exact rewrite into narrower nodes is known for {node.op}", **numbers)
         if node.op != "Split":
             return None
         sizes = self._split_sizes(ctx, node)
         if not sizes:
-            raise Refuse(f"{count}; the sizes of its outputs along the axis are unknown")
+            raise Refuse(f"{count}; the sizes of its outputs along the axis are unknown", **numbers)
         return sizes
 
     def rewrite(self, ctx: Context, node: gs.Node, limit: int, sizes: list[int] | None) -> Action:
@@ -77,16 +79,19 @@ class FitStorageBuffers:
             node.outputs.clear()
             self._concat_tree(ctx, inputs, out, node.attrs["axis"], width, base)
             what = f"{len(inputs)}-input Concat -> tree of Concats of at most {width} inputs"
+            numbers = {"inputs": len(inputs)}
         elif node.op == "Split":
             outs = list(node.outputs)
             node.outputs.clear()
             self._split_tree(ctx, node.inputs[0], sizes, outs, node.attrs.get("axis", 0), width, base)
             what = f"Split into {len(outs)} -> tree of Splits into at most {width}"
+            numbers = {"outputs": len(outs), "sizes": sizes}
         else:
             inputs, out = list(node.inputs), node.outputs[0]
             node.outputs.clear()
             self._fold(ctx, node.op, inputs, out, width, base)
             what = f"{len(inputs)}-input {node.op} -> left-to-right chain of {node.op}s of at most {width} inputs"
+            numbers = {"inputs": len(inputs)}
         # The root of the tree keeps the node's name (labels and reports stay joinable); the old node, now without
         # outputs, is renamed and dropped by the next cleanup.
         made = ctx.graph.nodes[before:]
@@ -98,7 +103,8 @@ class FitStorageBuffers:
         new = tuple(n.name for n in made)
         return Action(self.name, root.name, node.op, Outcome.REWRITTEN,
                       f"{what} (bound {count} storage buffers, the device profile allows {limit}; "
-                      "same elements in the same places)", new)
+                      "same elements in the same places)", new,
+                      details={**numbers, "width": width, "buffers": count, "buffers_limit": limit})
 
     # -- Concat ------------------------------------------------------------------------------------------------
     def _concat_tree(self, ctx: Context, inputs: list[gs.Tensor], out: gs.Tensor, axis: int, width: int,

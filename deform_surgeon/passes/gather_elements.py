@@ -55,7 +55,8 @@ class LowerGatherElements:
         if k < 2 or int(node.attrs.get("axis", 0)) % k != k - 1:
             raise Refuse("only a gather along the last axis (the exporter's form) is lowered")
         if dshape[:k - 1] != ishape[:k - 1]:
-            raise Refuse(f"indices {list(ishape)} do not match data {list(dshape)} outside the gather axis")
+            raise Refuse(f"indices {list(ishape)} do not match data {list(dshape)} outside the gather axis",
+                         data_shape=dshape, indices_shape=ishape)
         producer = indices.inputs[0] if len(indices.inputs) == 1 else None
         if producer is not None and producer.op == "Expand":
             src = producer.inputs[0]
@@ -116,4 +117,5 @@ class LowerGatherElements:
         ctx.node("Gather", f"{base}/gather", [flat, linear], [rows], {"axis": 0})
         node.outputs.clear()
         ctx.node("Transpose", f"{base}/channels_first", [rows], [out], {"perm": swap})
-        return rewritten(self.name, node, verdict, tuple(x.name for x in ctx.graph.nodes[before:]))
+        return rewritten(self.name, node, verdict, tuple(x.name for x in ctx.graph.nodes[before:]),
+                         data_rows=math.prod(lead) * n)

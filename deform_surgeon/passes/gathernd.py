@@ -32,22 +32,25 @@ def gate(ctx: Context, node: gs.Node, verdict: IndexVerdict, rows: int | None) -
     """The checks every gather lowering shares (raises `Refuse`): a proof (or --allow-unproven), an integer index,
     and, once the shapes are known, a flattened row count an int32 index addresses."""
     if verdict.status is Status.OUT_OF_RANGE:
-        raise Refuse(f"indices out of range ({verdict.reason})")
+        raise Refuse(f"indices out of range ({verdict.reason})", **verdict.details)
     if not verdict.proven and not ctx.options.allow_unproven:
-        raise Refuse(f"indices not proven in range: {verdict.reason}")
+        raise Refuse(f"indices not proven in range: {verdict.reason}", **verdict.details)
     if rows is not None and rows - 1 > INT32_MAX:
-        raise Refuse(f"flattened data has {rows} rows, more than an int32 index can address")
+        raise Refuse(f"flattened data has {rows} rows, more than an int32 index can address", data_rows=rows,
+                     max_rows=INT32_MAX + 1)
     dtype = ctx.prover.dtype(node.inputs[1])
     if dtype not in (np.dtype(np.int64), np.dtype(np.int32)):
-        raise Refuse(f"indices dtype {dtype} is not int32/int64")
+        raise Refuse(f"indices dtype {dtype} is not int32/int64", dtype=str(dtype))
 
 
-def rewritten(pass_name: str, node: gs.Node, verdict: IndexVerdict, new_nodes: tuple[str, ...]) -> Action:
+def rewritten(pass_name: str, node: gs.Node, verdict: IndexVerdict, new_nodes: tuple[str, ...], **details) -> Action:
     """The Action of a lowered gather: proven, or loudly unproven under --allow-unproven."""
+    details = {**verdict.details, **details}
     if verdict.proven:
-        return Action(pass_name, node.name, node.op, Outcome.REWRITTEN, verdict.reason, new_nodes)
+        return Action(pass_name, node.name, node.op, Outcome.REWRITTEN, verdict.reason, new_nodes, details=details)
     return Action(pass_name, node.name, node.op, Outcome.REWRITTEN_UNPROVEN,
-                  f"UNPROVEN, rewritten because --allow-unproven was given: {verdict.reason}", new_nodes)
+                  f"UNPROVEN, rewritten because --allow-unproven was given: {verdict.reason}", new_nodes,
+                  details=details)
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,8 @@ class LowerGatherND:
             raise Refuse("data or indices shape not known statically")
         plan = GatherNDPlan(tuple(dshape), tuple(ishape), int(node.attrs.get("batch_dims", 0)), ishape[-1], verdict)
         if dshape[:plan.b] != ishape[:plan.b]:
-            raise Refuse(f"batch dims differ: data {dshape[:plan.b]} vs indices {ishape[:plan.b]}")
+            raise Refuse(f"batch dims differ: data {dshape[:plan.b]} vs indices {ishape[:plan.b]}",
+                         data_shape=dshape, indices_shape=ishape)
         gate(ctx, node, verdict, rows=plan.rows)
         return plan
 
@@ -138,7 +142,8 @@ class LowerGatherND:
 
         node.outputs.clear()
         ctx.node("Gather", f"{base}/gather", [flat, linear], [out], {"axis": 0})
-        return rewritten(self.name, node, plan.verdict, tuple(n.name for n in ctx.graph.nodes[before:]))
+        return rewritten(self.name, node, plan.verdict, tuple(n.name for n in ctx.graph.nodes[before:]),
+                         data_rows=rows)
 
     def components(self, ctx: Context, indices: gs.Tensor, r: int, point_shape: list[int],
                    base: str) -> list[gs.Tensor]:

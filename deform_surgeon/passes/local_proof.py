@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from ..pipeline import Context
+from ..pipeline import Context, Refuse
 
 LEVELS = ("disable", "all")
 MAX_PROOF_NODES = 2000  # a rewritten side larger than this is not a local rewrite: left to the whole-model check
@@ -129,12 +129,13 @@ Outside = Callable[[str], list[tuple[NodeSpec, Facts]]]
 
 
 def refusal(ctx: Context, proof: LocalProof, outside: Outside | None = None,
-            constant: Callable[[str], np.ndarray | None] | None = None) -> str | None:
-    """Why the rewritten side is not shown to give the whole side's bytes (None: it is), see the module docstring.
+            constant: Callable[[str], np.ndarray | None] | None = None) -> Refuse | None:
+    """Why the rewritten side is not shown to give the whole side's bytes (None: it is), see the module docstring;
+    a difference it measured is in the refusal's details (`level`, `max_diff`).
     `outside(name)`: the readers of a tensor outside `ctx.graph` (the rest of the model), with their facts."""
     facts, parts = proof.facts, proof.parts
     if isinstance(parts, str):
-        return parts or "the rewritten side was not taken"
+        return Refuse(parts or "the rewritten side was not taken")
     readers = list(proof.readers)
     for t in proof.ends:
         if not t.outputs and outside is not None:  # read outside the region only (or a graph output)
@@ -154,7 +155,7 @@ def refusal(ctx: Context, proof: LocalProof, outside: Outside | None = None,
     for side in (proof.whole, parts):
         built = _model(ctx, proof.folded + side + readers, compared, facts)
         if isinstance(built, str):
-            return built
+            return Refuse(built)
         models.append(built)
     sources = {}  # every input a side reads -> its whole-side tensor (a chunk: the tensor it holds rows of)
     for _, inputs in models:
@@ -162,7 +163,8 @@ def refusal(ctx: Context, proof: LocalProof, outside: Outside | None = None,
             source = proof.parts_inputs.get(name, (name,))[0]
             typ = facts.types.get(source)
             if typ is None or typ[0].kind != "f":
-                return f"'{source}' is not a float tensor of known shape, so the rewrite cannot be run on its own"
+                return Refuse(f"'{source}' is not a float tensor of known shape, so the rewrite cannot be run on its "
+                              "own", tensor=source)
             sources[name] = source
 
     def feed(inputs: list[str]) -> dict[str, np.ndarray]:
@@ -190,9 +192,9 @@ def refusal(ctx: Context, proof: LocalProof, outside: Outside | None = None,
             if a.shape != b.shape or a.dtype != b.dtype or not np.array_equal(_bytes(a), _bytes(b)):
                 diff = float(np.abs(a.astype(np.float64) - b.astype(np.float64)).max()) if a.shape == b.shape \
                     else float("nan")
-                return (f"run on its own with its neighbours on ORT CPU (level '{level}'), it does not give the "
-                        f"whole node's bytes (max diff {diff:.2g}): the kernel's summation order depends on the "
-                        "shapes it is given")
+                return Refuse(f"run on its own with its neighbours on ORT CPU (level '{level}'), it does not give "
+                              f"the whole node's bytes (max diff {diff:.2g}): the kernel's summation order depends on "
+                              "the shapes it is given", level=level, max_diff=diff)
         del expected, got
     return None
 

@@ -65,12 +65,14 @@ class IndexChainResidency:
             try:
                 got = self.translate(ctx, node.inputs[0])
                 if got.form != BOUNDED:
-                    raise Refuse(f"the value cast to int32 is not proven within +-{EXACT}")
+                    span = ctx.prover.bound(node.inputs[0]).whole
+                    raise Refuse(f"the value cast to int32 is not proven within +-{EXACT}", stop=f"Cast '{node.name}'",
+                                 tensor=node.inputs[0].name, interval=[span.lo, span.hi], nan=span.nan, bound=EXACT)
             except Refuse as exc:
                 del ctx.graph.nodes[before:]  # nodes built for a refused chain are dropped again
                 self._memo = memo
                 actions.append(Action(self.name, node.name, node.op, Outcome.REFUSED,
-                                      f"int64 index chain stays as it is: {exc}"))
+                                      f"int64 index chain stays as it is: {exc}", details=exc.details))
                 continue
             out = node.outputs[0]
             node.outputs.clear()
@@ -78,7 +80,8 @@ class IndexChainResidency:
             actions.append(Action(
                 self.name, node.name, node.op, Outcome.REWRITTEN,
                 "int64 index chain computed in float32 (integral values exact below 2^24, saturating NaN-safe Clip) "
-                "and cast once to int32", tuple(n.name for n in ctx.graph.nodes[before:])))
+                "and cast once to int32", tuple(n.name for n in ctx.graph.nodes[before:]),
+                details={"bound": EXACT}))
         return actions
 
     @classmethod
@@ -114,10 +117,10 @@ class IndexChainResidency:
         values = ctx.prover.constant(t)
         if values is not None:
             if values.size and np.abs(values.astype(np.float64)).max() > EXACT:
-                raise Refuse(f"constant '{t.name}' exceeds 2^24")
+                raise Refuse(f"constant '{t.name}' exceeds 2^24", tensor=t.name, bound=EXACT)
             return Translated(ctx.const(f"{t.name}/f32", values.astype(np.float32)), BOUNDED)
         if len(t.inputs) != 1:
-            raise Refuse(f"'{t.name}' is a graph input, not computed from a float")
+            raise Refuse(f"'{t.name}' is a graph input, not computed from a float", tensor=t.name)
         node = t.inputs[0]
         base = node.name or t.name
         if node.op == "Cast":
@@ -130,7 +133,8 @@ class IndexChainResidency:
         if node.op == "Concat":
             parts = [self.translate(ctx, i) for i in node.inputs]
             if any(p.form != BOUNDED for p in parts):
-                raise Refuse(f"Concat '{node.name}' joins values not proven within +-2^24")
+                raise Refuse(f"Concat '{node.name}' joins values not proven within +-2^24",
+                             stop=f"Concat '{node.name}'", bound=EXACT)
             out = ctx.var(f"{base}/f32", np.float32, None)
             ctx.node("Concat", f"{base}/f32", [p.tensor for p in parts], [out], dict(node.attrs))
             return Translated(out, BOUNDED)
@@ -138,7 +142,7 @@ class IndexChainResidency:
             return self._clip(ctx, node, base)
         if node.op in ("Add", "Sub", "Mul"):
             return self._arith(ctx, node, t, base)
-        raise Refuse(f"{node.op} '{node.name}' has no exact float32 form here")
+        raise Refuse(f"{node.op} '{node.name}' has no exact float32 form here", stop=f"{node.op} '{node.name}'")
 
     def _leaf(self, ctx: Context, node: gs.Node, t: gs.Tensor, base: str) -> Translated:
         src = node.inputs[0]
@@ -147,10 +151,12 @@ class IndexChainResidency:
             inner = self.translate(ctx, src)
             return inner
         if src_dtype not in (np.dtype(np.float32), np.dtype(np.float16)):
-            raise Refuse(f"Cast '{node.name}' reads {src_dtype}, not float32/float16")
+            raise Refuse(f"Cast '{node.name}' reads {src_dtype}, not float32/float16", stop=f"Cast '{node.name}'",
+                         dtype=str(src_dtype))
         producer = src.inputs[0] if len(src.inputs) == 1 else None
         if producer is None or producer.op not in _INTEGRAL_FLOAT_OPS:
-            raise Refuse(f"Cast '{node.name}' reads a float that is not proven integral (no Floor/Ceil/Round)")
+            raise Refuse(f"Cast '{node.name}' reads a float that is not proven integral (no Floor/Ceil/Round)",
+                         stop=f"Cast '{node.name}'")
         form = BOUNDED if self._bounded(ctx, t) else LEAF
         if src_dtype == np.dtype(np.float32):
             return Translated(src, form)
@@ -162,13 +168,14 @@ class IndexChainResidency:
         bounds = []
         for i in (1, 2):
             if i >= len(node.inputs) or not node.inputs[i].name:
-                raise Refuse(f"Clip '{node.name}' is missing a bound")
+                raise Refuse(f"Clip '{node.name}' is missing a bound", stop=f"Clip '{node.name}'")
             v = ctx.prover.constant(node.inputs[i])
             if v is None or v.size != 1 or abs(int(v.reshape(-1)[0])) > SMALL:
-                raise Refuse(f"Clip '{node.name}' bound is not a constant within +-2^22")
+                raise Refuse(f"Clip '{node.name}' bound is not a constant within +-2^22", stop=f"Clip '{node.name}'",
+                             bound=SMALL)
             bounds.append(int(v.reshape(-1)[0]))
         if bounds[0] > bounds[1]:
-            raise Refuse(f"Clip '{node.name}' has min > max")
+            raise Refuse(f"Clip '{node.name}' has min > max", stop=f"Clip '{node.name}'", interval=bounds)
         x = self.translate(ctx, node.inputs[0])
         lo = ctx.const(f"{base}/lo_f32", np.array(bounds[0], np.float32))
         out = ctx.var(f"{base}/f32", np.float32, None)
@@ -194,7 +201,9 @@ class IndexChainResidency:
         elif node.op in ("Add", "Sub") and self._small_const_plus_leaf(ctx, node, a, b):
             form = LEAF_PLUS_C  # only a small Clip accepts it (see `_clip`); everything else refuses it
         else:
-            raise Refuse(f"{node.op} '{node.name}' is not proven within +-2^24")
+            span = ctx.prover.bound(t).whole
+            raise Refuse(f"{node.op} '{node.name}' is not proven within +-2^24", stop=f"{node.op} '{node.name}'",
+                         tensor=t.name, interval=[span.lo, span.hi], nan=span.nan, bound=EXACT)
         ctx.node(node.op, f"{base}/f32", [a.tensor, b.tensor], [out])
         return Translated(out, form)
 

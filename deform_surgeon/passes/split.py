@@ -208,9 +208,9 @@ class SplitPlan:
     """
 
     min_chunks: dict[str, int] = field(default_factory=dict)  # Conv name -> chunks --max-memory asks for
-    keep_whole: dict[str, str] = field(default_factory=dict)  # Conv name -> why its chunks are not shown exact
+    keep_whole: dict[str, Refuse] = field(default_factory=dict)  # node name -> why its parts are not shown exact
     chunks: dict[str, int] = field(default_factory=dict)  # Conv name -> chunks made (written by the pass)
-    checked: dict[tuple, str | None] = field(default_factory=dict)  # isolated Conv checks, by Conv and chunks
+    checked: dict[tuple, Refuse | None] = field(default_factory=dict)  # isolated Conv checks, by Conv and chunks
     # False: the Conv chunks are not checked in the pass (a run of the whole Conv input and its chunks in one
     # session: 4 GB at 1024), since `patch` shows each of them exact with its proof (local_proof.py) anyway
     check_in_pass: bool = True
@@ -239,17 +239,22 @@ class SplitBlocks:
             over = biggest is not None and limit is not None and biggest[0] > limit
             if not over and want <= 1:
                 continue  # nothing of this block is over the limit (or its size is unknown): leave it alone
+            details = {}
             if why is None:
                 try:
                     actions.append(self.rewrite(ctx, block, shapes, limit, want))
                     continue
                 except Refuse as exc:
-                    why = str(exc)
+                    why, details = str(exc), exc.details
             name = block.conv.name if block.conv is not None else block.seeds[0].name
             op = block.conv.op if block.conv is not None else block.seeds[0].op
             what = (f"{human(biggest[0])} tensor '{biggest[1]}' stays over the {human(limit)} limit"
                     if over else f"--max-memory asked for {want} chunks")
-            actions.append(Action(self.name, name, op, Outcome.REFUSED, f"block not split ({what}): {why}"))
+            details = {"tensor": biggest[1], "size_bytes": biggest[0], "limit_bytes": limit, **details}
+            if want > 1:
+                details["asked_chunks"] = want
+            actions.append(Action(self.name, name, op, Outcome.REFUSED, f"block not split ({what}): {why}",
+                                  details=details))
         return actions
 
     # -- finding blocks ----------------------------------------------------------------------------------------
@@ -366,18 +371,19 @@ class SplitBlocks:
             raise Refuse(f"{'/'.join(half)} block: ORT CPU computes a float16 elementwise chain in float32 up to "
                          "the next op that has a float16 kernel, and the row slices would add such ops inside the "
                          "chain, changing where it rounds (measured: 4.9e-4 on decoder_gathernd_fp16), so the split "
-                         "would not be exact on ORT CPU")
+                         "would not be exact on ORT CPU", dtype=half)
         region = [o for n in block.nodes for o in n.outputs]
         sizes = []
         for t in region:
             size = shapes.nbytes(t)
             if size is None:
-                raise Refuse(f"size of '{t.name}' is not known statically")
+                raise Refuse(f"size of '{t.name}' is not known statically", tensor=t.name)
             sizes.append((size, t))
         fit = h if limit is None else min(limit * h // size for size, _ in sizes)
         if fit < 1:
             size, t = max(sizes, key=lambda p: p[0])
-            raise Refuse(f"one output row of '{t.name}' alone needs {human(size // h)}, more than the limit")
+            raise Refuse(f"one output row of '{t.name}' alone needs {human(size // h)}, more than the limit",
+                         tensor=t.name, row_bytes=size // h, rows=h)
         n = max(math.ceil(h / fit), min(want, h))
         base, extra = divmod(h, n)
         counts = [base + (1 if c < extra else 0) for c in range(n)]
@@ -437,6 +443,16 @@ class SplitBlocks:
         new_nodes = tuple(x.name for x in ctx.graph.nodes[first:])
         self.plan.chunks[conv.name] = n
 
+        details = {"chunks": n, "chunk_rows": counts, "rows": h, "gathers": len(block.seeds),
+                   "nodes_per_chunk": len(block.nodes), "tensor": before_name, "size_bytes": before_size,
+                   "chunk_bytes": after_size, "limit_bytes": limit, "conv_input": sink.name,
+                   "conv_input_bytes": sink_size, "conv_split": why_whole is None,
+                   "carried": [node.op for node in tail] if why_whole is None else [],
+                   "over_limit": why_whole is not None and over}
+        if want > 1:
+            details["asked_chunks"] = want
+        if isinstance(why_whole, Refuse):
+            details.update(why_whole.details)
         asked = f"; --max-memory asked for {want}" if want > 1 else ""
         shown = human(limit) if limit else "(no --max-buffer)"
         reason = (f"split into {n} chunks of {'/'.join(str(x) for x in sorted(set(counts), reverse=True))} "
@@ -444,7 +460,8 @@ class SplitBlocks:
                   f"nodes per chunk): largest tensor {human(before_size)} ('{before_name}') -> "
                   f"{human(after_size)} per chunk, limit {shown}{asked}; "
                   f"{verdict}")
-        return Action(self.name, block.conv.name, block.conv.op, Outcome.REWRITTEN, reason, new_nodes, needs_verify)
+        return Action(self.name, block.conv.name, block.conv.op, Outcome.REWRITTEN, reason, new_nodes, needs_verify,
+                      details=details)
 
     @staticmethod
     def _tail(ctx: Context, conv: gs.Node, shapes: Shapes) -> list[gs.Node]:
@@ -489,7 +506,7 @@ class SplitBlocks:
 
     @staticmethod
     def _conv_split_refusal(ctx: Context, block: Block, tail: list[gs.Node], shapes: Shapes,
-                            counts: list[int]) -> str | None:
+                            counts: list[int]) -> Refuse | None:
         """Why the Conv must stay whole, or None when its row chunks give the whole Conv's bytes on ORT CPU.
 
         Each output pixel of a Conv with kernel == stride reads only its own band of input rows, so the chunks
@@ -505,7 +522,7 @@ class SplitBlocks:
         end = (tail[-1] if tail else conv).outputs[0]
         out_shape = shapes.shape(end) or shapes.shape(conv.outputs[0])
         if out_shape is None or len(out_shape) != 4 or out_shape[2] != block.rows or dtype != np.float32:
-            return "the Conv output's shape or type is not known statically"
+            return Refuse("the Conv output's shape or type is not known statically")
         helper, consts, inits = onnx.helper, {}, []
 
         def const_name(t: gs.Tensor) -> str | None:
@@ -539,7 +556,7 @@ class SplitBlocks:
 
         whole = chain("x", "")
         if whole is None:
-            return "the Conv's weights are not constants, so its chunks cannot be checked"
+            return Refuse("the Conv's weights are not constants, so its chunks cannot be checked")
         nodes, parts, r0, kh = list(whole[0]), [], 0, xs[2] // block.rows
         inits.append(onnx.numpy_helper.from_array(np.array([2], np.int64), "axis"))
         for c, rows in enumerate(counts):
@@ -559,9 +576,10 @@ class SplitBlocks:
         for level in ("disable", "all"):
             a, b = ctx.ort_cpu(model, feed, level)
             if a.tobytes() != b.tobytes():
-                return (f"its {len(counts)} row chunks do not give the whole Conv's bytes on ORT CPU (max diff "
-                        f"{float(np.abs(a - b).max()):.2g}; the kernel's summation order depends on the number of "
-                        "output pixels it is given)")
+                diff = float(np.abs(a - b).max())
+                return Refuse(f"its {len(counts)} row chunks do not give the whole Conv's bytes on ORT CPU (max diff "
+                              f"{diff:.2g}; the kernel's summation order depends on the number of output pixels it is "
+                              "given)", level=level, max_diff=diff)
         return None
 
     def _chunk(self, ctx: Context, block: Block, shapes: Shapes, c: int, r0: int, r1: int) -> gs.Tensor:
