@@ -136,7 +136,11 @@ def fold_static(model: onnx.ModelProto, types: TypeTable, weights: Weights, limi
                 f"rounded in float16, which its readers ({', '.join(absorbers)}) absorb: the same result on its "
                 "float32 value" if absorbers else "the same wherever ORT's float16 fallback rounds")
             reason += f"; stored {', '.join(stored)} as an initializer" if stored else ""
-            actions.append(Action(PASS, node.name, found.ops[k], Outcome.REWRITTEN, reason))
+            details = {"stored": [{"tensor": o, "dtype": str(values[o].dtype), "shape": list(values[o].shape),
+                                   "bytes": values[o].nbytes} for o in found.outs[k] if o in boundary]}
+            if absorbers:
+                details["absorbed_by"] = absorbers
+            actions.append(Action(PASS, node.name, found.ops[k], Outcome.REWRITTEN, reason, details=details))
         elif k in tainted:  # ancestors that are only needed are not worth a line of their own
             actions.append(Action(PASS, node.name, found.ops[k], Outcome.REFUSED, f"static, not folded: {refused[k]}"))
     _apply(model, found, folded | dead, boundary, values)

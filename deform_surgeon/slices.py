@@ -61,7 +61,8 @@ def split_to_slices(model: onnx.ModelProto, types: TypeTable) -> list[Action]:
         actions.append(Action(PASS, node.name, node.op_type, Outcome.REWRITTEN,
                               f"float16 Split -> {len(slices)} Slice(s) along axis {axis} (sizes {sizes}): JSEP has "
                               "no float16 Split kernel; a Slice copies the same elements",
-                              tuple(s.name for s in slices)))
+                              tuple(s.name for s in slices), details={"slices": len(slices), "axis": axis,
+                                                                       "sizes": sizes}))
     if replaced:
         nodes = list(graph.node)
         del graph.node[:]

@@ -66,18 +66,20 @@ def test_replica_folds_to_the_attention_alone_and_verifies(tmp_path):
     assert sorted(o for o in ops if o != "Constant") == left
     non_constant = sum(v for k, v in report.ops_before.items() if k != "Constant")
     assert len(_folded(report)) == non_constant - len(left) and not report.refused
-    [stored] = [a for a in _folded(report) if "stored" in a.reason and "(float16[" in a.reason]
+    [stored] = [a for a in _folded(report) if any(t["dtype"] == "float16" for t in a.details.get("stored", []))]
     assert stored.reason.startswith("static for the model's input shapes: evaluated once on ORT CPU, the same "
                                     "wherever ORT's float16 fallback rounds; stored '")
     # the float16 H / 7 of the padded size rounds (10 / 7), and the Ceil reading it absorbs that
-    divs = [a.reason for a in _folded(report) if a.op == "Div" and "rounded" in a.reason]
-    assert divs == ["static for the model's input shapes: evaluated once on ORT CPU, rounded in float16, which its "
-                    "readers (Ceil) absorb: the same result on its float32 value"] * 2
+    divs = [a for a in _folded(report) if a.op == "Div" and a.details.get("absorbed_by")]
+    assert [a.details["absorbed_by"] for a in divs] == [["Ceil"]] * 2
+    assert divs[0].reason == ("static for the model's input shapes: evaluated once on ORT CPU, rounded in float16, "
+                              "which its readers (Ceil) absorb: the same result on its float32 value")
     assert [a.reason for a in _folded(report) if a.op == "Cast" and "removed" in a.reason] == [
         "removed: only folded nodes read its output"]  # Cast(x): only the folded Shape read it
-    assert stored.reason.endswith("' (float16[1, 4, 1, 49, 49], 19,208 B) as an initializer")
+    [(name, dtype, shape, size)] = [tuple(t.values()) for t in stored.details["stored"]]
+    assert (dtype, shape, size) == ("float16", [1, 4, 1, 49, 49], 19_208)
     # the stored tensor is the Swin mask, unsqueezed for the attention: 0 within a region, -100 across regions
-    [mask] = [numpy_helper.to_array(t) for t in onnx.load(str(out)).graph.initializer if t.name in stored.reason]
+    [mask] = [numpy_helper.to_array(t) for t in onnx.load(str(out)).graph.initializer if t.name == name]
     assert mask.dtype == np.float16 and set(np.unique(mask).tolist()) == {-100.0, 0.0}
     assert (mask[0, :, 0] == 0).all(axis=(1, 2)).tolist() == [True, False, False, False]  # only window 0 is unshifted
     for seed in (3, 4):  # and the outputs are the original's bytes, also on other inputs than verify's

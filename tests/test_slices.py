@@ -70,7 +70,7 @@ def test_float16_split_becomes_slices(tmp_path, opset, split):
     assert report.verification.identical and _run(src) == _run(out)
     [action] = report.rewritten
     assert (action.pass_name, action.node) == ("split_fp16", "attn/Split")
-    assert action.reason.startswith("float16 Split -> 3 Slice(s) along axis 0 (sizes [1, 1, 1])")
+    assert action.details == {"slices": 3, "axis": 0, "sizes": [1, 1, 1]}
     ops = [n.op_type for n in onnx.load(str(out)).graph.node]
     assert "Split" not in ops and ops.count("Slice") == 3
     assert not ds.patch(out, tmp_path / "again.onnx").actions  # idempotent
