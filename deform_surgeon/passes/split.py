@@ -250,7 +250,8 @@ class SplitBlocks:
             op = block.conv.op if block.conv is not None else block.seeds[0].op
             what = (f"{human(biggest[0])} tensor '{biggest[1]}' stays over the {human(limit)} limit"
                     if over else f"--max-memory asked for {want} chunks")
-            details = {"tensor": biggest[1], "size_bytes": biggest[0], "limit_bytes": limit, **details}
+            details = {**({"tensor": biggest[1], "size_bytes": biggest[0]} if biggest is not None else {}),
+                       "limit_bytes": limit, **details}
             if want > 1:
                 details["asked_chunks"] = want
             actions.append(Action(self.name, name, op, Outcome.REFUSED, f"block not split ({what}): {why}",
