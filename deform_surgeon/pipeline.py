@@ -52,7 +52,7 @@ def json_safe(value: Any) -> Any:
     `"inf"`, `"-inf"` or `"nan"`: what `json.dumps` writes as standard JSON."""
     if isinstance(value, Mapping):
         return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
+    if isinstance(value, list | tuple | np.ndarray):
         return [json_safe(v) for v in value]
     if isinstance(value, np.generic):
         value = value.item()

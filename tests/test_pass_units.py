@@ -9,6 +9,7 @@ The byte-identity tests of the whole `patch` road (region lifting, splice, verif
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import numpy as np
@@ -26,6 +27,19 @@ from deform_surgeon.pipeline import Action, Context, Options, Outcome, run_passe
 from deform_surgeon.verify import run_ort_cpu
 
 LEVELS = ("disable", "all")
+
+
+def test_details_are_json_as_given_and_stay_out_of_the_text():
+    """Numpy numbers, tuples, arrays and infinite bounds become plain JSON; the text report shows the reason only."""
+    from deform_surgeon.pipeline import Refuse
+    from deform_surgeon.report import PatchReport
+
+    why = Refuse("a reason", interval=(np.int64(-3), np.float32(np.inf)), sizes=np.array([1, 2]), nan=np.bool_(True))
+    action = Action("p", "n", "Op", Outcome.REFUSED, str(why), details=why.details)
+    assert action.details == {"interval": [-3, "inf"], "sizes": [1, 2], "nan": True}
+    assert json.loads(json.dumps(action.to_dict(), allow_nan=False))["details"] == action.details
+    text = PatchReport("m.onnx", actions=[action]).format()
+    assert "  refused            Op             n: a reason" in text and "inf" not in text
 HEADER = '<ir_version: 8, opset_import: ["" : 17]>\n'
 
 
