@@ -104,7 +104,10 @@ def _run(model_path: str | Path, options: Options, plan: SplitPlan | None = None
         impossible_reshape(model, types, model_path)
     whole = [Action("input-shape", line.split(":")[0], "Input", Outcome.REWRITTEN,
                     f"fixed to the given size ({line}): what is then static is folded, by fold.py for float16 or "
-                    "by ORT when the session is created") for line in fixed]
+                    "by ORT when the session is created",
+                    details={"shape": next(dims for name, dims in options.input_shapes.items()
+                                           if line.startswith(f"{name}: "))})
+             for line in fixed]
     whole += fold_static(model, types, weights) + split_to_slices(model, types) if reduced else []  # in place
     oversize = _oversize(types, options.max_buffer)
     if oversize:  # the region grows by the nodes that make or read them: the early lift does not hold them
