@@ -378,3 +378,86 @@ def test_jsep_only_entries_match_the_browser(patched):
     assert jsep.cpu_ops == predicted.jsep_only == {"MatMulBnb4": 1}
     native = measure_placement(out / "onnx" / "model_bnb4.onnx", "browser", "webgpu")
     assert native.session_ok and native.cpu_nodes == 0 and native.memcpy == 0, native.cpu_ops
+
+
+# ------------------------------------------------- contrib ops' outputs typed: a float16 Split after MatMulNBits
+@pytest.fixture(scope="module")
+def split_variants(tmp_path_factory):
+    """The q4f16 and bnb4 replicas with a Split after the 4-bit MatMul, as in Swin's attention (the real q4f16 file
+    has 9 float16 Splits after MatMulNBits), patched with --verify."""
+    d = tmp_path_factory.mktemp("split")
+    paths = build_variants(d, ("q4f16", "bnb4"), split=True)
+    procs = {v: run_cli("patch", p.name, f"patched_{p.name}", "--verify", "--iterations", "1", "--report",
+                        f"{p.stem}.json", cwd=d) for v, p in paths.items()}
+    return d, paths, procs
+
+
+@pytest.mark.parametrize("variant, op", [("q4f16", "MatMulNBits"), ("bnb4", "MatMulBnb4")])
+def test_contrib_outputs_are_typed_as_onnxruntime_computes_them(split_variants, variant, op):
+    """The declared type and shape of a contrib op's output (contrib.py's rule) is what ORT CPU computes: the output
+    made a graph output with that declaration loads (ORT checks an output's declared type) and runs to that shape."""
+    import onnxruntime as ort
+    from onnx import helper
+
+    from deform_surgeon.model_io import infer_value_types
+
+    _, paths, _ = split_variants
+    model = onnx.load(paths[variant])
+    node = next(n for n in model.graph.node if n.op_type == op and n.domain == "com.microsoft")
+    elem, shape = infer_value_types(model)[node.output[0]]
+    assert (elem, shape) == ((onnx.TensorProto.FLOAT16 if variant == "q4f16" else onnx.TensorProto.FLOAT),
+                             (1, 1, 64, 64))
+    split = next(n for n in model.graph.node if n.op_type == "Split")
+    assert infer_value_types(model)[split.output[0]] == (elem, (1, 1, 64, 32))
+    model.graph.output.append(helper.make_tensor_value_info(node.output[0], elem, list(shape)))
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    feed = {"image": np.random.default_rng(0).standard_normal((1, 3, 64, 64)).astype(np.float32)}
+    got = session.run([node.output[0]], feed)[0]
+    assert got.shape == shape and got.dtype == onnx.helper.tensor_dtype_to_np_dtype(elem)
+
+
+def test_a_float16_split_after_matmulnbits_is_named_then_rewritten(split_variants):
+    """On the q4f16 input, the report's table names the float16 Split (no JSEP kernel); the patch rewrites it into
+    Slices (its type and sizes now known), verifies byte-identical, and nothing is left for JSEP."""
+    from deform_surgeon.kernels import kernel_report
+    from deform_surgeon.model_io import infer_value_types
+
+    d, paths, procs = split_variants
+    model = onnx.load(paths["q4f16"])
+    before = kernel_report(model, infer_value_types(model))
+    assert before.jsep_only == {"Split": 1} and before.outside == {}, before  # the rest: the deform blocks' own
+    assert before.reasons["Split"].startswith("a float16 Split: no JSEP kernel")
+    proc = procs["q4f16"]
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "verify: PASSED" in proc.stdout
+    assert re.search(r"rewritten\s+Split\s+proj_split: float16 Split -> 2 Slice\(s\) along axis 3 \(sizes \[32, 32\]\)",
+                     proc.stdout), proc.stdout
+    report = json.loads((d / "model_q4f16.json").read_text())
+    assert report["webgpu"]["jsep_only"] == {} and report["webgpu"]["outside_blocks"] == {}
+    patched = onnx.load(d / "patched_model_q4f16.onnx")
+    assert not [n for n in patched.graph.node if n.op_type == "Split"]
+    # the bnb4 file's Split is float32: left alone, its MatMulBnb4 still named for JSEP
+    assert json.loads((d / "model_bnb4.json").read_text())["webgpu"]["jsep_only"] == {"MatMulBnb4": 1}
+
+
+@pytest.mark.webgpu
+def test_the_split_after_matmulnbits_on_the_jsep_bundle(split_variants):
+    """In headless Chromium's JSEP bundle the q4f16 input runs the Split on the CPU EP, as the report's table
+    says; the patched file has no CPU node and no Memcpy (the Slices and MatMulNBits on the GPU)."""
+    from deform_surgeon.kernels import kernel_report
+    from deform_surgeon.model_io import infer_value_types
+    from deform_surgeon.placement import measure_placement, missing_setup
+
+    if missing_setup() is not None:
+        pytest.skip(f"WebGPU runtimes not set up: {missing_setup()}")
+    d, paths, procs = split_variants
+    assert procs["q4f16"].returncode == 0, procs["q4f16"].stderr
+    model = onnx.load(paths["q4f16"])
+    predicted = kernel_report(model, infer_value_types(model))
+    original = measure_placement(paths["q4f16"], "browser", "jsep")
+    assert original.total_nodes > 0, original.error
+    # besides the deform blocks' own int64 nodes (the patch's work), the float16 Split the report names
+    assert predicted.jsep_only == {"Split": 1} and "proj_split" in original.cpu_node_names, original.cpu_node_names
+    patched = measure_placement(d / "patched_model_q4f16.onnx", "browser", "jsep")
+    assert patched.total_nodes > 0, patched.error
+    assert patched.cpu_nodes == 0 and patched.memcpy == 0, patched.cpu_ops

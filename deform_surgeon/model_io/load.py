@@ -18,6 +18,7 @@ import onnx
 
 from ..errors import SurgeonError
 from . import wire
+from .contrib import with_contrib_types
 from .weights import (
     Weights,
     _external_ref,
@@ -130,7 +131,8 @@ def _checker_errors(path: str | Path) -> Iterator[None]:
 
 
 def infer_value_types(model: onnx.ModelProto, weights: Weights | None = None) -> TypeTable:
-    """Element type and shape of every tensor that ONNX shape inference can tell, without touching `model`.
+    """Element type and shape of every tensor that ONNX shape inference can tell (and the outputs of onnxruntime's
+    contrib ops from their type rules, contrib.py), without touching `model`.
 
     The result feeds the range prover and the passes; it is deliberately not written into the exported model,
     so a patch does not add value_info to tensors it did not touch. Inference runs on the skeleton (stored tensors
@@ -142,9 +144,17 @@ def infer_value_types(model: onnx.ModelProto, weights: Weights | None = None) ->
 def _inferred(model: onnx.ModelProto, weights: Weights) -> onnx.GraphProto:
     data = skeleton_bytes(model, weights)
     try:
-        return onnx.shape_inference.infer_shapes(data, check_type=False, strict_mode=False, data_prop=True).graph
+        return with_contrib_types(data, _lenient(data), _lenient)
     except Exception:
         return onnx.ModelProto.FromString(data).graph
+
+
+def _lenient(data: bytes) -> onnx.GraphProto:
+    return onnx.shape_inference.infer_shapes(data, check_type=False, strict_mode=False, data_prop=True).graph
+
+
+def _strict(data: bytes) -> onnx.GraphProto:
+    return onnx.shape_inference.infer_shapes(data, check_type=True, strict_mode=True, data_prop=True).graph
 
 
 def check_and_infer(model: onnx.ModelProto, path: str | Path, weights: Weights) -> TypeTable:
@@ -165,10 +175,12 @@ def checked_types(model: onnx.ModelProto, path: str | Path, weights: Weights) ->
     with _checker_errors(path):
         onnx.checker.check_model(skeleton)
     try:
-        inferred = onnx.shape_inference.infer_shapes(skeleton, check_type=True, strict_mode=True, data_prop=True).graph
+        inferred = _strict(skeleton)
     except Exception:
         check_model(model, path, weights)
         inferred = _inferred(model, weights)
+    else:
+        inferred = with_contrib_types(skeleton, inferred, _strict)
     types = onnx.GraphProto()
     types.input.extend(inferred.input)
     types.output.extend(inferred.output)
