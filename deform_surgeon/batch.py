@@ -308,8 +308,7 @@ def _check_collisions(entries: list[Entry], summary: str | None = None,
             e.error = f"{e.report}: report folder {Path(e.report).parent} does not exist or is not a folder"
             continue
         try:
-            files.write_model(e.output, external=bool(e.data_files),
-                              role=f"the output of entry {e.number} ({e.input})")
+            files.write_model(e.output, e.data_files, role=f"the output of entry {e.number} ({e.input})")
             if e.report:
                 files.write(f"the report of entry {e.number} ({e.input})", e.report)
         except SurgeonError as exc:
@@ -464,7 +463,7 @@ def _remove_temporaries(e: Entry) -> None:
     if not e.output:
         return
     out = Path(e.output)
-    for target in (out, external_data_path(out)):
+    for target in (out, external_data_path(out, e.data_files)):
         for tmp in out.parent.glob(f"{globlib.escape(temp_prefix(target))}*.tmp*"):
             tmp.unlink(missing_ok=True)
 
@@ -517,7 +516,7 @@ def summary_table(entries: list[Entry], jobs: int, seconds: float) -> str:
 def _size(e: Entry) -> str:
     """The written output's size, its external data included (the input's when nothing was written)."""
     path = Path(e.output if e.result and e.result.get("written") else e.input)
-    files = [path, external_data_path(path)] if path == Path(e.output) else [path, *e.data_files]
+    files = [path, external_data_path(path, e.data_files)] if path == Path(e.output) else [path, *e.data_files]
     total = sum(f.stat().st_size for f in files if f.is_file())
     return human(total)
 

@@ -128,14 +128,15 @@ class FilePlan:
             self.writes[key] = (role, target)
         return target
 
-    def write_model(self, target: str | Path, external: bool, role: str = "OUT") -> None:
-        """An output model and, if the model keeps external data, its data file `<OUT>.data`."""
+    def write_model(self, target: str | Path, input_data: Sequence[Path] = (), role: str = "OUT") -> None:
+        """An output model and, if its input keeps external data (`input_data`, its data files), its data file
+        (`<OUT>.data`, or `<OUT>_data` as the input's: `external_data_path`)."""
         target = user_path(target, role)
         if os.path.isdir(target):
             raise SurgeonError(target, "output path is a folder; give a file name such as model.patched.onnx")
         self.write(role, target)
-        if external:
-            self.write(f"{role}'s external data file", external_data_path(target))
+        if input_data:
+            self.write(f"{role}'s external data file", external_data_path(target, input_data))
 
 
 def check_io(models: Sequence[str | Path], out: str | Path | None = None,
@@ -143,7 +144,7 @@ def check_io(models: Sequence[str | Path], out: str | Path | None = None,
              other_reads: Sequence[tuple[str, str | Path | None]] = ()) -> FilePlan:
     """One command's files: refuse (one line, exit 2) any write target that is an input, another write target,
     not a regular file, or in a folder that is missing or not writable. `out` is an output model (its data file
-    `<OUT>.data` is included when the first model keeps external data); `others` are (option, path) pairs such
+    is included when the first model keeps external data); `others` are (option, path) pairs such
     as ("--report", "r.json"), None meaning not given."""
     plan = FilePlan()
     data = [plan.read_model(m) for m in models]
@@ -151,7 +152,7 @@ def check_io(models: Sequence[str | Path], out: str | Path | None = None,
         if path is not None:
             plan.read(path, label)
     if out is not None:
-        plan.write_model(out, external=bool(data and data[0]))
+        plan.write_model(out, data[0] if data else ())
     for role, path in others:
         if path is not None:
             plan.write(role, path)

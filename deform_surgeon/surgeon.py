@@ -267,7 +267,8 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
     binding may hold (`max_buffer`, default min(maxStorageBufferBindingSize, maxBufferSize) of the profile): deform
     blocks in row chunks, Convs in row bands, Resizes in channel groups.
     Weights are never loaded into memory as a whole (see model_io): a model with external data keeps it external,
-    in the output's own `<OUT>.data`. `progress(stage)` is called as the work reaches each of `PATCH_STAGES`.
+    in the output's own `<OUT>.data` (`<OUT>_data` when the input's is so named, as transformers.js names it).
+    `progress(stage)` is called as the work reaches each of `PATCH_STAGES`.
     `skip_passes` names passes of the registry (passes/registry.py: `PASS_NAMES`) not to run, e.g. to find which
     rewrite a failing verification comes from; the report lists the passes that ran.
 

@@ -115,19 +115,32 @@ def test_rerun_replaces_its_own_outputs(patched):
     assert not [p for p in out.rglob("*") if ".tmp" in p.name]
 
 
-def test_external_data_goes_beside_each_output(tmp_path):
+@pytest.mark.parametrize("location, written", [
+    ("model.onnx_data", "model.onnx_data"),  # transformers.js's form: it fetches <name>.onnx_data
+    ("model.onnx.data", "model.onnx.data"),  # onnx's and torch's form
+    ("weights.bin", "model.onnx.data"),
+])
+def test_external_data_goes_beside_each_output_in_the_inputs_form(tmp_path, location, written):
+    """A model folder as transformers.js ships it (`model.onnx` + `model.onnx_data`) patches into the same two
+    names, so that the patched folder loads in transformers.js unchanged; the output runs on ORT CPU to the same
+    bytes as the input."""
+    from helpers import assert_bytes_equal, run_ort
+
     src = tmp_path / "in"
     src.mkdir()
     model = onnx.load(Path(__file__).parent / "fixtures" / "decoder_gathernd.onnx")
-    onnx.save(model, src / "model.onnx", save_as_external_data=True, location="model.onnx_data",
-              size_threshold=0)
+    onnx.save(model, src / "model.onnx", save_as_external_data=True, location=location, size_threshold=0)
     proc = batch(src, tmp_path / "out", "--verify", "--iterations", "1", "--no-progress", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    written = sorted(p.name for p in (tmp_path / "out").iterdir())
-    assert written == ["model.onnx", "model.onnx.data"], written  # the input's data file is not copied as-is
+    assert re.search(r"^  model\.onnx\s.*\bPASSED\b", proc.stdout, re.M), proc.stdout
+    got = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert got == ["model.onnx", written], got  # the input's data file is not copied as it is
     out = onnx.load(tmp_path / "out" / "model.onnx", load_external_data=False)
     locations = {e.value for t in out.graph.initializer for e in t.external_data if e.key == "location"}
-    assert locations == {"model.onnx.data"}
+    assert locations == {written}
+    feed = {i.name: np.random.default_rng(3).standard_normal(
+        [d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32) for i in model.graph.input}
+    assert_bytes_equal(run_ort(str(tmp_path / "out" / "model.onnx"), feed), run_ort(str(src / "model.onnx"), feed))
 
 
 @pytest.mark.parametrize("layout, problem", [

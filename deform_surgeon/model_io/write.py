@@ -4,7 +4,8 @@ Every write goes to a temporary file in the target folder, is checked (its size;
 verification), and only then renamed over the target (a rename within one folder is atomic). The model is written
 record by record (wire.py), no second copy of it in memory; the stored tensors' bytes are copied from the input's
 files in the kernel where it can (`os.copy_file_range`): embedded ones into the model file, external ones into the
-output's own data file `<OUT>.data`, written through a temporary name like the model itself.
+output's own data file (`<OUT>.data`, or `<OUT>_data` as the input's: `external_data_path`), written through a
+temporary name like the model itself.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import re
 import secrets
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -80,9 +82,9 @@ def save_model_atomic(
     raise: the temporary file is then removed), then rename it into place.
 
     The model is written record by record (wire.py): no second copy of it is built in memory, and the bytes of
-    the stored tensors (`weights`) go from file to file. External ones are copied into `<target>.data` beside the
-    output (a temporary name first, renamed just before the model), so the output's references are relative to its
-    own folder and the input's data file is never touched.
+    the stored tensors (`weights`) go from file to file. External ones are copied into `<target>.data` (or
+    `<target>_data`, the input's form) beside the output (a temporary name first, renamed just before the model), so
+    the output's references are relative to its own folder and the input's data file is never touched.
     """
     target = Path(target)
     weights = weights if weights is not None else Weights(None)
@@ -91,7 +93,7 @@ def save_model_atomic(
         with ExitStack() as stack:
             tmp = stack.enter_context(atomic_path(target))
             layout: dict[str, tuple[int, int]] = {}
-            data_target = external_data_path(target)
+            data_target = external_data_path(target, weights.sources())
             if external:  # exits first: the data file is in place before the model that names it
                 tmp_data = stack.enter_context(atomic_path(data_target, suffix=".data"))
                 layout = _copy_external(external, weights.base_dir, tmp_data)
@@ -123,17 +125,25 @@ def copy_atomic(src: str | Path, target: str | Path, check: Callable[[], None] |
         raise SurgeonError(target, f"could not be written ({exc.strerror or exc})") from None
 
 
-def external_data_path(model_path: str | Path) -> Path:
-    """Where the external data of an output model goes: `<OUT>.data` beside it."""
+_CHUNKED_DATA = re.compile(r"_data(_\d+)?$")
+
+
+def external_data_path(model_path: str | Path, input_data: Iterable[str | Path] = ()) -> Path:
+    """Where the external data of an output model goes, beside it, in the form of the input's own (`input_data`,
+    its data files): `<OUT>_data` when the input's is named so (`model.onnx_data`, and `model.onnx_data_1`, ...:
+    transformers.js's form, which fetches `<name>.onnx_data` and gives ORT the bytes under that name, so a patched
+    model folder loads there unchanged), else `<OUT>.data` (onnx's and torch's form)."""
     model_path = Path(model_path)
-    return model_path.with_name(model_path.name + ".data")
+    suffix = "_data" if any(_CHUNKED_DATA.search(Path(f).name) for f in input_data) else ".data"
+    return model_path.with_name(model_path.name + suffix)
 
 
 def check_external_output(out: str | Path, model_path: str | Path, weights: Weights) -> None:
-    """Refuse an output whose data file `<OUT>.data` would overwrite the input or its external data."""
+    """Refuse an output whose data file (`<OUT>.data`, `<OUT>_data`: `external_data_path`) would overwrite the
+    input or its external data."""
     if not weights.external:
         return
-    data = external_data_path(out)
+    data = external_data_path(out, weights.sources())
     if data.resolve() in weights.sources() | {Path(model_path).resolve()}:
         raise SurgeonError(data, "the output's external data file would overwrite the input's",
                            "choose another OUT: the input is never modified")
