@@ -523,7 +523,7 @@ def _size(e: Entry) -> str:
 
 def variant_table(entries: list[Entry], root: str, jobs: int, seconds: float, copies: int) -> str:
     """The `batch DIR OUTDIR` table: one row per variant (module docstring)."""
-    from .kernels import KernelReport
+    from .kernels import INTEGER_8BIT, NO_EXACT_LOWERING, SHIP_FOR_GPU, KernelReport
 
     rows = [("variant", "status", "size", "deform blocks resident", "no WebGPU kernel (CPU EP)", "verify", "time")]
     for e in entries:
@@ -547,6 +547,11 @@ def variant_table(entries: list[Entry], root: str, jobs: int, seconds: float, co
              f"{seconds:.1f} s"]
     lines += ["  " + "  ".join(f"{c:<{w[i]}}" for i, c in enumerate(r)).rstrip() for r in rows]
     lines += [f"  {e.input}: {e.error}" for e in entries if e.error]
+    eight_bit = [str(Path(e.input).relative_to(root)) for e in entries if (e.result or {}).get("webgpu")
+                 and KernelReport.from_dict(e.result["webgpu"]).integer_8bit()[0]]
+    if eight_bit:
+        lines.append(f"  8-bit file(s) {', '.join(eight_bit)}: their {'/'.join(INTEGER_8BIT)} nodes stay on the CPU "
+                     f"EP: {NO_EXACT_LOWERING}; {SHIP_FOR_GPU}")
     counts = {k: sum(e.status == k for e in entries) for k in (OK, UNCHANGED, REFUSED, FAILED)}
     lines.append(", ".join(f"{n} {k}" for k, n in counts.items()))
     return "\n".join(lines)

@@ -35,6 +35,14 @@ NO_KERNEL: dict[str, str] = {  # op type -> why it runs on the CPU EP in both We
     "DynamicQuantizeMatMul": "8-bit integer matrix product: no WebGPU kernel",
 }
 
+# onnxruntime's dynamic 8-bit quantization (transformers.js's q8 / int8 / uint8 files): no WebGPU kernel, and no
+# exact lowering to float ops the WebGPU EPs run (measured by scripts/measure_integer_lowering.py, docs/variants.md)
+INTEGER_8BIT = ("ConvInteger", "MatMulInteger", "DynamicQuantizeLinear")
+NO_EXACT_LOWERING = ("no WebGPU kernel and no exact lowering to float ops (ORT's DynamicQuantizeLinear takes min/max "
+                     "with a SIMD kernel whose result with a NaN depends on lanes and threads; WGSL's f32 division is "
+                     "2.5 ULP, so Round(x / scale) can land on another integer: docs/variants.md)")
+SHIP_FOR_GPU = "ship fp16 or q4f16 for the GPU (fp32 or q4 where the GPU has no shader-f16)"
+
 _WIDE = {TensorProto.INT64, TensorProto.UINT64, TensorProto.DOUBLE}
 # the WebGPU kernels take f32/f16/i32/u32 (and bool) data: a node whose data (input 0) is 64-bit runs on the CPU EP
 # (the native EP computes int64 only behind its `enableInt64` option, off by default, and then the low 32 bits);
@@ -101,6 +109,11 @@ class KernelReport:
         return cls(d["blocks"], d["blocks_resident"], dict(d["inside_blocks"]), dict(d["outside_blocks"]),
                    dict(d["reasons"]), dict(d.get("jsep_only", {})))
 
+    def integer_8bit(self) -> tuple[dict[str, int], int]:
+        """The nodes of onnxruntime's dynamic 8-bit quantization (op -> count) and how many are inside the blocks."""
+        total = {op: n for op in INTEGER_8BIT if (n := self.inside.get(op, 0) + self.outside.get(op, 0))}
+        return total, sum(self.inside.get(op, 0) for op in total)
+
     @staticmethod
     def ops_text(counts: Mapping[str, int]) -> str:
         return ", ".join(f"{op} {n}" for op, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
@@ -125,6 +138,11 @@ class KernelReport:
             out.append(f"WebGPU: on the JSEP bundle only, {sum(self.jsep_only.values())} more node(s) run on the CPU "
                        f"EP: {self.ops_text(self.jsep_only)}")
         out += [f"WebGPU:   {op}: {why}" for op, why in sorted(self.reasons.items())]
+        integer, inside = self.integer_8bit()
+        if integer:  # what a user of a transformers.js q8 / int8 / uint8 file needs to know: which dtype to ship
+            out.append(f"WebGPU: 8-bit file: {sum(integer.values())} {'/'.join(integer)} node(s) "
+                       f"({self.ops_text(integer)}; {inside} inside the deform blocks) stay on the CPU EP: "
+                       f"{NO_EXACT_LOWERING}; {SHIP_FOR_GPU}")
         if not self.inside and not self.outside and not self.jsep_only:
             out.append("WebGPU: no node without a WebGPU kernel (by docs/webgpu-kernels.md; `deform-surgeon "
                        "placement` measures)")

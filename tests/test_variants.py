@@ -94,9 +94,19 @@ def test_table_names_what_stays_on_the_cpu(patched):
             assert re.search(r"\b8/8\s+0\s", row), row
         # JSEP (onnxruntime-web's default bundle) alone has no MatMulBnb4 kernel
         assert k.jsep_only == ({"MatMulBnb4": 1} if variant == "bnb4" else {}), (name, k)
+        assert any(ln.startswith("WebGPU: 8-bit file: ") for ln in k.lines()) == (variant in QUANTIZED_8BIT)
+    # one line under the table says which files those are, why, and what to ship for the GPU
+    footer = [ln for ln in proc.stdout.splitlines() if "8-bit file(s)" in ln]
+    assert len(footer) == 1, proc.stdout
+    assert re.fullmatch(r"  8-bit file\(s\) onnx/model_int8\.onnx, onnx/model_quantized\.onnx, onnx/model_uint8\.onnx: "
+                        r"their ConvInteger/MatMulInteger/DynamicQuantizeLinear nodes stay on the CPU EP: no WebGPU "
+                        r"kernel and no exact lowering to float ops \(.*\); ship fp16 or q4f16 for the GPU .*",
+                        footer[0]), footer[0]
 
 
 def test_patch_report_names_them(patched, tmp_path):
+    import deform_surgeon as ds
+
     repo = patched[0]
     proc = subprocess.run([sys.executable, "-m", "deform_surgeon", "inspect", repo / "onnx" / "model_quantized.onnx"],
                           capture_output=True, text=True, timeout=300)
@@ -106,6 +116,17 @@ def test_patch_report_names_them(patched, tmp_path):
                         r"the CPU EP: .*", line), line
     assert all(op in line for op in INTEGER_OPS), line
     assert re.search(r"WebGPU:   ConvInteger: 8-bit integer convolution .*no WebGPU kernel", proc.stdout)
+    # one line with the counts, the reason there is no exact lowering, and which dtype to ship instead
+    k = ds.inspect(repo / "onnx" / "model_quantized.onnx").webgpu
+    total = {op: k.inside.get(op, 0) + k.outside.get(op, 0) for op in INTEGER_OPS}
+    inside = sum(k.inside.get(op, 0) for op in INTEGER_OPS)
+    assert inside > 0
+    summary = next(ln for ln in proc.stdout.splitlines() if ln.startswith("WebGPU: 8-bit file: "))
+    assert summary.startswith(f"WebGPU: 8-bit file: {sum(total.values())} ConvInteger/MatMulInteger/"
+                              f"DynamicQuantizeLinear node(s) ({KernelReport.ops_text(total)}; {inside} inside the "
+                              "deform blocks) stay on the CPU EP: no WebGPU kernel and no exact lowering to float ops "
+                              "(ORT's DynamicQuantizeLinear takes min/max with a SIMD kernel"), summary
+    assert summary.endswith("; ship fp16 or q4f16 for the GPU (fp32 or q4 where the GPU has no shader-f16)")
 
 
 def test_rerun_replaces_its_own_outputs(patched):
