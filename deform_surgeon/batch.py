@@ -33,17 +33,18 @@ verification and the time. Why `batch` and not `patch DIR OUTDIR`: a folder is a
 runs each in its own process (one variant that fails or runs out of memory fails alone), with its progress, reports,
 summary and exit codes.
 
-Entry options: allow_unproven, sum_mode, verify, strict, copy_unchanged, iterations, seed, val_range
-(`{ image = [0, 1] }`), opt_level, input_shapes (`{ input_image = [1, 3, 1024, 1024] }`), skip_passes
-(`["sum_chain"]`: passes not to run, as `--skip-pass`). Switches given on the command line (--verify, --strict, ...)
-apply to every entry; valued command-line options are defaults that the manifest overrides.
+Entry options: every option of `patch` under its API keyword (the argument groups of args.py, `PATCH_GROUPS`, so
+an option added there is one here too): allow_unproven, sum_mode, verify, strict, copy_unchanged, iterations, seed,
+val_range (`{ image = [0, 1] }`), opt_level, max_buffer / max_memory (bytes, or a size such as "256MiB"),
+device_profile, input_shapes (`{ input_image = [1, 3, 1024, 1024] }`), skip_passes (`["sum_chain"]`: passes not to
+run, as `--skip-pass`). Switches given on the command line (--verify, --strict, ...) apply to every entry; valued
+command-line options are defaults that the manifest overrides.
 """
 
 from __future__ import annotations
 
 import glob as globlib
 import json
-import math
 import multiprocessing
 import os
 import queue
@@ -54,20 +55,14 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .args import PATCH_GROUPS, manifest_options, manifest_problem, val_ranges_for
 from .budget import human
 from .errors import SurgeonError
 from .io_check import FilePlan, external_locations
 from .model_io import atomic_path, copy_atomic, external_data_path, temp_prefix
 
-OPTIONS = {  # entry option -> accepted Python types
-    "allow_unproven": (bool,), "sum_mode": (str,), "verify": (bool,), "strict": (bool,),
-    "copy_unchanged": (bool,), "iterations": (int,), "seed": (int,), "val_range": (dict,), "opt_level": (str,),
-    "max_buffer": (int, str),  # bytes, or a size such as "256MiB" (as on the command line)
-    "max_memory": (int, str), "device_profile": (str,),
-    "input_shapes": (dict,),  # {input name: [dims]}, as `--input-shapes NAME:DIMS`
-    "skip_passes": (list,),  # ["sum_chain", ...]: registered passes not to run, as `--skip-pass NAME`
-}
-SWITCHES = ("allow_unproven", "verify", "strict", "copy_unchanged")
+OPTIONS = manifest_options()  # entry option (an API keyword of `patch`: args.PATCH_GROUPS) -> accepted Python types
+SWITCHES = tuple(o.dest for group in PATCH_GROUPS for o in group.options if o.switch)  # --verify: every entry
 ENTRY_KEYS = {"input", "glob", "output", "report", *OPTIONS}
 DEFAULT_KEYS = {"out_dir", "report_dir", *OPTIONS}
 STAGE_FRACTION = {"queued": 0.0, "start": 0.02, "prove": 0.05, "export": 0.55, "write": 0.7, "verify": 0.8}
@@ -123,7 +118,7 @@ def plan(manifest: str | None, globs: list[str], cli: dict, summary: str | None 
         if bad:
             raise SurgeonError(path, f"unknown option(s) in [defaults]: {', '.join(sorted(bad))}",
                                f"known: {', '.join(sorted(DEFAULT_KEYS))}")
-        problem = _option_problem(defaults)
+        problem = manifest_problem(defaults)
         if problem:
             raise SurgeonError(path, f"[defaults]: {problem}")
         base = path.parent
@@ -149,7 +144,7 @@ def plan(manifest: str | None, globs: list[str], cli: dict, summary: str | None 
         elif not all(isinstance(spec.get(k, ""), str) for k in ("input", "glob", "output", "report")):
             problem = "input, glob, output and report must be strings"
         else:
-            problem = _option_problem(spec)
+            problem = manifest_problem(spec)
         if problem:
             entries.append(Entry(number, str(spec.get("input", spec.get("glob", f"entry {number}"))),
                                  error=f"{where}: {problem}"))
@@ -179,58 +174,6 @@ def plan(manifest: str | None, globs: list[str], cli: dict, summary: str | None 
             entries.append(Entry(len(entries) + 1, inp, out, rep, dict(options)))
     _check_collisions(entries, summary)
     return entries
-
-
-def _option_problem(spec: dict) -> str | None:
-    """What is wrong with an entry's (or [defaults]') options, checked before any model is run; None if nothing."""
-    from .surgeon import SUM_MODES
-    from .verify import MAX_ITERATIONS, MAX_SEED, OPT_LEVELS
-
-    for key, types in OPTIONS.items():
-        if key in spec and (not isinstance(spec[key], types) or (int in types and isinstance(spec[key], bool))):
-            return f"option {key} = {spec[key]!r} should be {' or '.join(t.__name__ for t in types)}"
-    if "sum_mode" in spec and spec["sum_mode"] not in SUM_MODES:
-        return f"option sum_mode = {spec['sum_mode']!r} should be one of {', '.join(SUM_MODES)}"
-    if "opt_level" in spec and spec["opt_level"] not in OPT_LEVELS:
-        return f"option opt_level = {spec['opt_level']!r} should be one of {', '.join(OPT_LEVELS)}"
-    if "iterations" in spec and spec["iterations"] < 1:
-        return f"option iterations = {spec['iterations']!r} should be at least 1"
-    if "iterations" in spec and spec["iterations"] > MAX_ITERATIONS:
-        return f"option iterations = {spec['iterations']!r} should be at most {MAX_ITERATIONS:,}"
-    if "seed" in spec and spec["seed"] < 0:
-        return f"option seed = {spec['seed']!r} should be at least 0"
-    if "input_shapes" in spec:
-        from .input_shapes import check_input_shapes
-
-        try:
-            check_input_shapes(spec["input_shapes"])
-        except SurgeonError as exc:
-            return f"option input_shapes: {exc.one_line()}"
-    if "seed" in spec and spec["seed"] + spec.get("iterations", 1) - 1 > MAX_SEED:
-        return f"option seed = {spec['seed']!r} should be at most {MAX_SEED:,} - iterations + 1"
-    if "skip_passes" in spec:
-        from .passes.registry import check_pass_names
-
-        try:
-            check_pass_names(spec["skip_passes"], "option skip_passes")
-        except SurgeonError as exc:
-            return exc.one_line()
-    for key in ("max_buffer", "max_memory"):
-        if key in spec:
-            from .budget import parse_size
-
-            try:
-                parse_size(spec[key])
-            except SurgeonError as exc:
-                return f"option {key}: {exc.one_line()}"
-    ranges = spec.get("val_range", {})
-    for name, r in ranges.items():
-        if (not isinstance(r, list) or len(r) != 2 or not all(isinstance(x, int | float) and not isinstance(x, bool)
-                                                              for x in r)):
-            return f"val_range.{name} = {r!r} should be [lo, hi]"
-        if not (math.isfinite(r[0]) and math.isfinite(r[1])) or r[0] > r[1]:
-            return f"val_range.{name} = {r!r} should be finite with lo <= hi"
-    return None
 
 
 def plan_folder(folder: str, out_dir: str, cli: dict, summary: str | None = None
@@ -328,15 +271,10 @@ def _work(number: int, entry: dict, messages) -> None:
     from .surgeon import patch
 
     options = dict(entry["options"])
-    val_range = {k: tuple(v) for k, v in (options.pop("val_range", None) or {}).items()} or None
-    if val_range and "" in val_range:  # `--val-range [lo,hi]`: every input of this model
-        from .verify import default_val_ranges
-
-        everything = val_range.pop("")
-        try:
-            val_range = {**{k: everything for k in default_val_ranges(entry["input"])}, **val_range}
-        except Exception:  # an unreadable model: patch() below names the problem
-            val_range = None
+    try:  # `--val-range [lo,hi]`: every input of this model
+        val_range = val_ranges_for(options.pop("val_range", None), entry["input"])
+    except Exception:  # an unreadable model: patch() below names the problem
+        val_range = None
     verify_options = {k: options.pop(k, None) for k in ("iterations", "seed", "opt_level")}
     verify_options["val_range"] = val_range
     verify_options["threads"] = entry.get("threads")

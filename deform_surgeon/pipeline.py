@@ -102,6 +102,9 @@ def rewrite_each(pass_name: str, nodes: Iterable[gs.Node], check: Callable[[gs.N
     return actions
 
 
+SUM_MODES = ("chain", "tree", "none")  # Options.sum_mode (the sum_chain pass): Add chain, Add tree, left as Sum
+
+
 @dataclass
 class Options:
     """Patch options. `None` never appears: every field has its documented default."""

@@ -6,6 +6,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
+from .args import API_NAMES
 from .kernels import KernelReport
 from .pipeline import Action, Outcome
 from .verify import VerifyResult
@@ -14,15 +15,16 @@ REPORT_VERSION = 1
 _ALWAYS_SHOWN = ("GatherND", "GatherElements", "Sum", "Gather")
 
 
-# The reasons and notes name options as the command line spells them; an API user reads the keywords instead
-_FLAG = re.compile(r"--(?P<flag>allow-unproven|copy-unchanged|input-shape|max-buffer|max-memory|strict|verbose)\b")
-_API_NAMES = {"input-shape": "input_shapes", "verbose": "format(verbose=True)"}
+# The reasons and notes name options as the command line spells them; an API user reads the keywords instead. The
+# flags and their keywords are the argument groups' own (args.API_NAMES), longest first ("--input-shapes" whole)
+_FLAG = re.compile("(?P<flag>" + "|".join(re.escape(f) for f in sorted(API_NAMES, key=len, reverse=True))
+                   + r")(?![\w-])")
 
 
 def api_words(text: str) -> str:
     """`text` with the command line's option names replaced by the Python API's keywords (`--max-memory` ->
     `max_memory`), for a report read through the API."""
-    return _FLAG.sub(lambda m: _API_NAMES.get(m["flag"], m["flag"].replace("-", "_")), text)
+    return _FLAG.sub(lambda m: API_NAMES[m["flag"]], text)
 
 
 @dataclass

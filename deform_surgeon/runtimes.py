@@ -30,6 +30,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .tool import Tool
+
 PINS_DIR = Path(__file__).resolve().parent / "placement"  # package.json + package-lock.json (package data)
 IN_TREE = PINS_DIR  # a checkout's older install location: PINS_DIR/node_modules
 STAMP = ".deform-surgeon-setup.sha256"
@@ -380,14 +382,19 @@ def probe_adapter(timeout: float = 60.0) -> tuple[dict[str, Any] | None, str | N
     return doc.get("adapter"), doc.get("error") or (None if doc.get("adapter") else "no adapter")
 
 
-def register_cli(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "setup", help="install the pinned WebGPU runtimes (npm) that `placement` and `serve` use",
-        description="Installs the npm packages pinned by this package (onnxruntime-web/-node, playwright-core, "
-                    "webgpu) into a per-user cache folder ($XDG_CACHE_HOME/deform-surgeon/runtimes-<hash>) with "
-                    "`npm ci --ignore-scripts`; idempotent. Needs node >= 20 and npm.")
-    p.add_argument("--browser", action="store_true",
-                   help="also check for the system Chromium (headless browser for `placement --runtime browser` "
-                        "and `serve --headless`) and say how to install it when it is missing")
-    p.add_argument("--check", action="store_true", help="install nothing: report what is missing (exit 2 if any)")
-    p.set_defaults(func=run_setup)
+class SetupTool(Tool):
+    name = "setup"
+    help = "install the pinned WebGPU runtimes (npm) that `placement` and `serve` use"
+    description = ("Installs the npm packages pinned by this package (onnxruntime-web/-node, playwright-core, webgpu) "
+                   "into a per-user cache folder ($XDG_CACHE_HOME/deform-surgeon/runtimes-<hash>) with `npm ci "
+                   "--ignore-scripts`; idempotent. Needs node >= 20 and npm.")
+
+    def add_args(self, p: argparse.ArgumentParser) -> None:
+        p.add_argument("--browser", action="store_true",
+                       help="also check for the system Chromium (headless browser for `placement --runtime browser` "
+                            "and `serve --headless`) and say how to install it when it is missing")
+        p.add_argument("--check", action="store_true",
+                       help="install nothing: report what is missing (exit 2 if any)")
+
+    def run(self, args: argparse.Namespace) -> int:
+        return run_setup(args)

@@ -41,14 +41,13 @@ from .model_io import (
 from .ops import op_histogram
 from .passes.registry import PASS_NAMES, check_pass_names, make_passes
 from .passes.split import SplitPlan
-from .pipeline import Action, Context, Options, Outcome, Refuse, run_passes
+from .pipeline import SUM_MODES, Action, Context, Options, Outcome, Refuse, run_passes
 from .region import Region, find_region, region_model, splice, type_boundary
 from .report import PatchReport
 from .slices import split_to_slices
 from .verify import DEFAULT_ITERATIONS, check_verify_options
 from .verify import verify as verify_models
 
-SUM_MODES = ("chain", "tree", "none")
 PATCH_STAGES = ("prove", "export", "write", "verify")  # what `patch(progress=...)` reports, in this order
 
 

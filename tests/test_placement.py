@@ -32,12 +32,12 @@ from onnx import TensorProto, helper
 from deform_surgeon import runtimes
 from deform_surgeon.placement import (
     Placement,
+    PlacementTool,
     compare_outputs,
     make_inputs,
     measure_placement,
     missing_setup,
     parse_ort_log,
-    register_cli,
 )
 from deform_surgeon.placement import runner as runner_mod
 
@@ -243,9 +243,9 @@ def test_missing_setup_names_the_setup_command(monkeypatch: pytest.MonkeyPatch, 
 
 def _cli(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="deform-surgeon")
-    register_cli(parser.add_subparsers(dest="command", required=True))
+    PlacementTool().add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
-    return args.func(args)
+    return args.tool.run(args)
 
 
 def test_cli_missing_model_is_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ machine has no GPU. The runtimes are installed by ``deform-surgeon setup`` (``de
 
 from __future__ import annotations
 
-from .command import register_cli
+from .command import PlacementTool
 from .logparse import LogSummary, parse_ort_log
 from .result import Placement
 from .runner import SetupMissing, compare_outputs, make_inputs, measure_placement, missing_setup
@@ -19,11 +19,11 @@ from .runner import SetupMissing, compare_outputs, make_inputs, measure_placemen
 __all__ = [
     "LogSummary",
     "Placement",
+    "PlacementTool",
     "SetupMissing",
     "compare_outputs",
     "make_inputs",
     "measure_placement",
     "missing_setup",
     "parse_ort_log",
-    "register_cli",
 ]

@@ -19,74 +19,73 @@ from typing import Any
 
 import onnx
 
+from ..args import DEVICE_PROFILE
 from ..blocks import OUTSIDE, count_per_block
+from ..tool import Tool
 from ..verdict import combine, judge_outputs, split_errors, summarize_errors
 from .result import Placement
 from .runner import BUNDLES, DEFAULT_TIMEOUT, RUNTIMES, SetupMissing, measure_placement
 
 
-def register_cli(subparsers: Any) -> argparse.ArgumentParser:
-    """Adds ``placement`` to an argparse subparsers object; the parser's ``func(args) -> int`` runs it."""
-    p = subparsers.add_parser(
-        "placement",
-        help="show which nodes a WebGPU EP leaves on the CPU (real onnxruntime-node / onnxruntime-web)",
-        description=(
-            "Create a session on a real WebGPU execution provider and report node placement from ORT's "
-            "verbose "
-            "log: CPU nodes, Memcpy nodes, CPU op histogram, ops without a WebGPU kernel. Needs "
-            "`deform-surgeon setup` (--browser for --runtime browser)."
-        ),
+class PlacementTool(Tool):
+    name = "placement"
+    help = "show which nodes a WebGPU EP leaves on the CPU (real onnxruntime-node / onnxruntime-web)"
+    description = (
+        "Create a session on a real WebGPU execution provider and report node placement from ORT's verbose log: CPU "
+        "nodes, Memcpy nodes, CPU op histogram, ops without a WebGPU kernel. Needs `deform-surgeon setup` (--browser "
+        "for --runtime browser)."
     )
-    p.add_argument("model", nargs="?", metavar="MODEL", help="ONNX model to measure")
-    p.add_argument(
-        "--compare",
-        nargs=2,
-        metavar=("ORIGINAL", "PATCHED"),
-        help="measure two models and print them side by side",
-    )
-    p.add_argument(
-        "--runtime",
-        choices=RUNTIMES,
-        default="node",
-        help="node: onnxruntime-node native WebGPU EP (default); browser: headless Chromium",
-    )
-    p.add_argument(
-        "--bundle",
-        choices=BUNDLES,
-        default="webgpu",
-        help="browser only: webgpu = ort.webgpu.min.mjs (native EP), jsep = ort.min.mjs, "
-        "all = ort.all.min.mjs (default: webgpu)",
-    )
-    p.add_argument("--json", metavar="FILE", help="write the Placement JSON (with --compare: both) to FILE")
-    p.add_argument(
-        "--run",
-        action="store_true",
-        help="also run seeded inputs and compare every output byte for byte with ORT CPU",
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed of the generated inputs (default 0)")
-    p.add_argument(
-        "--device-profile",
-        default=None,
-        metavar="NAME|FILE.json",
-        help="the device the model must fit: spec-default (default: the WebGPU spec's limits, what a page gets "
-        "unless it asks for more), adapter (this machine's adapter), or a --device-limits-out file; nodes and "
-        "tensors beyond it are reported, and the browser page requests its device with these limits",
-    )
-    p.add_argument(
-        "--device-limits-out",
-        metavar="FILE.json",
-        help="write the WebGPU adapter info and limits to FILE.json",
-    )
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=DEFAULT_TIMEOUT,
-        metavar="SEC",
-        help=f"stop the runtime after SEC seconds (default {DEFAULT_TIMEOUT:g})",
-    )
-    p.add_argument("--log", metavar="FILE", help="keep the raw ORT verbose log in FILE")
-    p.set_defaults(func=run_placement_command)
-    return p
+
+    def add_args(self, p: argparse.ArgumentParser) -> None:
+        p.add_argument("model", nargs="?", metavar="MODEL", help="ONNX model to measure")
+        p.add_argument(
+            "--compare",
+            nargs=2,
+            metavar=("ORIGINAL", "PATCHED"),
+            help="measure two models and print them side by side",
+        )
+        p.add_argument(
+            "--runtime",
+            choices=RUNTIMES,
+            default="node",
+            help="node: onnxruntime-node native WebGPU EP (default); browser: headless Chromium",
+        )
+        p.add_argument(
+            "--bundle",
+            choices=BUNDLES,
+            default="webgpu",
+            help="browser only: webgpu = ort.webgpu.min.mjs (native EP), jsep = ort.min.mjs, "
+            "all = ort.all.min.mjs (default: webgpu)",
+        )
+        p.add_argument("--json", metavar="FILE", help="write the Placement JSON (with --compare: both) to FILE")
+        p.add_argument(
+            "--run",
+            action="store_true",
+            help="also run seeded inputs and compare every output byte for byte with ORT CPU",
+        )
+        p.add_argument("--seed", type=int, default=0, help="seed of the generated inputs (default 0)")
+        DEVICE_PROFILE.add_to(
+            p,
+            help="the device the model must fit: spec-default (default: the WebGPU spec's limits, what a page gets "
+            "unless it asks for more), adapter (this machine's adapter), or a --device-limits-out file; nodes and "
+            "tensors beyond it are reported, and the browser page requests its device with these limits",
+        )
+        p.add_argument(
+            "--device-limits-out",
+            metavar="FILE.json",
+            help="write the WebGPU adapter info and limits to FILE.json",
+        )
+        p.add_argument(
+            "--timeout",
+            type=float,
+            default=DEFAULT_TIMEOUT,
+            metavar="SEC",
+            help=f"stop the runtime after SEC seconds (default {DEFAULT_TIMEOUT:g})",
+        )
+        p.add_argument("--log", metavar="FILE", help="keep the raw ORT verbose log in FILE")
+
+    def run(self, args: argparse.Namespace) -> int:
+        return run_placement_command(args)
 
 
 class _Progress:

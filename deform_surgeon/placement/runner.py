@@ -45,7 +45,7 @@ DEFAULT_INT_RANGE = (0, 4)
 Progress = Callable[[str], None] | None
 
 # onnxruntime-js tensor type names -> numpy dtypes
-_JS_DTYPES: dict[str, np.dtype] = {
+JS_DTYPES: dict[str, np.dtype] = {
     "float32": np.dtype(np.float32),
     "float64": np.dtype(np.float64),
     "float16": np.dtype(np.float16),
@@ -59,7 +59,7 @@ _JS_DTYPES: dict[str, np.dtype] = {
     "uint64": np.dtype(np.uint64),
     "bool": np.dtype(np.bool_),
 }
-_NP_TO_JS = {v: k for k, v in _JS_DTYPES.items()}
+_NP_TO_JS = {v: k for k, v in JS_DTYPES.items()}
 
 
 class SetupMissing(RuntimeError):
@@ -254,10 +254,12 @@ def _sweep(marker: str) -> None:
             time.sleep(0.1)
 
 
-def _run_harness(
+def run_harness(
     cmd: list[str], env: dict[str, str], log_path: Path, timeout: float, progress: Progress, marker: str
 ) -> tuple[int | None, str | None, str]:
-    """Runs one harness; returns (exit code or None, error text for timeout/interrupt, the progress steps)."""
+    """Runs one harness (placement's, or `serve --headless`'s page) in its own process group, its stderr into
+    `log_path`; stops it and every process carrying `marker` on the way out. Returns (exit code or None, error text
+    for timeout/interrupt, the progress steps)."""
     last = {"text": "starting"}
     steps: list[str] = []
     with open(log_path, "wb") as log:
@@ -374,7 +376,7 @@ def measure_placement(
         if run:
             cmd += ["--io", str(io_dir), "--run"]
         cmd.append("--watch-stdin")
-        rc, fail, steps = _run_harness(cmd, harness_env(tmp), log_path, timeout, progress, marker=str(tmp))
+        rc, fail, steps = run_harness(cmd, harness_env(tmp), log_path, timeout, progress, marker=str(tmp))
         # a run that timed out after the session was created: the session is reported as what it was
         created = next((s for s in steps if s.startswith("session created in")), None) if fail else None
 
@@ -495,7 +497,7 @@ def _finish_run(
     got: dict[str, np.ndarray | None] = {}
     for name, o in (raw_run.get("outputs") or {}).items():
         f = io_dir / o["file"]
-        dtype = _JS_DTYPES.get(o["dtype"])
+        dtype = JS_DTYPES.get(o["dtype"])
         if dtype is None or not f.exists():
             got[name] = None
             continue

@@ -1,6 +1,6 @@
 """`deform-surgeon serve`: a local page that runs the original and the patched model side by side on the user's own
 GPU (onnxruntime-web in the user's browser), with the ORT CPU reference computed by the server."""
 
-from .command import register_cli
+from .command import ServeTool
 
-__all__ = ["register_cli"]
+__all__ = ["ServeTool"]

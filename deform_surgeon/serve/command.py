@@ -21,48 +21,53 @@ from pathlib import Path
 from typing import Any
 
 from .. import runtimes
+from ..args import DEVICE_PROFILE
 from ..errors import SurgeonError
+from ..tool import Tool
 from ..verdict import split_errors, summarize_errors
 from .server import BUNDLES, DEFAULT_RUNS
 
 HEADLESS_TIMEOUT = 600.0
 
 
-def register_cli(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "serve", help="a local page that runs the original and the patched model on your GPU, side by side",
-        description="Serves a page on 127.0.0.1 that runs ORIGINAL (and PATCHED) with onnxruntime-web on this "
-                    "browser's WebGPU adapter: session creation time, warm inference times, CPU nodes and Memcpy "
-                    "from ORT's log, WebGPU errors, the masks side by side, and the outputs' differences from each "
-                    "other and from ORT CPU. Needs `deform-surgeon setup` (and a browser with WebGPU).")
-    p.add_argument("original", metavar="ORIGINAL", help="the model as exported")
-    p.add_argument("patched", metavar="PATCHED", nargs="?", default=None, help="its patched version (optional)")
-    p.add_argument("--port", type=_port, default=0, help="port on 127.0.0.1 (default 0: a free port, printed)")
-    p.add_argument("--device-profile", default=None, metavar="NAME|FILE.json",
-                   help="limits the page requests its WebGPU device with: adapter (default: every limit the "
-                        "browser's adapter offers), spec-default (what a page gets without asking), or a "
-                        "`placement --device-limits-out` file. Why serve's default differs from every other "
-                        "command's (spec-default): this page shows what THIS GPU does with the model, as your "
-                        "own page can when it asks for the adapter's limits; patch, budget and placement check "
-                        "a model you ship to every user's GPU, so they hold it to the limits any device has")
-    p.add_argument("--runs", type=int, default=None,
-                   help=f"warm inferences per model (default: {DEFAULT_RUNS['hardware']} on a hardware GPU, "
-                        f"{DEFAULT_RUNS['software']} on a software adapter, whose timings are not GPU timings)")
-    p.add_argument("--image", metavar="FILE", default=None,
-                   help="the picture the page starts with (default: a bundled sample); the page has a picker")
-    p.add_argument("--open", action="store_true", help="open the page in the default browser")
-    p.add_argument("--bundle", choices=BUNDLES, default=None,
-                   help="bundle the page starts with (the page has a picker): webgpu = "
-                        "`import 'onnxruntime-web/webgpu'` (default; what transformers.js imports), jsep = "
-                        "`import 'onnxruntime-web'`, where the original model's deformable convolutions fail: "
-                        "the bug the patch fixes")
-    g = p.add_argument_group("headless (CI): run the page in headless Chromium on this machine and exit")
-    g.add_argument("--headless", metavar="RESULT.json", help="write the page's result JSON here")
-    g.add_argument("--screenshot", metavar="PAGE.png", help="with --headless: also save a screenshot of the page")
-    g.add_argument("--timeout", type=float, default=HEADLESS_TIMEOUT, metavar="SEC",
-                   help=f"with --headless: give up after SEC seconds (default {HEADLESS_TIMEOUT:g})")
-    p.set_defaults(func=run_serve)
-    return p
+class ServeTool(Tool):
+    name = "serve"
+    help = "a local page that runs the original and the patched model on your GPU, side by side"
+    description = ("Serves a page on 127.0.0.1 that runs ORIGINAL (and PATCHED) with onnxruntime-web on this browser's "
+                   "WebGPU adapter: session creation time, warm inference times, CPU nodes and Memcpy from ORT's log, "
+                   "WebGPU errors, the masks side by side, and the outputs' differences from each other and from ORT "
+                   "CPU. Needs `deform-surgeon setup` (and a browser with WebGPU).")
+
+    def add_args(self, p: argparse.ArgumentParser) -> None:
+        p.add_argument("original", metavar="ORIGINAL", help="the model as exported")
+        p.add_argument("patched", metavar="PATCHED", nargs="?", default=None, help="its patched version (optional)")
+        p.add_argument("--port", type=_port, default=0, help="port on 127.0.0.1 (default 0: a free port, printed)")
+        DEVICE_PROFILE.add_to(
+            p, help="limits the page requests its WebGPU device with: adapter (default: every limit the browser's "
+                    "adapter offers), spec-default (what a page gets without asking), or a `placement "
+                    "--device-limits-out` file. Why serve's default differs from every other command's "
+                    "(spec-default): this page shows what THIS GPU does with the model, as your own page can when it "
+                    "asks for the adapter's limits; patch, budget and placement check a model you ship to every "
+                    "user's GPU, so they hold it to the limits any device has")
+        p.add_argument("--runs", type=int, default=None,
+                       help=f"warm inferences per model (default: {DEFAULT_RUNS['hardware']} on a hardware GPU, "
+                            f"{DEFAULT_RUNS['software']} on a software adapter, whose timings are not GPU timings)")
+        p.add_argument("--image", metavar="FILE", default=None,
+                       help="the picture the page starts with (default: a bundled sample); the page has a picker")
+        p.add_argument("--open", action="store_true", help="open the page in the default browser")
+        p.add_argument("--bundle", choices=BUNDLES, default=None,
+                       help="bundle the page starts with (the page has a picker): webgpu = "
+                            "`import 'onnxruntime-web/webgpu'` (default; what transformers.js imports), jsep = "
+                            "`import 'onnxruntime-web'`, where the original model's deformable convolutions fail: "
+                            "the bug the patch fixes")
+        g = p.add_argument_group("headless (CI): run the page in headless Chromium on this machine and exit")
+        g.add_argument("--headless", metavar="RESULT.json", help="write the page's result JSON here")
+        g.add_argument("--screenshot", metavar="PAGE.png", help="with --headless: also save a screenshot of the page")
+        g.add_argument("--timeout", type=float, default=HEADLESS_TIMEOUT, metavar="SEC",
+                       help=f"with --headless: give up after SEC seconds (default {HEADLESS_TIMEOUT:g})")
+
+    def run(self, args: argparse.Namespace) -> int:
+        return run_serve(args)
 
 
 def _port(text: str) -> int:
@@ -139,7 +144,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
 def _headless(url: str, args: argparse.Namespace) -> int:
     """Opens the page in headless Chromium, lets it run both models, saves its result JSON (and screenshot)."""
-    from ..placement.runner import _run_harness
+    from ..placement.runner import run_harness
     from ..runtimes import harness_env, missing_setup
 
     msg = missing_setup("browser")
@@ -158,7 +163,7 @@ def _headless(url: str, args: argparse.Namespace) -> int:
         def progress(text: str) -> None:
             print(f"[serve --headless] {text}", file=sys.stderr, flush=True)
 
-        rc, fail, _ = _run_harness(cmd, harness_env(tmp), tmp / "browser.log", args.timeout + 60, progress,
+        rc, fail, _ = run_harness(cmd, harness_env(tmp), tmp / "browser.log", args.timeout + 60, progress,
                                    marker=str(tmp))
         if not (tmp / "result.json").exists():
             tail = "\n".join((tmp / "browser.log").read_text("utf-8", "replace").strip().splitlines()[-5:]) \

@@ -35,7 +35,7 @@ from .. import __version__, runtimes
 from ..device import ADAPTER, DeviceProfile
 from ..errors import SurgeonError
 from ..placement.logparse import parse_ort_log
-from ..placement.runner import _JS_DTYPES, compare_outputs, external_data_files
+from ..placement.runner import JS_DTYPES, compare_outputs, external_data_files
 from ..verdict import GPU_TOLERANCE, combine, judge_outputs
 
 HERE = Path(__file__).resolve().parent
@@ -212,7 +212,7 @@ def _split_tensors(layout: list[dict[str, Any]], body: bytes) -> list[np.ndarray
     """Cuts the posted body into tensors as `layout` ({name, dtype (onnxruntime-js name), dims}) lists them."""
     out, offset = [], 0
     for t in layout:
-        dtype = _JS_DTYPES.get(t["dtype"])
+        dtype = JS_DTYPES.get(t["dtype"])
         if dtype is None:
             raise ValueError(f"tensor {t['name']}: unsupported dtype {t['dtype']}")
         dims = [int(d) for d in t["dims"]]
