@@ -36,7 +36,7 @@ from .args import (
     size_arg,
 )
 from .device import PROFILE_NAMES, resolve_profile
-from .errors import SurgeonError, catch_signals, stopped_exit
+from .errors import SIGNALLED, SurgeonError, catch_signals, stopped_exit
 from .io_check import check_io
 from .model_io import atomic_path, check_model, load_model
 from .surgeon import inspect, patch
@@ -299,6 +299,8 @@ def load_tool(name: str, where: str) -> Tool:
     try:
         return getattr(importlib.import_module(module), cls)()
     except ImportError as exc:
+        if SIGNALLED:  # Ctrl-C / SIGTERM during the import, which a library made an ImportError: the command stops
+            raise
         return MissingTool(name, exc)
 
 

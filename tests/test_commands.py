@@ -140,3 +140,25 @@ def test_a_report_read_through_the_api_names_every_patch_option_by_its_keyword()
     assert api_words("--verbose or --report FILE.json") == "format(verbose=True) or --report FILE.json"
     assert api_words("--max-buffer-size --input-shapes x") == "--max-buffer-size input_shapes x"
 
+
+
+def test_ctrl_c_while_a_command_is_imported_stops_the_command(tmp_path):
+    """A library may turn Ctrl-C during its import into an ImportError (onnxruntime's "initialization failed"):
+    that stops the command (130), it does not make the command one that cannot be loaded while another runs."""
+    (tmp_path / "sitecustomize.py").write_text(textwrap.dedent("""
+        import importlib.abc, os, signal, sys, time
+
+        class _Interrupted(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name == "deform_surgeon.placement.runner":
+                    try:
+                        os.kill(os.getpid(), signal.SIGINT)
+                        time.sleep(30)
+                    except KeyboardInterrupt:
+                        raise ImportError("initialization failed") from None
+
+        sys.meta_path.insert(0, _Interrupted())
+    """))
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    proc = run("setup", "--check", cwd=tmp_path, env=env)  # a command that otherwise returns, exit 0 or 2
+    assert (proc.returncode, proc.stderr, proc.stdout) == (130, "deform-surgeon: interrupted\n", "")
