@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.metadata
 import json
 import os
 import re
@@ -274,6 +273,8 @@ def install_hint(error: ImportError) -> str:
     """What to install for a module that failed to import with `error`: deform-surgeon's own requirement for the
     missing package (`pip install 'onnx-graphsurgeon>=0.5'`), or deform-surgeon itself when one of its own modules is
     missing or broken."""
+    import importlib.metadata  # only here: it imports email, zipfile and csv, every command's cost otherwise
+
     missing = (error.name or "").partition(".")[0]
     if not missing or missing == __package__:
         return f"pip install --force-reinstall {__package__}"
