@@ -112,6 +112,46 @@ def _axis(node: gs.Node, rank: int) -> int:
     return int(node.attrs.get("axis", 0)) % rank
 
 
+class _Nothing(Exception):
+    """A band whose rows would read nothing but a Conv's zero padding."""
+
+
+@dataclass(frozen=True)
+class RowSource:
+    """How a band's rows of `tensor` are made: sliced from the whole tensor (`node` None: it fits the limit), or
+    by its producer computed for those rows: a channel Concat of its inputs' rows, or a Conv (with the per-channel
+    ops `chain` after it) from the rows of its input its `window` reads."""
+
+    tensor: gs.Tensor
+    node: gs.Node | None = None
+    chain: tuple[gs.Node, ...] = ()
+    window: Window | None = None
+    inputs: tuple[RowSource, ...] = ()
+
+    def nodes(self) -> list[gs.Node]:
+        """The nodes the bands replace, producers first."""
+        if self.node is None:
+            return []
+        return [*(n for i in self.inputs for n in i.nodes()), self.node, *self.chain]
+
+    def made_in_rows(self) -> list[str]:
+        """The tensors over the limit, besides this one, that the bands make in rows by their producers."""
+        return [t for i in self.inputs if i.node is not None for t in (i.tensor.name, *i.made_in_rows())]
+
+    def describe(self, shapes: Shapes) -> str:
+        if self.window is None:
+            nested = [f"'{i.tensor.name}' ({human(shapes.nbytes(i.tensor))}, over the limit too) made by "
+                      f"{i.describe(shapes)}" for i in self.inputs if i.node is not None]
+            return f"the rows of each input of Concat '{self.node.name}'" + (f" ({'; '.join(nested)})" if nested
+                                                                             else "")
+        made = self.inputs[0]
+        reads = (f"the rows of '{made.tensor.name}' it reads" if made.node is None else
+                 f"the rows it reads of '{made.tensor.name}' ({human(shapes.nbytes(made.tensor))}, over the limit "
+                 f"too), made by {made.describe(shapes)}")
+        chain = "".join(f" -> {c.op}" for c in self.chain)
+        return f"Conv '{self.node.name}'{chain} computed for those rows from {reads}"
+
+
 class BandOversize:
     """Resize in channel groups and Conv in row bands wherever a tensor outside the deform blocks is over
     `--max-buffer` (see the module docstring)."""
@@ -135,12 +175,34 @@ class BandOversize:
                                          limit_bytes=limit))
         convs = [(n, self._feeding(ctx, n.inputs[0], shapes)) for n in ctx.graph.nodes
                  if n.op == "Conv" and n.inputs and (shapes.nbytes(n.inputs[0]) or 0) > limit]
+        # a Conv whose output, over the limit too, an outer Conv's bands compute in rows (the nested form: a channel
+        # Concat read by a Conv reads that Conv's output) waits for the outer one: banded alone first, its joined
+        # output would be made whole; it gets bands of its own only if the outer one is refused
+        waiting: dict[int, list] = {}
         for node, feeders in convs:
-            if feeders is not None:  # else not this pass's pattern (a deform block's join, for one): not reported
-                actions.append(self._attempt(node, lambda n=node, f=feeders: self._bands(ctx, n, f, shapes, limit,
-                                                                                            outside),
-                                             tensor=node.inputs[0].name, size_bytes=shapes.nbytes(node.inputs[0]),
-                                             limit_bytes=limit))
+            if feeders is not None:
+                try:
+                    inner = self._source(ctx, node.inputs[0], feeders, shapes, limit, outside, "").nodes()
+                except Refuse:
+                    continue
+                waiting[id(node)] = [(n, f) for n, f in convs if any(n is m for m in inner)]
+        deferred = {id(n) for pending in waiting.values() for n, _ in pending}
+        done: set[int] = set()
+
+        def attempt(node: gs.Node, feeders) -> None:
+            done.add(id(node))
+            act = self._attempt(node, lambda: self._bands(ctx, node, feeders, shapes, limit, outside),
+                                tensor=node.inputs[0].name, size_bytes=shapes.nbytes(node.inputs[0]),
+                                limit_bytes=limit)
+            actions.append(act)
+            if act.action == Outcome.REFUSED:
+                for inner, f in waiting.get(id(node), []):
+                    if id(inner) not in done:
+                        attempt(inner, f)
+
+        for node, feeders in convs:
+            if feeders is not None and id(node) not in deferred:  # else not this pass's pattern (a deform
+                attempt(node, feeders)  # block's join, for one: not reported) or waiting for an outer Conv
         return actions
 
     def _attempt(self, node: gs.Node, rewrite, **details) -> Action:
@@ -270,6 +332,37 @@ class BandOversize:
         return maker, (w, b)
 
     # -- Conv in row bands --------------------------------------------------------------------------------------
+    def _source(self, ctx: Context, x: gs.Tensor, feeders: tuple[list[gs.Node], gs.Node], shapes: Shapes,
+                limit: int, outside: set[int], head: str) -> RowSource:
+        """How the bands' rows of `x` are made from what `feeders` found making it: its producer computed for
+        those rows from the rows of its inputs, each of them sliced from the whole tensor where that fits the
+        limit, else made for those rows by its own producer in turn (the nested form: a channel Concat reads a
+        Conv output itself over the limit); `Refuse` when some tensor over the limit cannot be made so."""
+        chain, producer = feeders
+        for t in [x, *(n.outputs[0] for n in chain), *(producer.outputs if chain else ())]:
+            if id(t) in outside or len(t.outputs) != 1:
+                raise Refuse(f"{head}: '{t.name}' is also read elsewhere (or outside the rewritten part), so it "
+                             "would be needed whole anyway", read_elsewhere=t.name)
+        window = None
+        if producer.op == "Conv":
+            if shapes.shape(producer.inputs[0]) is None:
+                self._derive_input(producer, shapes)
+            window = Window.of(producer, shapes.shape(producer.inputs[0]), shapes.shape(producer.inputs[1]))
+        inputs = []
+        for s in [producer.inputs[0]] if window else list(producer.inputs):
+            if (shapes.nbytes(s) or 0) <= limit:
+                inputs.append(RowSource(s))
+                continue
+            made = self._feeding(ctx, s, shapes)
+            if made is None:
+                raise Refuse(f"{head}: {producer.op} '{producer.name}' reads '{s.name}' ({human(shapes.nbytes(s))}), "
+                             "itself over the limit" + (f", made by {s.inputs[0].op} '{s.inputs[0].name}', which is "
+                                                        "not computed in rows (a channel Concat or a Conv is)"
+                                                        if s.inputs else ""), source=s.name,
+                             source_bytes=shapes.nbytes(s))
+            inputs.append(self._source(ctx, s, made, shapes, limit, outside, head))
+        return RowSource(x, producer, tuple(chain), window, tuple(inputs))
+
     def _bands(self, ctx: Context, conv: gs.Node, feeders: tuple[list[gs.Node], gs.Node], shapes: Shapes,
                limit: int, outside: set[int]) -> Action:
         x = conv.inputs[0]
@@ -282,21 +375,7 @@ class BandOversize:
         y_shape = shapes.shape(conv.outputs[0])
         if y_shape is None or len(y_shape) != 4 or y_shape[2] < 2:
             raise Refuse(f"{head}: the Conv's output shape is not known as [N, M, H, W] with H >= 2")
-        chain, producer = feeders
-        for t in [x, *(n.outputs[0] for n in chain), *(producer.outputs if chain else ())]:
-            if id(t) in outside or len(t.outputs) != 1:
-                raise Refuse(f"{head}: '{t.name}' is also read elsewhere (or outside the rewritten part), so it "
-                             "would be needed whole anyway", read_elsewhere=t.name)
-        if producer.op == "Conv" and shapes.shape(producer.inputs[0]) is None:
-            self._derive_input(producer, shapes)
-        inner = Window.of(producer, shapes.shape(producer.inputs[0]), shapes.shape(producer.inputs[1])) \
-            if producer.op == "Conv" else None
-        sources = [producer.inputs[0]] if inner else list(producer.inputs)
-        for s in sources:
-            if (shapes.nbytes(s) or 0) > limit:
-                raise Refuse(f"{head}: {producer.op} '{producer.name}' reads '{s.name}' "
-                             f"({human(shapes.nbytes(s))}), itself over the limit", source=s.name,
-                             source_bytes=shapes.nbytes(s))
+        source = self._source(ctx, x, feeders, shapes, limit, outside, head)
         tail = SplitBlocks._tail(ctx, conv, shapes)
         rows_out, rows_x = y_shape[2], xs[2]
 
@@ -304,19 +383,30 @@ class BandOversize:
             s = shapes.shape(t)
             return (shapes.nbytes(t) or 0) // s[2]
 
+        def reach(src: RowSource, r0: int, r1: int) -> int:
+            """The largest tensor the rows [r0, r1) of `src` need (its own band and what makes it); `Nothing` when
+            a Conv on the way would read only its zero padding."""
+            worst = row_bytes(src.tensor) * (r1 - r0)
+            if src.window is not None:
+                a, b, _, _ = src.window.rows_read(r0, r1, shapes.shape(src.inputs[0].tensor)[2])
+                if b <= a:
+                    raise _Nothing
+                r0, r1 = a, b
+            return max([worst, *(reach(i, r0, r1) for i in src.inputs)])
+
         def plan(n: int) -> tuple[list, int]:
             bands, worst = [], 0
             for o0, o1 in _bands(rows_out, n):
                 x0, x1, top, bottom = window.rows_read(o0, o1, rows_x)
-                reads = inner.rows_read(x0, x1, shapes.shape(sources[0])[2]) if inner and x1 > x0 else None
-                if x1 <= x0 or (inner and reads[1] <= reads[0]):
+                try:
+                    if x1 <= x0:
+                        raise _Nothing
+                    worst = max(worst, reach(source, x0, x1),
+                                *[row_bytes(t) * (o1 - o0) for t in [conv.outputs[0]] + [t.outputs[0] for t in tail]])
+                except _Nothing:
                     raise Refuse(f"{head}: output rows {o0}..{o1 - 1} of {n} bands would read nothing but the "
-                                 "zero padding", bands=n, output_rows=[o0, o1])
-                worst = max(worst, row_bytes(x) * (x1 - x0), *[row_bytes(t) * (o1 - o0) for t in
-                                                              [conv.outputs[0]] + [t.outputs[0] for t in tail]])
-                if reads:
-                    worst = max(worst, row_bytes(sources[0]) * (reads[1] - reads[0]))
-                bands.append((o0, o1, x0, x1, top, bottom, reads))
+                                 "zero padding", bands=n, output_rows=[o0, o1]) from None
+                bands.append((o0, o1, x0, x1, top, bottom))
             return bands, worst
 
         n = 2
@@ -329,18 +419,11 @@ class BandOversize:
 
         first = len(ctx.graph.nodes)
         end = (tail[-1] if tail else conv).outputs[0]
-        proof = self.plan.proofs[conv.name] = record(ctx, shapes, [producer, *chain, conv, *tail], [end])
+        proof = self.plan.proofs[conv.name] = record(ctx, shapes, [*source.nodes(), conv, *tail], [end])
         joined = []
-        for k, (o0, o1, x0, x1, top, bottom, reads) in enumerate(bands):
+        for k, (o0, o1, x0, x1, top, bottom) in enumerate(bands):
             tag = f"band{k}"
-            if inner is None:  # a channel Concat: the rows of each of its inputs
-                pieces = [self._rows(ctx, s, x0, x1, shapes) for s in sources]
-                x_band = ctx.var(f"{x.name}/{tag}", shapes.dtype(x), (*xs[:2], x1 - x0, xs[3]))
-                ctx.node("Concat", f"{producer.name}/{tag}", pieces, [x_band], {"axis": 1})
-            else:  # a Conv (and the per-channel ops after it) computed for these rows in turn
-                r0, r1, ptop, pbottom = reads
-                x_band = self._through(ctx, [producer, *chain], self._rows(ctx, sources[0], r0, r1, shapes),
-                                       inner.band_attrs(producer, ptop, pbottom), tag, x1 - x0, shapes)
+            x_band = self._made(ctx, source, x0, x1, tag, shapes)
             joined.append(self._through(ctx, [conv, *tail], x_band, window.band_attrs(conv, top, bottom), tag,
                                         o1 - o0, shapes))
         for node in [conv, *tail]:
@@ -349,21 +432,33 @@ class BandOversize:
         proof.taken(ctx, shapes)
 
         counts = "/".join(str(c) for c in sorted({b[1] - b[0] for b in bands}, reverse=True))
-        fed = (f"the rows of each input of Concat '{producer.name}'" if inner is None else
-               f"Conv '{producer.name}'{''.join(f' -> {c.op}' for c in chain)} computed for those rows from "
-               f"the rows of '{sources[0].name}' it reads")
         carried = "".join(f" -> {t.op}" for t in tail)
         details = {"bands": n, "band_rows": [b[1] - b[0] for b in bands], "rows": rows_out, "tensor": x.name,
-                   "size_bytes": size, "band_bytes": worst, "limit_bytes": limit, "source": producer.name,
-                   "carried": [t.op for t in tail]}
+                   "size_bytes": size, "band_bytes": worst, "limit_bytes": limit, "source": source.node.name,
+                   "carried": [t.op for t in tail], "made_in_rows": source.made_in_rows()}
         return Action(self.name, conv.name, conv.op, Outcome.REWRITTEN,
                       f"computed in {n} row bands of {counts} output rows (of {rows_out}): input '{x.name}' "
                       f"({human(size)}) was over the {human(limit)} limit; each band reads its rows of it "
-                      f"(with the kernel's halo) from {fed}; largest band tensor "
+                      f"(with the kernel's halo) from {source.describe(shapes)}; largest band tensor "
                       f"{human(worst)}; the Conv{carried} runs per band and one Concat joins the bands; each "
                       "output pixel reads the same values, but the summation order of a Conv kernel on fewer rows "
                       "is the implementation's choice, so it is written only once shown exact",
                       tuple(t.name for t in ctx.graph.nodes[first:]), needs_verify=True, details=details)
+
+    def _made(self, ctx: Context, src: RowSource, r0: int, r1: int, tag: str, shapes: Shapes) -> gs.Tensor:
+        """Rows [r0, r1) of `src.tensor` for band `tag`: a Slice of it, or its producer computed for them."""
+        if src.node is None:
+            return self._rows(ctx, src.tensor, r0, r1, shapes)
+        if src.window is None:  # a channel Concat: the rows of each of its inputs
+            pieces = [self._made(ctx, i, r0, r1, tag, shapes) for i in src.inputs]
+            xs = shapes.shape(src.tensor)
+            band = ctx.var(f"{src.tensor.name}/{tag}", shapes.dtype(src.tensor), (*xs[:2], r1 - r0, xs[3]))
+            ctx.node("Concat", f"{src.node.name}/{tag}", pieces, [band], {"axis": 1})
+            return band
+        # a Conv (and the per-channel ops after it) computed for these rows from the rows of its input it reads
+        a, b, top, bottom = src.window.rows_read(r0, r1, shapes.shape(src.inputs[0].tensor)[2])
+        return self._through(ctx, [src.node, *src.chain], self._made(ctx, src.inputs[0], a, b, tag, shapes),
+                             src.window.band_attrs(src.node, top, bottom), tag, r1 - r0, shapes)
 
     @staticmethod
     def _derive_input(conv: gs.Node, shapes: Shapes) -> None:
