@@ -207,6 +207,8 @@ def _lift(model_path: str | Path, options: Options, plan: SplitPlan, rounds: int
         held = max(peak.peak_blocks.items(), key=lambda kv: kv[1], default=None)
         line += (f" (largest share: {held[0]}, {human(held[1])}; the rest is live outside it)" if held else
                  " (none of it in a deform block)")
+        line += "; largest tensors live there: " + ", ".join(f"'{t.name}' {human(t.nbytes)} from {t.producer}"
+                                                            for t in peak.peak_live)
     return lifted, line
 
 

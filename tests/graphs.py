@@ -443,6 +443,17 @@ def decoder_tail(image: int = 64, feat: int = 32, channels: int = 16, dec: int =
     return onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
 
 
+
+def decoder_tail_full() -> onnx.ModelProto:
+    """The full BiRefNet's (swin_v1_l backbone, RMBG-2.0's architecture) decoder tail at a 1024th of its size: at
+    1024x1024 its decoder output is 192 channels, not the lite's 96, and the image-patch branch makes 64 then 48
+    channels; against a 128 MiB limit (32 channels at 1024x1024) the 960 MiB channel Concat read by the last 1x1
+    Conv reads the 768 MiB Resize and a 192 MiB Conv output itself over the limit, made by a 3x3 Conv from a
+    256 MiB Conv output (the nested form). Here, against 256 KiB (16 channels at 64x64), every one of those
+    tensors is over the limit by the same factor; the peak of live activations, 3.9 MB, is over 2.9 MB (1.5 GB
+    scaled by the same 512) as the real 2.01 GB is over 1.5 GB."""
+    return decoder_tail(dec=96, ipt=(32, 24), current=True)
+
 FIXTURES = {
     "gathernd_b2g2.onnx": lambda: exporter_like(B=2, G=2, H=5, W=6, C=3, P=7),
     "gathernd_refused.onnx": lambda: exporter_like(source=CLIP_BEFORE_GRID),

@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from graphs import decoder_tail
+from graphs import decoder_tail, decoder_tail_full
 from helpers import assert_bytes_equal, patch_in_memory
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -126,6 +126,76 @@ def test_groups_from_a_slice_when_the_conv_output_is_read_elsewhere(tmp_path):
         assert_bytes_equal(run(model, feeds, level), run(str(out), feeds, level))
 
 
+
+# ------------------------------------------------------------------- the full BiRefNet's decoder: the nested form
+FULL_LIMIT, FULL_MEMORY = 256 * KiB, 2_930_000  # 128 MiB and 1.5 GB scaled as the replica is (tests/graphs.py)
+
+
+def test_nested_decoder_form_fits_and_is_byte_identical(tmp_path):
+    """The full BiRefNet's tail: the last Conv's channel Concat reads a Conv output itself over the limit, made by
+    a Conv from another one over the limit. The last Conv is computed in row bands through the whole chain (each
+    band makes its rows of the two image-branch Convs, with their halos, and slices the Resize's groups), shown
+    exact on its own; nothing is over the limit, the peak fits --max-memory, the outputs are byte-identical."""
+    src, out = tmp_path / "full.onnx", tmp_path / "full.patched.onnx"
+    onnx.save(decoder_tail_full(), src)
+    assert sorted(over(str(src), FULL_LIMIT)) == ["att_cat", "dec_conv_out", "dec_up", "ipt_conv1", "ipt_conv_out",
+                                                  "out_cat"]
+    before = analyze(src).peak_bytes
+    assert before > FULL_MEMORY
+    report = patch(src, out, max_buffer=FULL_LIMIT, max_memory=FULL_MEMORY)
+    acts = {a.node: a for a in bands_actions(report.actions)}
+    # the image branch's Convs are computed inside the last Conv's bands: no line of their own
+    assert sorted(acts) == ["Conv_att_conv1", "Conv_mask", "Resize_dec_up"]
+    assert all(a.action == Outcome.REWRITTEN for a in acts.values())
+    assert all("shown exact before writing, on its own" in a.reason for a in acts.values())
+    assert ("from the rows of each input of Concat 'Concat_out_cat' ('ipt_conv_out' (393,216 B, over the limit "
+            "too) made by Conv 'Conv_ipt_conv_out' computed for those rows from the rows it reads of 'ipt_conv1' "
+            "(524,288 B, over the limit too), made by Conv 'Conv_ipt_conv1' computed for those rows from the rows "
+            "of 'img_up' it reads)") in acts["Conv_mask"].reason
+    assert report.written and over(str(out), FULL_LIMIT) == []
+    assert "within the limit" in report.note
+    assert analyze(out).peak_bytes <= FULL_MEMORY < before
+    model = onnx.load(src)
+    for seed in (0, 1):
+        feeds = feeds_for(model, seed)
+        for level in LEVELS:
+            assert_bytes_equal(run(model, feeds, level), run(str(out), feeds, level))
+    again = patch(out, tmp_path / "again.onnx", max_buffer=FULL_LIMIT)
+    assert not again.changed and not again.refused
+
+
+def test_nested_form_with_the_last_conv_kept_whole(tmp_path):
+    """When the last Conv's bands are not shown exact (here: the plan's keep_whole, as a failed proof gives it),
+    it is refused with the reason, and the image branch's Conv gets row bands of its own, as before the nested form
+    was fitted; the Concat stays over the limit and `patch --max-memory` says what holds the peak."""
+    from deform_surgeon.passes.split import SplitPlan
+    from deform_surgeon.surgeon import _lift, _options
+
+    src = tmp_path / "full.onnx"
+    onnx.save(decoder_tail_full(), src)
+    why = "not shown exact on the whole model: (test)"
+    options = _options(False, None, FULL_LIMIT, FULL_MEMORY)
+    lifted, line = _lift(src, options, SplitPlan(keep_whole={"Conv_mask": why}))
+    acts = {a.node: a for a in bands_actions(lifted.actions)}
+    assert acts["Conv_mask"].action == Outcome.REFUSED and acts["Conv_mask"].reason.endswith(why)
+    assert acts["Conv_ipt_conv_out"].action == Outcome.REWRITTEN
+    assert "from Conv 'Conv_ipt_conv1' computed for those rows" in acts["Conv_ipt_conv_out"].reason
+    assert "REMAINS OVER the limit at Concat 'Concat_out_cat'" in line and "(none of it in a deform block)" in line
+    assert "largest tensors live there: 'out_cat' 2.0 MB (1.9 MiB) from Concat 'Concat_out_cat'" in line
+
+
+def test_nested_refusal_names_the_tensor_that_cannot_be_made_in_rows():
+    """A Concat input over the limit made by an op that is not computed in rows (here a Relu of a graph input) is
+    refused with what makes it."""
+    model = _concat_conv([("a", 12), ("b", 2)])
+    model.graph.node.insert(0, helper.make_node("Relu", ["a0"], ["a"], name="relu"))
+    model.graph.input[0].name = "a0"
+    _, actions = patch_in_memory(onnx.shape_inference.infer_shapes(model), max_buffer=10 * KiB)
+    (act,) = bands_actions(actions)
+    assert act.action == Outcome.REFUSED
+    assert "Concat 'cat' reads 'a' (12,288 B), itself over the limit, made by Relu 'relu', which is not computed " \
+        "in rows (a channel Concat or a Conv is)" in act.reason
+
 # -------------------------------------------------------------------------------------- refusals, with reasons
 def _concat_conv(inputs: list[tuple[str, int]], hw: int = 16, extra_reader: bool = False, stride: int = 1
                  ) -> onnx.ModelProto:
@@ -159,15 +229,17 @@ def test_refused_when_a_concat_input_is_itself_over_the_limit():
 
 
 # --------------------------------------------------------------------------- the band geometry, for any window
-def _conv_chain(cin: int, hw: int, first: tuple, second: tuple, seed: int) -> onnx.ModelProto:
-    """x -> Conv(first) -> Conv(second) -> y, integer weights (any summation order gives the same bytes, so the
-    comparison checks which values each band reads, not how a kernel rounds)."""
+def _conv_chain(cin: int, hw: int, first: tuple, second: tuple, seed: int, *more: tuple) -> onnx.ModelProto:
+    """x -> Conv(first) -> h -> Conv(second) [-> h2 -> Conv(more[0]) ...] -> y, integer weights (any summation
+    order gives the same bytes, so the comparison checks which values each band reads, not how a kernel rounds)."""
     rng = np.random.default_rng(seed)
     nodes, inits, c = [], [], cin
-    for k, (kernel, stride, dilation, pad_top, pad_bottom, cout) in enumerate((first, second)):
+    windows = (first, second, *more)
+    names = ["x", "h", *(f"h{k}" for k in range(2, len(windows))), "y"]
+    for k, (kernel, stride, dilation, pad_top, pad_bottom, cout) in enumerate(windows):
         inits.append(numpy_helper.from_array(rng.integers(-2, 3, (cout, c, kernel, kernel)).astype(np.float32),
                                              f"w{k}"))
-        nodes.append(helper.make_node("Conv", ["x" if k == 0 else "h", f"w{k}"], ["h" if k == 0 else "y"],
+        nodes.append(helper.make_node("Conv", [names[k], f"w{k}"], [names[k + 1]],
                                       name=f"conv{k}", kernel_shape=[kernel, kernel], strides=[stride, 1],
                                       dilations=[dilation, 1], pads=[pad_top, 1, pad_bottom, 1]))
         c = cout
@@ -212,6 +284,41 @@ def test_bands_read_exactly_the_rows_the_conv_reads(first, second, hw, fraction,
     whole = {t.name for t in model.graph.initializer} | _join_tree(patched, "y")
     assert [t for t in over(patched, limit) if t not in whole] == []
 
+
+wide = st.tuples(st.sampled_from([1, 2, 3, 5]), st.sampled_from([1, 2]), st.sampled_from([1, 2]),
+                 st.integers(0, 2), st.integers(0, 2), st.integers(4, 10))  # a window with more channels than x
+REFUSALS = ("even one output row per band needs", "nothing but the zero padding",
+            "not shown exact: run on its own with its neighbours on ORT CPU")
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(first=wide, second=wide, third=window, hw=st.integers(12, 40), fraction=st.sampled_from([2, 3]),
+       seed=st.integers(0, 99))
+@example(first=(3, 1, 1, 1, 1, 6), second=(3, 1, 1, 1, 1, 6), third=(1, 1, 1, 0, 0, 2), hw=24, fraction=2, seed=0)
+def test_nested_bands_read_exactly_the_rows_the_chain_reads(first, second, third, hw, fraction, seed):
+    """x -> Conv -> h -> Conv -> h2 -> Conv -> y with h and h2 over the limit: the last Conv's bands make their
+    rows of h2 and of h in turn (each with its kernel's halo, stride and dilation), so neither is made whole."""
+    model = _conv_chain(3, hw, first, second, seed, third)
+    shapes = {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim] for vi in model.graph.value_info}
+    if any(d < 1 for name in ("h", "h2") for d in shapes[name]) or \
+            (shapes["h2"][2] + third[3] + third[4] - ((third[0] - 1) * third[2] + 1)) // third[1] + 1 < 2:
+        return  # no room for the chain or for bands
+    x_bytes, inner = 4 * 3 * hw * 6, min(4 * int(np.prod(shapes[t])) for t in ("h", "h2"))
+    limit = max(x_bytes, inner // fraction)
+    if inner <= limit:
+        return  # h or h2 is not over any limit x fits
+    patched, actions = patch_in_memory(model, max_buffer=limit)
+    acts = {a.node: a for a in bands_actions(actions)}
+    assert acts and all(a.action == Outcome.REWRITTEN or any(r in a.reason for r in REFUSALS)
+                        for a in acts.values()), [a.reason for a in acts.values()]
+    if acts.get("conv2") is not None and acts["conv2"].action == Outcome.REWRITTEN:
+        assert "'h2' (" in acts["conv2"].reason and "over the limit too" in acts["conv2"].reason
+        assert "conv1" not in acts  # computed inside conv2's bands
+        whole = {t.name for t in model.graph.initializer} | _join_tree(patched, "y")
+        assert [t for t in over(patched, limit) if t not in whole] == []
+    feeds = feeds_for(model, seed, integers=True)
+    for level in LEVELS:
+        assert_bytes_equal(run(model, feeds, level), run(patched, feeds, level))
 
 def _join_tree(model: onnx.ModelProto, name: str) -> set[str]:
     """`name` and the outputs of the Concats that feed it through Concats only."""
