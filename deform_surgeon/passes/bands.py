@@ -22,6 +22,11 @@ What, and why each is exact:
   where the original pads, beyond X's edges), and one Concat on the rows joins the bands. X is never made whole:
   per band its rows come from its producer, a channel Concat (slices of each input, concatenated) or a Conv
   (computed in turn for those rows from a slice of its own input, through the per-channel ops between the two).
+  An input of that Concat or Conv that is itself over the limit is made for the band's rows the same way, by its
+  own producer (the full BiRefNet's last Conv reads a channel Concat of the Resize's groups and a 192 MiB Conv
+  output, itself made from a 256 MiB one), so each band computes its rows through the whole chain, halos
+  included, and nothing over the limit is made whole; a Conv inside such a chain gets no bands of its own unless
+  the outer one is refused.
   The per-channel ops after the banded Conv (bias Add, BatchNormalization, Relu) are carried per band, so ORT's
   Conv fusions see the same pattern in every band. Each output pixel reads the same values as before, but whether
   a Conv kernel sums them in the same order for fewer output rows is the implementation's choice: the action is
