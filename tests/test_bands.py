@@ -147,7 +147,10 @@ def test_nested_decoder_form_fits_and_is_byte_identical(tmp_path):
     # the image branch's Convs are computed inside the last Conv's bands: no line of their own
     assert sorted(acts) == ["Conv_att_conv1", "Conv_mask", "Resize_dec_up"]
     assert all(a.action == Outcome.REWRITTEN for a in acts.values())
-    assert all("shown exact before writing, on its own" in a.reason for a in acts.values())
+    assert all(a.details["shown_exact"] == "on_its_own" for a in acts.values())
+    mask = acts["Conv_mask"].details
+    assert (mask["source"], mask["made_in_rows"]) == ("Concat_out_cat", ["ipt_conv_out", "ipt_conv1"])
+    assert mask["band_bytes"] <= FULL_LIMIT
     assert ("from the rows of each input of Concat 'Concat_out_cat' ('ipt_conv_out' (393,216 B, over the limit "
             "too) made by Conv 'Conv_ipt_conv_out' computed for those rows from the rows it reads of 'ipt_conv1' "
             "(524,288 B, over the limit too), made by Conv 'Conv_ipt_conv1' computed for those rows from the rows "
@@ -173,13 +176,14 @@ def test_nested_form_with_the_last_conv_kept_whole(tmp_path):
 
     src = tmp_path / "full.onnx"
     onnx.save(decoder_tail_full(), src)
-    why = "not shown exact on the whole model: (test)"
+    why = "not shown exact on its own: (test)"
     options = _options(False, None, FULL_LIMIT, FULL_MEMORY)
-    lifted, line = _lift(src, options, SplitPlan(keep_whole={"Conv_mask": why}))
+    lifted, line = _lift(src, options, SplitPlan(keep_whole={"Conv_mask": Refuse(why, undone="on_its_own")}))
     acts = {a.node: a for a in bands_actions(lifted.actions)}
-    assert acts["Conv_mask"].action == Outcome.REFUSED and acts["Conv_mask"].reason.endswith(why)
-    assert acts["Conv_ipt_conv_out"].action == Outcome.REWRITTEN
-    assert "from Conv 'Conv_ipt_conv1' computed for those rows" in acts["Conv_ipt_conv_out"].reason
+    assert acts["Conv_mask"].action == Outcome.REFUSED and acts["Conv_mask"].details["undone"] == "on_its_own"
+    inner = acts["Conv_ipt_conv_out"]
+    assert inner.action == Outcome.REWRITTEN and inner.details["source"] == "Conv_ipt_conv1"
+    assert inner.details["made_in_rows"] == []
     assert "REMAINS OVER the limit at Concat 'Concat_out_cat'" in line and "(none of it in a deform block)" in line
     assert "largest tensors live there: 'out_cat' 2.0 MB (1.9 MiB) from Concat 'Concat_out_cat'" in line
 
@@ -192,7 +196,7 @@ def test_nested_refusal_names_the_tensor_that_cannot_be_made_in_rows():
     model.graph.input[0].name = "a0"
     _, actions = patch_in_memory(onnx.shape_inference.infer_shapes(model), max_buffer=10 * KiB)
     (act,) = bands_actions(actions)
-    assert act.action == Outcome.REFUSED
+    assert act.action == Outcome.REFUSED and (act.details["source"], act.details["source_bytes"]) == ("a", 12288)
     assert "Concat 'cat' reads 'a' (12,288 B), itself over the limit, made by Relu 'relu', which is not computed " \
         "in rows (a channel Concat or a Conv is)" in act.reason
 
