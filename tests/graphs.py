@@ -445,7 +445,7 @@ def decoder_tail(image: int = 64, feat: int = 32, channels: int = 16, dec: int =
 
 
 def decoder_tail_full() -> onnx.ModelProto:
-    """The full BiRefNet's (swin_v1_l backbone, RMBG-2.0's architecture) decoder tail at a 1024th of its size: at
+    """The full BiRefNet's (swin_v1_l backbone, RMBG-2.0's architecture) decoder tail at a 512th of its size: at
     1024x1024 its decoder output is 192 channels, not the lite's 96, and the image-patch branch makes 64 then 48
     channels; against a 128 MiB limit (32 channels at 1024x1024) the 960 MiB channel Concat read by the last 1x1
     Conv reads the 768 MiB Resize and a 192 MiB Conv output itself over the limit, made by a 3x3 Conv from a
