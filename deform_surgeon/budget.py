@@ -328,6 +328,30 @@ def execution_order(model: onnx.ModelProto) -> list[int]:
     return order
 
 
+def write_in_execution_order(model: onnx.ModelProto) -> bool:
+    """Put `model`'s nodes in `execution_order` (in place: the node protos are moved, never copied); False, and the
+    order left alone, when it is that order already or a node has a subgraph (its body may read tensors of this
+    graph, which `execution_order` does not count as inputs).
+
+    Why: `patch` splits a block into chunks, and onnx-graphsurgeon's toposort lists a graph by depth, so the file
+    lists every chunk's first step, then every chunk's second step: a runtime that follows the file's order holds
+    all chunks' temporaries at once (the real BiRefNet-lite 1024, fitted: 1.11 GB in ORT's default order, 3.69 GB
+    in the file's). Written in the order the peak was measured in, the file gives such a runtime the same peak."""
+    nodes = model.graph.node
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in nodes for a in n.attribute):
+        return False
+    order = execution_order(model)
+    if all(k == step for step, k in enumerate(order)):
+        return False
+    step = [0] * len(order)
+    for s, k in enumerate(order):
+        step[k] = s
+    held = list(nodes)  # keeps each node's Python object (and so its id) alive while the field is sorted
+    index = {id(n): k for k, n in enumerate(held)}
+    nodes.sort(key=lambda n: step[index[id(n)]])
+    return True
+
+
 def _size(info) -> tuple[int, str, list[int]] | None:
     if info is None or info[1] is None:
         return None

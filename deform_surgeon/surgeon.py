@@ -18,6 +18,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from .background import Background
+from .budget import write_in_execution_order
 from .device import DeviceProfile, resolve_profile
 from .errors import SurgeonError, VerificationError, api_call
 from .fold import fold_static, has_reduced_floats
@@ -39,8 +40,9 @@ from .model_io import (
     user_path,
 )
 from .ops import op_histogram
+from .passes.bands import BandOversize
 from .passes.registry import PASS_NAMES, check_pass_names, make_passes
-from .passes.split import SplitPlan
+from .passes.split import SplitBlocks, SplitPlan
 from .pipeline import SUM_MODES, Action, Context, Options, Outcome, Refuse, run_passes
 from .region import Region, find_region, region_model, splice, type_boundary
 from .report import PatchReport
@@ -138,6 +140,9 @@ def _oversize(types: TypeTable, limit: int | None) -> set[str]:
     return big
 
 
+_CHUNKING = (SplitBlocks.name, BandOversize.name)  # passes that make parallel chunks of one computation
+
+
 @dataclass
 class Lifted:
     model: onnx.ModelProto  # as loaded (and folded); `patched()` splices the rewritten region into it
@@ -156,7 +161,10 @@ class Lifted:
         the rewritten region on its own (what `check_spliced` infers)."""
         if self._patched is None:
             region = export_graph(tidy(self.graph), self.sub)
-            self._patched = (splice(self.model, self.region, region, self.weights), region)
+            whole = splice(self.model, self.region, region, self.weights)
+            if any(a.pass_name in _CHUNKING and a.action == Outcome.REWRITTEN for a in self.actions):
+                write_in_execution_order(whole)  # the file's order is then the one budget measures the peak in
+            self._patched = (whole, region)
         return self._patched
 
     def kernels(self, patched: bool) -> KernelReport:

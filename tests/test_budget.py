@@ -16,6 +16,7 @@ from deform_surgeon.budget import (
     analyze,
     execution_order,
     parse_size,
+    write_in_execution_order,
 )
 from deform_surgeon.cli import main
 from deform_surgeon.device import SPEC_DEFAULT_LIMITS, profile_from_file
@@ -170,10 +171,8 @@ def test_the_peak_is_attributed_to_the_deform_blocks_live_at_it():
     assert all(t.block == label for t in report.peak_live)
 
 
-def test_the_peak_in_the_files_own_order_beside_orts_default_order():
-    """Two branches that each widen [1, 100] to [100, 100] and sum it back, written interleaved: ORT's default
-    order runs one branch after the other (one wide tensor live at a time), the file's order makes both wide
-    tensors first; budget gives both peaks."""
+def _interleaved_branches() -> onnx.ModelProto:
+    """Two branches that each widen [1, 100] to [100, 100] and sum it back, written interleaved."""
     shape = numpy_helper.from_array(np.array([100, 100], np.int64), "shape")
     axes = numpy_helper.from_array(np.array([0], np.int64), "axes")
     nodes = [helper.make_node("Expand", ["x", "shape"], ["a1"], name="a1"),
@@ -183,10 +182,41 @@ def test_the_peak_in_the_files_own_order_beside_orts_default_order():
              helper.make_node("Add", ["a2", "b2"], ["y"], name="y")]
     graph = helper.make_graph(nodes, "branches", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 100])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 100])], [shape, axes])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    report = analyze(model)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_the_peak_in_the_files_own_order_beside_orts_default_order():
+    """ORT's default order runs one branch after the other (one wide tensor live at a time), the file's order
+    makes both wide tensors first; budget gives both peaks."""
+    report = analyze(_interleaved_branches())
     wide, small = 100 * 100 * 4, 100 * 4
     assert report.peak_bytes == wide + 2 * small  # x, a1, a2 at a2 (x still read by b1)
     assert report.peak_file_bytes == 2 * wide + small  # x, a1, b1 at b1
     assert f"in the file's own node order: {report.peak_file_bytes:,} B" in report.format()
     assert json.loads(report.to_json())["peak"]["file_order_bytes"] == report.peak_file_bytes
+
+
+def test_written_in_execution_order_the_files_peak_is_orts():
+    model = _interleaved_branches()
+    protos = {n.name: n for n in model.graph.node}
+    assert write_in_execution_order(model)
+    assert [n.name for n in model.graph.node] == ["a1", "a2", "b1", "b2", "y"]
+    assert all(n is protos[n.name] for n in model.graph.node)  # moved, not copied
+    onnx.checker.check_model(model, full_check=True)
+    report = analyze(model)
+    assert report.peak_file_bytes == report.peak_bytes == 100 * 100 * 4 + 2 * 100 * 4
+    assert not write_in_execution_order(model)  # already in that order: nothing to do
+
+
+def test_a_graph_with_a_subgraph_keeps_its_order():
+    """An If's branches may read tensors of the outer graph, which the order does not count as inputs."""
+    model = _interleaved_branches()
+    then = helper.make_graph([helper.make_node("Identity", ["b1"], ["t"])], "then", [],
+                             [helper.make_tensor_value_info("t", TensorProto.FLOAT, [100, 100])])
+    cond = numpy_helper.from_array(np.array(True), "cond")
+    model.graph.initializer.append(cond)
+    model.graph.node.append(helper.make_node("If", ["cond"], ["u"], then_branch=then, else_branch=then, name="if"))
+    model.graph.output.append(helper.make_tensor_value_info("u", TensorProto.FLOAT, [100, 100]))
+    names = [n.name for n in model.graph.node]
+    assert not write_in_execution_order(model)
+    assert [n.name for n in model.graph.node] == names

@@ -530,6 +530,30 @@ def test_max_memory_chunks_until_budgets_peak_fits(tmp_path):
         assert_bytes_equal(run(model, image(model, 0), level), run(out, image(model, 0), level))
 
 
+def test_the_fitted_file_lists_its_nodes_in_the_order_its_peak_was_measured_in(tmp_path, monkeypatch):
+    """onnx-graphsurgeon's toposort lists the chunks interleaved (every chunk's first step, then every chunk's
+    second): in the file's own order the chunks' temporaries are live at once. `patch` writes the nodes in the
+    order budget measured the peak in (ORT's default order), so a runtime that follows the file gets that peak."""
+    from deform_surgeon import surgeon
+
+    src, out, spliced = FIXTURES / "decoder_gathernd.onnx", tmp_path / "m.onnx", tmp_path / "spliced.onnx"
+    with monkeypatch.context() as m:
+        m.setattr(surgeon, "write_in_execution_order", lambda model: False)  # the splice's order, as before
+        patch(src, spliced, max_memory=800_000)
+    report = patch(src, out, max_memory=800_000)
+    assert "within the limit" in report.note
+    before, after = analyze(spliced), analyze(out)
+    assert before.peak_file_bytes > before.peak_bytes  # the chunks interleaved
+    assert after.peak_file_bytes == after.peak_bytes == before.peak_bytes <= 800_000
+    nodes = onnx.load(str(out)).graph.node
+    assert collections.Counter(n.SerializeToString() for n in nodes) == collections.Counter(
+        n.SerializeToString() for n in onnx.load(str(spliced)).graph.node)  # the same nodes, another order
+    onnx.checker.check_model(str(out), full_check=True)
+    model = onnx.load(str(src))
+    for level in LEVELS:
+        assert_bytes_equal(run(model, image(model, 2), level), run(out, image(model, 2), level))
+
+
 def test_a_max_memory_that_cannot_be_met_is_reported_and_the_rest_written(tmp_path):
     src, out = FIXTURES / "decoder_gathernd.onnx", tmp_path / "m.onnx"
     report = patch(src, out, max_memory=100_000)
