@@ -11,10 +11,13 @@ shape is not known is counted as unknown, never guessed. Each large tensor is na
 it and the deformable-conv block it belongs to (the Conv that consumes the block's sampling, as exported by
 deform-conv2d-onnx-exporter), because that is where the split pass (`patch --max-buffer`) can act.
 
-The peak is an estimate of the activations alive at once when the nodes run in ONNX Runtime's default execution
-order (a depth-first walk back from the graph outputs, inputs in file order: a split block then runs chunk after
-chunk) and every tensor lives from its producer to its last consumer: no buffer reuse or aliasing is assumed (ORT
-may alias a Reshape's output with its input), so it is an upper bound for that order, not a measurement.
+The peak is an estimate of the activations alive at once when the nodes run in a depth-first order (a post-order
+walk back from the graph outputs, a node's inputs lowest index first: a split block then runs chunk after chunk;
+the order `patch` writes a chunked model's nodes in) and every tensor lives from its producer to its last consumer:
+no buffer reuse or aliasing is assumed (ORT may alias a Reshape's output with its input), so it is an upper bound
+for that order, not a measurement. ONNX Runtime's own default order is the same walk taking a node's inputs
+highest index first (and the last output first), its mirror image; the report gives the peak in that order and in
+the file's own order too.
 """
 
 from __future__ import annotations
@@ -117,6 +120,7 @@ class BudgetReport:
     peak_blocks: dict[str, int] = field(default_factory=dict)  # deform block -> bytes of its tensors live at the peak
     # the same measure with the nodes run in the file's own order (a runtime that follows it: not ORT's default)
     peak_file_bytes: int = 0
+    peak_ort_bytes: int = 0  # ... and in ORT's own default order (`execution_order(highest_first=True)`)
     blocks: int = 0
     storage_buffers: int | None = None  # maxStorageBuffersPerShaderStage checked (None: not checked)
     over_storage: list[NodeBuffers] = field(default_factory=list)
@@ -139,7 +143,7 @@ class BudgetReport:
             "unknown_examples": self.unknown_examples,
             "peak": {"bytes": self.peak_bytes, "node": self.peak_node,
                      "live": [t.to_dict() for t in self.peak_live], "blocks": self.peak_blocks,
-                     "file_order_bytes": self.peak_file_bytes},
+                     "file_order_bytes": self.peak_file_bytes, "ort_order_bytes": self.peak_ort_bytes},
             "deform_blocks": self.blocks,
             "over_storage_buffers": [n.to_dict() for n in self.over_storage],
         }
@@ -185,9 +189,11 @@ class BudgetReport:
             lines += self.format_storage(limit_rows)
         lines.append("")
         live = ", ".join(f"{t.name} {human(t.nbytes)}" for t in self.peak_live)
-        lines.append(f"peak of live activations (ORT's default node order, no buffer reuse): "
+        lines.append(f"peak of live activations (depth-first order, inputs lowest index first; no buffer reuse): "
                      f"{human(self.peak_bytes)} at {self.peak_node or '-'}; largest live then: {live or '-'}")
         lines.append(f"peak of live activations in the file's own node order: {human(self.peak_file_bytes)}")
+        lines.append(f"peak of live activations in ORT's default order (the same walk, inputs highest index first): "
+                     f"{human(self.peak_ort_bytes)}")
         if self.over_buffer:
             lines.append(f"FAIL: {len(self.over_buffer)} tensor(s) exceed maxBufferSize {human(self.max_buffer)}")
         else:
@@ -291,7 +297,8 @@ def analyze(model_or_path: onnx.ModelProto | str | Path, max_buffer: int = SPEC_
     report.over_binding = [s for s in sizes if max_binding < s.nbytes <= max_buffer]
     report.largest = sizes[:top]
     report.peak_bytes, peak_at, live = _peak(intervals)
-    report.peak_file_bytes = _peak(_file_order(nodes, graph, intervals))[0]
+    report.peak_file_bytes = _peak(_in_order(nodes, graph, intervals, range(len(nodes))))[0]
+    report.peak_ort_bytes = _peak(_in_order(nodes, graph, intervals, execution_order(model, highest_first=True)))[0]
     if peak_at is not None:
         report.peak_node = ("(graph inputs)" if peak_at < 0 else
                             f"{nodes[order[peak_at]].op_type} '{nodes[order[peak_at]].name}' (step {peak_at} of "
@@ -303,12 +310,17 @@ def analyze(model_or_path: onnx.ModelProto | str | Path, max_buffer: int = SPEC_
     return report
 
 
-def execution_order(model: onnx.ModelProto) -> list[int]:
-    """Node indices in ONNX Runtime's default order: post-order DFS back from the leaf nodes, lower index first."""
+def execution_order(model: onnx.ModelProto, highest_first: bool = False) -> list[int]:
+    """Node indices in a post-order depth-first walk back from the leaf nodes, a node's inputs (and the leaves)
+    lowest index first; with `highest_first`, highest index first: ONNX Runtime's default order (GraphViewer's
+    `ReverseDFSFrom` pushes the leaves and the sorted inputs on a stack, so it takes the last first; checked against
+    ORT's profiler in tests/test_budget.py)."""
     nodes = list(model.graph.node)
     producer = {o: k for k, n in enumerate(nodes) for o in n.output if o}
     used = {i for n in nodes for i in n.input if i}
     leaves = [k for k, n in enumerate(nodes) if not any(o in used for o in n.output)]
+    if highest_first:
+        leaves.reverse()
     order: list[int] = []
     done: set[int] = set()
     for leaf in leaves:
@@ -322,7 +334,7 @@ def execution_order(model: onnx.ModelProto) -> list[int]:
                 order.append(k)
                 continue
             stack.append((k, True))
-            preds = sorted({producer[i] for i in nodes[k].input if i in producer} - done, reverse=True)
+            preds = sorted({producer[i] for i in nodes[k].input if i in producer} - done, reverse=not highest_first)
             stack.extend((p, False) for p in preds)
     order.extend(k for k in range(len(nodes)) if k not in done)  # unreachable leftovers, if any
     return order
@@ -365,16 +377,19 @@ def _size(info) -> tuple[int, str, list[int]] | None:
     return int(math.prod(shape)) * dtype.itemsize, str(dtype), [int(d) for d in shape]
 
 
-def _file_order(nodes: list, graph: onnx.GraphProto, intervals: list[tuple[int, int, TensorSize]]
-                ) -> list[tuple[int, int, TensorSize]]:
-    """`intervals` again with the steps of the file's node order: each tensor from its producer's index to its
-    last reader's."""
-    made = {o: k for k, n in enumerate(nodes) for o in n.output if o}
+def _in_order(nodes: list, graph: onnx.GraphProto, intervals: list[tuple[int, int, TensorSize]],
+              order) -> list[tuple[int, int, TensorSize]]:
+    """`intervals` again with the steps of another node order (node indices in the order they run): each tensor
+    from its producer's step to its last reader's."""
+    step = [0] * len(nodes)
+    for s, k in enumerate(order):
+        step[k] = s
+    made = {o: step[k] for k, n in enumerate(nodes) for o in n.output if o}
     last: dict[str, int] = {}
     for k, n in enumerate(nodes):
         for i in n.input:
             if i:
-                last[i] = k
+                last[i] = max(last.get(i, -1), step[k])
     for o in graph.output:
         last[o.name] = len(nodes)
     return [(made.get(t.name, -1), last.get(t.name, made.get(t.name, -1)), t) for _, _, t in intervals]

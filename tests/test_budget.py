@@ -220,3 +220,41 @@ def test_a_graph_with_a_subgraph_keeps_its_order():
     names = [n.name for n in model.graph.node]
     assert not write_in_execution_order(model)
     assert [n.name for n in model.graph.node] == names
+
+
+def _ort_run_order(model: onnx.ModelProto, tmp_path) -> list[str]:
+    """The nodes' names in the order ORT CPU ran them (its profiler's kernel events; level `disable`, so the nodes
+    it runs are the file's)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.enable_profiling = True
+    options.profile_file_prefix = str(tmp_path / "profile")
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    feeds = {i.name: np.zeros([d.dim_value for d in i.type.tensor_type.shape.dim], np.float32)
+             for i in model.graph.input}
+    session.run(None, feeds)
+    events = json.loads(open(session.end_profiling()).read())
+    return [e["name"].removesuffix("_kernel_time") for e in events
+            if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
+
+
+@pytest.mark.parametrize("name", ["branches", "decoder_gathernd"])
+def test_orts_default_order_is_the_walk_taking_the_highest_index_first(name, tmp_path):
+    """What ORT runs, read from its profiler: the depth-first walk that takes a node's inputs, and the outputs,
+    highest index first; budget's peak walk takes them lowest first (the order `patch` writes chunks in)."""
+    model = _interleaved_branches() if name == "branches" else onnx.load(str(FIXTURES / "decoder_gathernd.onnx"))
+    ran = _ort_run_order(model, tmp_path)
+    names = [n.name for n in model.graph.node]
+    assert len(ran) > len(names) // 2
+    for highest_first, same in ((True, True), (False, False)):
+        walk = [names[k] for k in execution_order(model, highest_first=highest_first) if names[k] in set(ran)]
+        assert (walk == ran) is same
+    if name == "branches":
+        assert ran == ["b1", "b2", "a1", "a2", "y"]
+        report = analyze(model)
+        assert report.peak_ort_bytes == report.peak_bytes  # the two walks are mirror images: same peak here
+        assert json.loads(report.to_json())["peak"]["ort_order_bytes"] == report.peak_ort_bytes
+        assert f"in ORT's default order (the same walk, inputs highest index first): {report.peak_ort_bytes:,} B" \
+            in report.format()
