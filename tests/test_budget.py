@@ -186,7 +186,7 @@ def _interleaved_branches() -> onnx.ModelProto:
 
 
 def test_the_peak_in_the_files_own_order_beside_orts_default_order():
-    """ORT's default order runs one branch after the other (one wide tensor live at a time), the file's order
+    """A depth-first order runs one branch after the other (one wide tensor live at a time), the file's order
     makes both wide tensors first; budget gives both peaks."""
     report = analyze(_interleaved_branches())
     wide, small = 100 * 100 * 4, 100 * 4

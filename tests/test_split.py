@@ -533,7 +533,8 @@ def test_max_memory_chunks_until_budgets_peak_fits(tmp_path):
 def test_the_fitted_file_lists_its_nodes_in_the_order_its_peak_was_measured_in(tmp_path, monkeypatch):
     """onnx-graphsurgeon's toposort lists the chunks interleaved (every chunk's first step, then every chunk's
     second): in the file's own order the chunks' temporaries are live at once. `patch` writes the nodes in the
-    order budget measured the peak in (ORT's default order), so a runtime that follows the file gets that peak."""
+    order budget measured the peak in (depth-first, one chunk after another), so a runtime that follows the file
+    gets that peak."""
     from deform_surgeon import surgeon
 
     src, out, spliced = FIXTURES / "decoder_gathernd.onnx", tmp_path / "m.onnx", tmp_path / "spliced.onnx"
