@@ -17,10 +17,19 @@ from those tensors to the whole side's inputs, so later passes (a fit of the joi
 readers of the end tensors are added to both sides (the context ORT fuses the last node in) and their outputs are
 compared byte for byte. `parts_inputs` maps a tensor the rewritten side starts from to the rows of a whole-side
 input it holds (a split block's chunks start from the rows of the Conv input).
+
+At level `disable` ORT applies no graph transformation to a float32 graph (no fusion, no layout change, no
+constant folding; the Casts it inserts for float16 kernels are the one exception, hence float32 only): each node
+runs its own kernel on its inputs, whatever its neighbours. There the two sides are compared at their ends, without
+the readers and the layout producers (their outputs are the same kernels' work on the same bytes either way): the
+same question, without running the neighbours (on the real BiRefNet-lite 1024 a 29-GFLOP Conv that only sets the
+layout of a Concat's other input).
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -80,6 +89,7 @@ class LocalProof:
     parts: list[NodeSpec] | str = ""  # the rewritten side (or why it cannot be read), taken just after the rewrite
     readers: list[NodeSpec] = field(default_factory=list)  # the nodes reading `ends` then
     folded: list[NodeSpec] = field(default_factory=list)  # constant-only computations feeding either (see taken)
+    layout: list[NodeSpec] = field(default_factory=list)  # the producers of the whole side's inputs (see taken)
 
     def taken(self, ctx: Context, shapes) -> LocalProof:
         """Take the rewritten side and the readers of its ends, just after the rewrite: each proof then shows the
@@ -115,7 +125,7 @@ class LocalProof:
                     before[id(n)] = n
         for n in sorted(before.values(), key=lambda n: order.get(id(n), -1)):
             seen.add(n.name)
-            self.folded.append(self.facts.learn(ctx, shapes, n))
+            self.layout.append(self.facts.learn(ctx, shapes, n))
         return self
 
 
@@ -146,72 +156,137 @@ def refusal(ctx: Context, proof: LocalProof, outside: Outside | None = None,
                     facts.constants.setdefault(k, more.constants.get(k))
     compared = list(dict.fromkeys(o for r in readers for o in r.outputs if o)) or [t.name for t in proof.ends]
     if constant is not None:  # tensors the rest of the model computes from constants only: ORT folds them first
-        every = [*proof.folded, *proof.whole, *parts, *readers]
+        every = [*proof.folded, *proof.layout, *proof.whole, *parts, *readers]
         made = {o for n in every for o in n.outputs}
         for name in {i for n in every for i in n.inputs if i and i not in made}:
             if facts.constants.get(name) is None:
                 facts.constants[name] = constant(name)
-    models = []
-    for side in (proof.whole, parts):
-        built = _model(ctx, proof.folded + side + readers, compared, facts)
-        if isinstance(built, str):
-            return Refuse(built)
-        models.append(built)
+    # level -> (nodes around each side, the tensors compared): see the module docstring for `disable`
+    context = {level: (proof.folded + proof.layout, readers, compared) for level in LEVELS}
+    if "disable" in context and _float32_only(facts, [*proof.folded, *proof.whole, *parts]):
+        context["disable"] = (proof.folded, [], [t.name for t in proof.ends])
+    runs = []
+    for level in LEVELS:
+        before, after, outputs = context[level]
+        models = []
+        for side in (proof.whole, parts):
+            built = _model(ctx, before + side + after, outputs, facts)
+            if isinstance(built, str):
+                return Refuse(built)
+            models.append(built)
+        runs.append((level, models))
     sources = {}  # every input a side reads -> its whole-side tensor (a chunk: the tensor it holds rows of)
-    for _, inputs in models:
-        for name in inputs:
-            source = proof.parts_inputs.get(name, (name,))[0]
-            typ = facts.types.get(source)
-            if typ is None or typ[0].kind != "f":
-                return Refuse(f"'{source}' is not a float tensor of known shape, so the rewrite cannot be run on its "
-                              "own", tensor=source)
-            sources[name] = source
+    for _, models in runs:
+        for _, inputs in models:
+            for name in inputs:
+                source = proof.parts_inputs.get(name, (name,))[0]
+                typ = facts.types.get(source)
+                if typ is None or typ[0].kind != "f":
+                    return Refuse(f"'{source}' is not a float tensor of known shape, so the rewrite cannot be run on "
+                                  "its own", tensor=source)
+                sources[name] = source
 
     def feed(inputs: list[str]) -> dict[str, np.ndarray]:
         """Seeded values, the same for a tensor on both sides (a chunk: its rows of them); made again for each
-        run rather than kept, so that the largest inputs (the whole input of a split Conv) are held once."""
-        out, made = {}, {}
+        run rather than kept, and a chunk made from its rows only, so that the largest inputs (the whole input
+        of a split Conv) are held once."""
+        out = {}
         for name in inputs:
             src = sources[name]
-            if src not in made:
-                made[src] = _seeded(src, *facts.types[src])
-            if name in proof.parts_inputs:
-                _, axis, start, end = proof.parts_inputs[name]
-                index = [slice(None)] * made[src].ndim
-                index[axis] = slice(start, end)
-                out[name] = np.ascontiguousarray(made[src][tuple(index)])
-            else:
-                out[name] = made[src]
+            out[name] = _seeded(src, *facts.types[src], rows=proof.parts_inputs.get(name, (None,))[1:] or None)
         return out
 
-    for level in LEVELS:
-        (whole, whole_inputs), (split, split_inputs) = models
+    for level, ((whole, whole_inputs), (split, split_inputs)) in runs:
         expected = ctx.ort_cpu(whole, feed(whole_inputs), level)
+        _release()
         got = ctx.ort_cpu(split, feed(split_inputs), level)
-        for a, b in zip(expected, got, strict=True):
-            if a.shape != b.shape or a.dtype != b.dtype or not np.array_equal(_bytes(a), _bytes(b)):
-                diff = float(np.abs(a.astype(np.float64) - b.astype(np.float64)).max()) if a.shape == b.shape \
-                    else float("nan")
-                return Refuse(f"run on its own with its neighbours on ORT CPU (level '{level}'), it does not give "
-                              f"the whole node's bytes (max diff {diff:.2g}): the kernel's summation order depends on "
-                              "the shapes it is given", level=level, max_diff=diff)
-        del expected, got
+        _release()
+        diff = _max_diff(expected, got)
+        del expected, got  # before the next level's runs (they are as large as the compared tensors)
+        _release()
+        if diff is not None:
+            return Refuse(f"run on its own with its neighbours on ORT CPU (level '{level}'), it does not give the "
+                          f"whole node's bytes (max diff {diff:.2g}): the kernel's summation order depends on the "
+                          "shapes it is given", level=level, max_diff=diff)
     return None
+
+
+def _max_diff(expected: list[np.ndarray], got: list[np.ndarray]) -> float | None:
+    """None when every output has the same shape, type and bytes; else the largest difference (nan: shapes)."""
+    for a, b in zip(expected, got, strict=True):
+        if a.shape != b.shape or a.dtype != b.dtype or not _same_bytes(a, b):
+            return float(np.abs(a.astype(np.float64) - b.astype(np.float64)).max()) if a.shape == b.shape \
+                else float("nan")
+    return None
+
+
+def _float32_only(facts: Facts, nodes: list[NodeSpec]) -> bool:
+    """Whether every floating tensor the nodes read or make is float32 (see the module docstring)."""
+    names = {t for n in nodes for t in [*n.inputs, *n.outputs] if t}
+    types = [facts.types.get(t) for t in names]
+    return all(t is not None and (t[0].kind != "f" or t[0] == np.float32) for t in types)
+
+
+def _release() -> None:
+    """Give the memory freed by a run back to the system: the proofs allocate and free hundreds of MB at a time in
+    pieces below glibc's mmap threshold, which stay in the process's heap (its RSS) unless trimmed."""
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+def _libc():
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim.argtypes = [ctypes.c_size_t]
+        return libc
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        return None
+
+
+_LIBC = _libc()
+
+
+def _same_bytes(a: np.ndarray, b: np.ndarray, step: int = 1 << 24) -> bool:
+    """Byte equality of two arrays, a block at a time (no temporary as large as the outputs)."""
+    x, y = _bytes(a), _bytes(b)
+    if x.size != y.size:
+        return False
+    return all(np.array_equal(x[k:k + step], y[k:k + step]) for k in range(0, x.size, step))
 
 
 SEED_PERIOD = 1_000_003  # a prime: the repeated block never lines up with a row, a channel or a kernel window
 
 
-def _seeded(name: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+def _seeded(name: str, dtype: np.dtype, shape: tuple[int, ...], rows: tuple[int, int, int] | None = None
+            ) -> np.ndarray:
     """Values in [-1, 1) for tensor `name`, the same on every run: a seeded block of `SEED_PERIOD` values repeated
-    over the shape (drawing 200 million values took 2 s a tensor; a copy of the block takes a tenth of that)."""
+    over the shape (drawing 200 million values took 2 s a tensor; a copy of the block takes a tenth of that).
+    `rows` (axis, start, end): only that slice of it (the same bytes), made without the rest."""
     n = int(np.prod(shape))
     block = (np.random.default_rng(sum(name.encode())).random(min(SEED_PERIOD, max(n, 1)), dtype=np.float32) * 2
              - 1).astype(dtype, copy=False)
-    flat = np.empty(n, dtype)
-    for start in range(0, n, len(block)):
-        flat[start:start + len(block)] = block[:n - start]
-    return flat.reshape(shape)
+    if rows is None:
+        return _periodic(block, 0, n).reshape(shape)
+    axis, start, end = rows
+    inner = int(np.prod(shape[axis + 1:]))
+    outer = int(np.prod(shape[:axis]))
+    run = (end - start) * inner
+    out = np.empty(outer * run, dtype)
+    for k in range(outer):  # the slice is one contiguous run of the whole per index of the axes before `axis`
+        _periodic(block, k * shape[axis] * inner + start * inner, run, out[k * run:(k + 1) * run])
+    return out.reshape((*shape[:axis], end - start, *shape[axis + 1:]))
+
+
+def _periodic(block: np.ndarray, offset: int, n: int, out: np.ndarray | None = None) -> np.ndarray:
+    """Elements offset .. offset + n - 1 of `block` repeated without end."""
+    out = np.empty(n, block.dtype) if out is None else out
+    period, k = len(block), 0
+    while k < n:
+        phase = (offset + k) % period
+        take = min(period - phase, n - k)
+        out[k:k + take] = block[phase:phase + take]
+        k += take
+    return out
 
 
 def _bytes(a: np.ndarray) -> np.ndarray:
