@@ -78,6 +78,52 @@ def test_decoder_tail_fits_the_limit_and_is_byte_identical(tmp_path, current):
     assert not again.changed and not again.refused and not (tmp_path / "again.onnx").exists()
 
 
+def test_the_proofs_run_without_neighbours_at_level_disable_only(tmp_path, monkeypatch):
+    """Each proof of the decoder tail runs its two sides at both levels; at `disable` (no graph transformation on
+    a float32 graph) each side is the rewritten nodes alone compared at their ends, at `all` with the readers and
+    the producers ORT fuses them with, compared at the readers' outputs (the graph output 'mask' has none)."""
+    import importlib
+
+    verify = importlib.import_module("deform_surgeon.verify")
+    real, asked = verify.run_ort_cpu, []
+
+    def recording(model, feeds, level="all", **kwargs):
+        if model.graph.name == "local_proof":
+            asked.append((level, {n.name for n in model.graph.node}, {o.name for o in model.graph.output}))
+        return real(model, feeds, level, **kwargs)
+
+    monkeypatch.setattr(verify, "run_ort_cpu", recording)
+    src, out = tmp_path / "tail.onnx", tmp_path / "tail.patched.onnx"
+    onnx.save(decoder_tail(), src)
+    report = patch(src, out, max_buffer=300 * KiB)
+    assert report.written and len(bands_actions(report.actions)) == 4
+    assert [level for level, _, _ in asked] == ["disable", "disable", "all", "all"] * 4
+    for k in range(0, len(asked), 4):
+        (_, whole_d, ends), (_, split_d, ends_split), (_, whole_a, compared), (_, split_a, _) = asked[k:k + 4]
+        assert ends == ends_split and whole_d < whole_a and split_d < split_a  # the neighbours at `all` only
+        assert compared.isdisjoint(ends) or ends == compared == {"mask"}  # the graph output has no readers
+    model = onnx.load(src)
+    for level in LEVELS:
+        assert_bytes_equal(run(model, feeds_for(model), level), run(str(out), feeds_for(model), level))
+
+
+def test_a_chunk_is_seeded_with_the_same_bytes_as_its_rows_of_the_whole():
+    """A split Conv's chunks are fed their rows of the whole input's seeded values, made without the whole."""
+    from deform_surgeon.passes.local_proof import SEED_PERIOD, _seeded
+
+    f32 = np.dtype(np.float32)
+    for shape, rows in [((1, 3, 10, 7), (2, 3, 8)), ((2, 5, 700, 301), (2, 111, 530)), ((1, 4, 9), (1, 0, 4)),
+                        ((1, 1, SEED_PERIOD // 100 + 7, 100), (2, 5, SEED_PERIOD // 100 + 3))]:
+        whole = _seeded("x", f32, shape)
+        index = [slice(None)] * len(shape)
+        index[rows[0]] = slice(rows[1], rows[2])
+        part = _seeded("x", f32, shape, rows=rows)
+        assert part.shape == whole[tuple(index)].shape
+        assert part.tobytes() == np.ascontiguousarray(whole[tuple(index)]).tobytes()
+    assert _seeded("x", f32, (3, SEED_PERIOD)).reshape(-1)[SEED_PERIOD:2 * SEED_PERIOD].tobytes() == \
+        _seeded("x", f32, (SEED_PERIOD,)).tobytes()  # the block repeats
+
+
 def test_without_max_buffer_the_tail_is_left_alone(tmp_path):
     src = tmp_path / "tail.onnx"
     onnx.save(decoder_tail(), src)
