@@ -4,11 +4,12 @@ writing) against one ORT CPU inference of the original model, in the same run.
 
     .venv/bin/python scripts/bench_fit_proof.py MODEL.onnx [--work DIR] [--keep OUT.onnx] [--patch-args ...]
 
-Both are real subprocesses, timed with the wall clock, their peak resident set size read from the kernel
-(`os.wait4`'s rusage of that one child). The floor is one inference of the original on ORT CPU (default graph
-optimisation level, seeded input in [0, 1)): what a user's machine must afford to run the model at all. Targets
-(issue 23, the real BiRefNet-lite 1024): patch <= 30 s and <= 3 GB peak RSS. Prints both, the ratios, and the
-patch's report note. A real 1024 model needs ~8 GB for the floor: run it alone. Measures; does not gate (exit 0).
+Both are real subprocesses, timed with the wall clock, their peak resident set size and CPU time (user + system:
+what a busy machine changes least) read from the kernel (`os.wait4`'s rusage of that one child), with the load
+average at the start. The floor is one inference of the original on ORT CPU (default graph optimisation level,
+seeded input in [0, 1)): what a user's machine must afford to run the model at all. Targets (issue 23, the real
+BiRefNet-lite 1024): patch <= 30 s and <= 3 GB peak RSS. Prints both, the ratios, and the patch's report note.
+A real 1024 model needs ~8 GB for the floor: run it alone. Measures; does not gate (exit 0).
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ s.run(None, feeds)
 """
 
 
-def measure(argv: list[str]) -> tuple[float, int, str]:
-    """Wall seconds, peak RSS bytes and stdout of one subprocess."""
+def measure(argv: list[str]) -> tuple[float, int, str, float]:
+    """Wall seconds, peak RSS bytes, stdout and CPU seconds of one subprocess."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out = proc.stdout.read()
@@ -42,7 +43,7 @@ def measure(argv: list[str]) -> tuple[float, int, str]:
     wall = time.perf_counter() - t0
     if os.waitstatus_to_exitcode(status) != 0:
         sys.exit(f"failed: {' '.join(argv)}\n{out}")
-    return wall, usage.ru_maxrss * 1024, out
+    return wall, usage.ru_maxrss * 1024, out, usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
@@ -54,12 +55,16 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(dir=args.work) as tmp:
         out = Path(args.keep) if args.keep else Path(tmp) / "patched.onnx"
-        p_wall, p_rss, p_out = measure([*SURGEON, "patch", args.model, str(out), *args.patch_args])
-        i_wall, i_rss, _ = measure([sys.executable, "-c", INFER, args.model])
+        load = os.getloadavg()[0]
+        p_wall, p_rss, p_out, p_cpu = measure([*SURGEON, "patch", args.model, str(out), *args.patch_args])
+        i_wall, i_rss, _, i_cpu = measure([sys.executable, "-c", INFER, args.model])
     gb = 1e9
     print(f"model: {args.model}")
-    print(f"floor: one ORT CPU inference of the original   {i_wall:7.1f} s wall  {i_rss / gb:6.2f} GB peak RSS")
-    print(f"deform-surgeon patch {' '.join(args.patch_args):<24} {p_wall:7.1f} s wall  {p_rss / gb:6.2f} GB peak RSS")
+    print(f"load average (1 min) at the start: {load:.2f} on {os.cpu_count()} CPUs")
+    print(f"floor: one ORT CPU inference of the original   {i_wall:7.1f} s wall  {i_rss / gb:6.2f} GB peak RSS  "
+          f"{i_cpu:7.1f} s CPU")
+    print(f"deform-surgeon patch {' '.join(args.patch_args):<24} {p_wall:7.1f} s wall  {p_rss / gb:6.2f} GB peak RSS  "
+          f"{p_cpu:7.1f} s CPU")
     print(f"ratio: time {p_wall / i_wall:.2f}x the inference, peak RSS {p_rss / i_rss:.2f}x the inference's")
     print(f"targets (real lite 1024): patch <= 30 s: {'MET' if p_wall <= 30 else 'NOT MET'}; "
           f"<= 3 GB: {'MET' if p_rss <= 3 * gb else 'NOT MET'}")
