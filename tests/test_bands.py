@@ -107,6 +107,22 @@ def test_the_proofs_run_without_neighbours_at_level_disable_only(tmp_path, monke
         assert_bytes_equal(run(model, feeds_for(model), level), run(str(out), feeds_for(model), level))
 
 
+def test_the_guard_sees_what_ort_changes_at_level_disable():
+    """The proofs drop the neighbours at level `disable` only where ORT runs the graph as it is: a float32 chain,
+    yes; a float16 one, no (ORT inserts Casts around the nodes it has no float16 kernel for)."""
+    from deform_surgeon.passes.local_proof import _untransformed
+
+    def chain(elem: int) -> onnx.ModelProto:
+        graph = helper.make_graph([helper.make_node("Sin", ["x"], ["y"], name="sin"),
+                                   helper.make_node("Relu", ["y"], ["z"], name="relu")], "chain",
+                                  [helper.make_tensor_value_info("x", elem, [1, 4])],
+                                  [helper.make_tensor_value_info("z", elem, [1, 4])])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+    assert _untransformed(chain(TensorProto.FLOAT))
+    assert not _untransformed(chain(TensorProto.FLOAT16))
+
+
 def test_a_chunk_is_seeded_with_the_same_bytes_as_its_rows_of_the_whole():
     """A split Conv's chunks are fed their rows of the whole input's seeded values, made without the whole."""
     from deform_surgeon.passes.local_proof import SEED_PERIOD, _seeded

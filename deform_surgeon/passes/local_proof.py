@@ -19,11 +19,12 @@ compared byte for byte. `parts_inputs` maps a tensor the rewritten side starts f
 input it holds (a split block's chunks start from the rows of the Conv input).
 
 At level `disable` ORT applies no graph transformation to a float32 graph (no fusion, no layout change, no
-constant folding; the Casts it inserts for float16 kernels are the one exception, hence float32 only): each node
-runs its own kernel on its inputs, whatever its neighbours. There the two sides are compared at their ends, without
-the readers and the layout producers (their outputs are the same kernels' work on the same bytes either way): the
-same question, without running the neighbours (on the real BiRefNet-lite 1024 a 29-GFLOP Conv that only sets the
-layout of a Concat's other input).
+constant folding; the Casts it inserts for float16 kernels are the one exception, hence float32 only), and each
+proof checks it: the graph ORT would save for each side with its neighbours at that level has the same nodes. Each
+node then runs its own kernel on its inputs, whatever its neighbours. There the two sides are compared at their
+ends, without the readers and the layout producers (their outputs are the same kernels' work on the same bytes
+either way): the same question, without running the neighbours (on the real BiRefNet-lite 1024 a 29-GFLOP Conv
+that only sets the layout of a Concat's other input).
 """
 
 from __future__ import annotations
@@ -163,17 +164,15 @@ def refusal(ctx: Context, proof: LocalProof, outside: Outside | None = None,
                 facts.constants[name] = constant(name)
     # level -> (nodes around each side, the tensors compared): see the module docstring for `disable`
     context = {level: (proof.folded + proof.layout, readers, compared) for level in LEVELS}
-    if "disable" in context and _float32_only(facts, [*proof.folded, *proof.whole, *parts]):
-        context["disable"] = (proof.folded, [], [t.name for t in proof.ends])
     runs = []
     for level in LEVELS:
-        before, after, outputs = context[level]
-        models = []
-        for side in (proof.whole, parts):
-            built = _model(ctx, before + side + after, outputs, facts)
-            if isinstance(built, str):
-                return Refuse(built)
-            models.append(built)
+        models = _sides(ctx, proof, parts, *context[level])
+        if level == "disable" and not isinstance(models, Refuse) and \
+                _float32_only(facts, [*proof.folded, *proof.whole, *parts]) and \
+                all(_untransformed(m) for m, _ in models):  # each kernel reads only its inputs: no neighbours
+            models = _sides(ctx, proof, parts, proof.folded, [], [t.name for t in proof.ends])
+        if isinstance(models, Refuse):
+            return models
         runs.append((level, models))
     sources = {}  # every input a side reads -> its whole-side tensor (a chunk: the tensor it holds rows of)
     for _, models in runs:
@@ -220,11 +219,40 @@ def _max_diff(expected: list[np.ndarray], got: list[np.ndarray]) -> float | None
     return None
 
 
+def _sides(ctx: Context, proof: LocalProof, parts: list[NodeSpec], before: list[NodeSpec], after: list[NodeSpec],
+           outputs: list[str]) -> list[tuple[onnx.ModelProto, list[str]]] | Refuse:
+    """The whole side's and the rewritten side's models, each between `before` and `after`, making `outputs`."""
+    models = [_model(ctx, before + side + after, outputs, proof.facts) for side in (proof.whole, parts)]
+    why = next((m for m in models if isinstance(m, str)), None)
+    return Refuse(why) if why is not None else models
+
+
 def _float32_only(facts: Facts, nodes: list[NodeSpec]) -> bool:
     """Whether every floating tensor the nodes read or make is float32 (see the module docstring)."""
     names = {t for n in nodes for t in [*n.inputs, *n.outputs] if t}
     types = [facts.types.get(t) for t in names]
     return all(t is not None and (t[0].kind != "f" or t[0] == np.float32) for t in types)
+
+
+def _untransformed(model: onnx.ModelProto) -> bool:
+    """Whether ORT CPU at level `disable` runs `model`'s nodes as they are (the optimised graph it would save has
+    the same nodes, inputs and outputs): a session is made, nothing is run."""
+    import tempfile
+
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    with tempfile.TemporaryDirectory(prefix="deform_surgeon_proof_") as folder:
+        options.optimized_model_filepath = f"{folder}/disable.onnx"
+        ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        ran = onnx.load(options.optimized_model_filepath, load_external_data=False)
+
+    def nodes(m: onnx.ModelProto) -> list:  # in any order: ORT may save them in another topological order
+        return sorted((n.op_type, n.domain or "", tuple(n.input), tuple(n.output)) for n in m.graph.node)
+
+    return nodes(ran) == nodes(model)
 
 
 def _release() -> None:
