@@ -42,7 +42,7 @@ from onnx import TensorProto, numpy_helper
 from .budget import human
 from .model_io import TypeTable, Weights, elem_nbytes
 from .pipeline import Action, Outcome
-from .region import _subgraph_reads
+from .region import subgraph_reads
 
 PASS = "fold"
 FOLD_LIMIT = 16 << 20  # bytes: no folded tensor is larger (BiRefNet-lite's largest Swin mask: 6.6 MB fp16 at 1024)
@@ -175,7 +175,7 @@ def _find_static(graph: onnx.GraphProto, types: TypeTable, weights: Weights, lim
         op, ins, outs, domain = node.op_type, list(node.input), list(node.output), node.domain
         custom = domain not in ("", "ai.onnx")
         nested = (op in CONTROL_FLOW or custom) and any(a.type in _SUBGRAPH for a in node.attribute)
-        reads = ins if not nested else [*ins, *_subgraph_reads(node)]
+        reads = ins if not nested else [*ins, *subgraph_reads(node)]
         found.ops.append(op)
         found.ins.append(ins)
         found.outs.append(outs)

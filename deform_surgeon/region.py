@@ -124,7 +124,7 @@ def find_region(model: onnx.ModelProto, max_storage_buffers: int | None = None,
             for i in names_in:
                 first_reader.setdefault(i, k)
     for k in sorted(has_subgraph - region):  # tensors of the outer scope read inside an If/Loop/Scan body
-        for i in _subgraph_reads(nodes[k]):
+        for i in subgraph_reads(nodes[k]):
             first_reader[i] = min(first_reader.get(i, k), k)
     read_outside = set(first_reader) | {o.name for o in graph.output}
     inputs, initializers, seen = [], [], set()
@@ -140,13 +140,13 @@ def find_region(model: onnx.ModelProto, max_storage_buffers: int | None = None,
     return Region(order, inputs, outputs, initializers, names, readers, read_outside, constants, outs)
 
 
-def _subgraph_reads(node: onnx.NodeProto) -> set[str]:
+def subgraph_reads(node: onnx.NodeProto) -> set[str]:
     reads: set[str] = set()
     for a in node.attribute:
         for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
             for n in g.node:
                 reads.update(n.input)
-                reads.update(_subgraph_reads(n))
+                reads.update(subgraph_reads(n))
             reads.update(o.name for o in g.output)
     return reads
 
@@ -265,7 +265,7 @@ def _toposort(nodes: list[onnx.NodeProto], keys: list[float]) -> list[onnx.NodeP
     waiting = [0] * len(nodes)
     users: dict[int, list[int]] = defaultdict(list)
     for k, n in enumerate(nodes):
-        reads = n.input if not any(a.type in _SUBGRAPH for a in n.attribute) else [*n.input, *_subgraph_reads(n)]
+        reads = n.input if not any(a.type in _SUBGRAPH for a in n.attribute) else [*n.input, *subgraph_reads(n)]
         deps = {producer[i] for i in reads if i in producer}
         deps.discard(k)
         waiting[k] = len(deps)

@@ -10,6 +10,7 @@ edge to `sub`; a package's own `__init__` is a node like any other.
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import deform_surgeon
@@ -96,3 +97,38 @@ def test_the_cycle_finder_finds_a_cycle_through_a_function_level_import():
     assert f"{ROOT}.verify" in graph[f"{ROOT}.fold"]  # fold imports verify inside a function only
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def private_names_across_modules() -> list[str]:
+    """`from X import _name`, and `X._name` where `X` is a name an import bound (a module, or a class or function
+    of another module), in every module of the package: `file:line: what`."""
+    found = []
+    for module, path in sorted(_modules().items()):
+        tree = ast.parse(path.read_text(), str(path))
+        bound: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                for a in node.names:
+                    if a.name.startswith("_") and not a.name.startswith("__"):
+                        found.append(f"{module}:{node.lineno}: from {'.' * node.level}{node.module or ''} import "
+                                     f"{a.name}")
+                    bound.add(a.asname or a.name)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound and \
+                    node.attr.startswith("_") and not node.attr.startswith("__"):
+                found.append(f"{module}:{node.lineno}: {node.value.id}.{node.attr}")
+    return found
+
+
+def test_no_private_name_is_used_across_modules():
+    """A name with a leading underscore belongs to its module: another module that needs it gets a public name
+    (the split pass's tail of a Conv became `blocks.conv_tail` when the bands pass needed it too)."""
+    assert private_names_across_modules() == []
+
+
+def test_the_private_name_reader_sees_both_forms(tmp_path, monkeypatch):
+    (tmp_path / "a.py").write_text("from .b import _hidden\nfrom . import b\nx = b._other\ny = self._mine\n")
+    monkeypatch.setattr(sys.modules[__name__], "_modules", lambda: {"pkg.a": tmp_path / "a.py"})
+    assert private_names_across_modules() == ["pkg.a:1: from .b import _hidden", "pkg.a:3: b._other"]

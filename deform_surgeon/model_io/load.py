@@ -21,12 +21,12 @@ from . import wire
 from .contrib import with_contrib_types
 from .weights import (
     Weights,
-    _external_ref,
-    _is_external,
-    _nbytes,
+    external_ref,
+    is_external,
     left_out,
     skeleton_bytes,
     split_weights,
+    tensor_nbytes,
 )
 
 
@@ -264,19 +264,19 @@ def _check_stored_tensors(model: onnx.ModelProto, path: Path, weights: Weights) 
     """External references inside the model's folder, present and long enough; embedded stored data complete (its
     length known without reading it: `Weights.data_length`)."""
     for name, t in weights.tensors.items():
-        if not _is_external(t) and (got := weights.data_length(name)) != _nbytes(t):
+        if not is_external(t) and (got := weights.data_length(name)) != tensor_nbytes(t):
             what = f"tensor '{name}'"
             if name in weights.constants:
                 node = next(n for n in model.graph.node if n.op_type == "Constant" and n.output[:1] == [name])
                 what = f"Constant '{node.name or name}'"
-            raise SurgeonError(path, f"{what} has {got} bytes of data; its shape and type need {_nbytes(t)}")
+            raise SurgeonError(path, f"{what} has {got} bytes of data; its shape and type need {tensor_nbytes(t)}")
     sizes: dict[Path, int | None] = {}
     for t in model.graph.initializer:
-        expected = _nbytes(t)
-        if not _is_external(t):
+        expected = tensor_nbytes(t)
+        if not is_external(t):
             continue
         try:
-            location, offset, length = _external_ref(t)
+            location, offset, length = external_ref(t)
         except ValueError:
             raise SurgeonError(path, f"external data of tensor '{t.name}' has an offset or length that is not a "
                                      "number") from None
@@ -330,7 +330,7 @@ _TENSOR_OR_GRAPH_ATTRS = {"Constant", "ConstantOfShape", "If", "Loop", "Scan", "
 
 
 def _nested_external(graph: onnx.GraphProto, top: bool = True) -> bool:
-    if not top and any(_is_external(t) for t in graph.initializer):
+    if not top and any(is_external(t) for t in graph.initializer):
         return True
     kinds = (onnx.AttributeProto.TENSOR, onnx.AttributeProto.TENSORS, onnx.AttributeProto.GRAPH,
              onnx.AttributeProto.GRAPHS)
@@ -340,7 +340,7 @@ def _nested_external(graph: onnx.GraphProto, top: bool = True) -> bool:
         for a in node.attribute:
             if a.type not in kinds:
                 continue
-            if (a.HasField("t") and _is_external(a.t)) or any(_is_external(t) for t in a.tensors):
+            if (a.HasField("t") and is_external(a.t)) or any(is_external(t) for t in a.tensors):
                 return True
             if (a.HasField("g") and _nested_external(a.g, False)) or any(_nested_external(g, False) for g in a.graphs):
                 return True

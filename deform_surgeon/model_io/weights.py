@@ -71,7 +71,7 @@ class Weights:
         array = self._values.get(name)
         if array is None:
             src = self.tensors[name]
-            if _is_external(src) or name in self.data:  # the data goes into a copy, never into the original
+            if is_external(src) or name in self.data:  # the data goes into a copy, never into the original
                 copy = onnx.TensorProto()
                 copy.CopyFrom(src)
                 if name in self.data:
@@ -125,12 +125,12 @@ class Weights:
 
     @property
     def external(self) -> bool:
-        return any(_is_external(t) for t in self.tensors.values())
+        return any(is_external(t) for t in self.tensors.values())
 
     def sources(self) -> set[Path]:
         """The external data files the model reads, resolved."""
         base = self.base_dir if self.base_dir is not None else Path()
-        return {(base / _external_ref(t)[0]).resolve() for t in self.tensors.values() if _is_external(t)}
+        return {(base / external_ref(t)[0]).resolve() for t in self.tensors.values() if is_external(t)}
 
 
 def _refuse_changed(path: Path | None, key: tuple, now: os.stat_result | None) -> None:
@@ -175,7 +175,7 @@ def split_weights(model: onnx.ModelProto, base_dir: str | Path | None, scan: wir
             for t, raw in back:
                 t.raw_data = weights.read_bytes(fh, raw.file_bytes)
     for k, t in enumerate(initializers):
-        if _is_external(t) or _is_heavy_embedded(t, k in cut_initializers):
+        if is_external(t) or _is_heavy_embedded(t, k in cut_initializers):
             weights.tensors[t.name] = t
             if k in cut_initializers:
                 weights.data[t.name] = cut_initializers[k].file_bytes
@@ -230,7 +230,7 @@ def skeleton_graph(graph: onnx.GraphProto, weights: Weights) -> Iterator[wire.Pi
         original = stored.get(t.name)
         if original is None:
             yield wire.record(wire.GRAPH_INITIALIZER, t)
-        elif _is_external(original) and not _is_large(original) and weights.base_dir is not None:
+        elif is_external(original) and not _is_large(original) and weights.base_dir is not None:
             yield wire.record(wire.GRAPH_INITIALIZER, _read_in(original, weights.base_dir))
         elif t.name not in declared:
             inputs.append(_typed_input(t.name, original))
@@ -242,7 +242,7 @@ def _typed_input(name: str, t: onnx.TensorProto) -> onnx.ValueInfoProto:
     return onnx.helper.make_tensor_value_info(name, t.data_type, list(t.dims))
 
 
-def _nbytes(t: onnx.TensorProto) -> int | None:
+def tensor_nbytes(t: onnx.TensorProto) -> int | None:
     return elem_nbytes(t.data_type, t.dims)
 
 
@@ -252,29 +252,29 @@ def elem_nbytes(elem_type: int, shape) -> int | None:
     return None if bits is None else (math.prod(shape) * bits + 7) // 8
 
 
-def _is_external(t: onnx.TensorProto) -> bool:
+def is_external(t: onnx.TensorProto) -> bool:
     return t.data_location == onnx.TensorProto.EXTERNAL
 
 
 def _is_large(t: onnx.TensorProto) -> bool:
-    n = _nbytes(t)
+    n = tensor_nbytes(t)
     return n is None or n > STORED_WEIGHT_BYTES
 
 
 def _is_heavy_embedded(t: onnx.TensorProto, left_out: bool = False) -> bool:
     """An embedded tensor with raw data (in its protobuf, or `left_out` in the file) over `STORED_WEIGHT_BYTES`."""
-    return (not _is_external(t) and (left_out or t.HasField("raw_data")) and _is_large(t)
-            and _nbytes(t) is not None)
+    return (not is_external(t) and (left_out or t.HasField("raw_data")) and _is_large(t)
+            and tensor_nbytes(t) is not None)
 
 
-def _external_ref(t: onnx.TensorProto) -> tuple[str, int, int | None]:
+def external_ref(t: onnx.TensorProto) -> tuple[str, int, int | None]:
     ref = {e.key: e.value for e in t.external_data}
     length = ref.get("length")
     return ref.get("location", ""), int(ref.get("offset") or 0), None if length in (None, "") else int(length)
 
 
 def _read_in(t: onnx.TensorProto, base_dir: Path) -> onnx.TensorProto:
-    location, offset, length = _external_ref(t)
+    location, offset, length = external_ref(t)
     with open(base_dir / location, "rb") as fh:
         fh.seek(offset)
         data = fh.read() if length is None else fh.read(length)

@@ -25,7 +25,7 @@ import onnx
 
 from ..errors import SurgeonError
 from . import wire
-from .weights import Weights, _external_ref, _is_external
+from .weights import Weights, external_ref, is_external
 
 _PROTOBUF_LIMIT = 2**31 - 1
 
@@ -88,7 +88,7 @@ def save_model_atomic(
     """
     target = Path(target)
     weights = weights if weights is not None else Weights(None)
-    external = [t for t in model.graph.initializer if t.name in weights.tensors and _is_external(t)]
+    external = [t for t in model.graph.initializer if t.name in weights.tensors and is_external(t)]
     try:
         with ExitStack() as stack:
             tmp = stack.enter_context(atomic_path(target))
@@ -221,7 +221,7 @@ def _copy_external(tensors: list[onnx.TensorProto], base_dir: Path | None, out: 
     with ExitStack() as files, open(out, "wb", buffering=0) as dst:
         sources: dict[Path, object] = {}
         for t in tensors:
-            location, offset, length = _external_ref(t)
+            location, offset, length = external_ref(t)
             src_path = base / location
             if src_path not in sources:
                 sources[src_path] = files.enter_context(open(src_path, "rb", buffering=0))
