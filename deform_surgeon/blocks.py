@@ -18,6 +18,13 @@ are named `<conv>/chunk<k>`), so an original model and its patched form line up.
 torch's dynamo exporter writes a deformable conv as one ONNX `DeformConv`: that node is a block by itself (its
 `conv`, with its feeders and tail). Lowered (passes/deform_conv.py), it becomes a sampling that starts at a Floor
 and ends in a `MatMul` named as the DeformConv was; both are labelled `DeformConv '<name>'`.
+
+The passes see a block in their own graph (an onnx_graphsurgeon graph of the lifted region, mutated as they go):
+`gather_blocks` finds, from each gather the gathernd / gather_elements passes leave (or an unlowered GatherND),
+the part of the sampling a row chunk is carried through, up to the Conv, and `conv_tail` the Conv's per-channel
+ops a chunk or a band is carried through after it (the split and bands passes). `find_blocks` walks from the
+Floor and labels the whole block; `gather_blocks` walks from the gathers and tells why a block cannot be cut (a
+tensor read outside it, an op no chunk is carried through): the same blocks, at two depths.
 """
 
 from __future__ import annotations
@@ -26,20 +33,30 @@ import re
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import onnx
+import onnx_graphsurgeon as gs
 
 from .ops import (
     BLOCK_GEMMS,
     CONTROL_FLOW,
     DEFORM_CONV,
+    ELEMENTWISE_NARY,
+    ELEMENTWISE_UNARY,
     EXPORTED_SAMPLERS,
     HEAVY,
     SAMPLERS,
     SAMPLING_START,
+    SHAPE_OPS,
     TAIL_OPS,
     TAIL_STEPS,
 )
+from .shapes import along_rows
+
+if TYPE_CHECKING:
+    from .pipeline import Context
+    from .shapes import Shapes
 
 FORWARD_LIMIT = 2000  # nodes forward of one start before it is taken for something other than a deform block
 _DATA_PATH = {"Pad", "Reshape", "Transpose", "Flatten", "Cast", "Unsqueeze", "Squeeze", "Identity", "Constant"}
@@ -265,3 +282,113 @@ def count_per_block(model: onnx.ModelProto, cpu_nodes: Iterable[str],
     for t in memcpy_tensors:
         counts[tensors.get(t, OUTSIDE)][1] += 1
     return {k: (v[0], v[1]) for k, v in counts.items()}
+
+
+# -- a block in a pass's graph --------------------------------------------------------------------------------------
+GATHERS = {"Gather", "GatherND"}  # the samplers as the gathernd / gather_elements passes leave them
+CARRIED = ELEMENTWISE_UNARY | ELEMENTWISE_NARY | SHAPE_OPS | {"Transpose"}  # what a chunk is carried through
+MAX_BLOCK_NODES = 400
+
+
+@dataclass
+class GatherBlock:
+    """The gathers of one deform block and what they feed, up to the Conv, in a pass's graph. `rows`, `layout` and
+    `side` are where the Conv's output rows lie in each of its tensors, filled in by the split pass's row walk."""
+
+    conv: gs.Node | None  # None: the gathers reach no one Conv (`gather_blocks` says why)
+    seeds: list[gs.Node]
+    nodes: list[gs.Node]  # topological order, seeds included, Conv excluded
+    sink: gs.Tensor | None  # the Conv's input
+    rows: int = 0  # h: the Conv's output rows
+    layout: dict | None = None  # region tensor name -> split.Rows
+    side: dict | None = None  # (node index, input slot) -> split.Rows of a side input (None: read whole)
+
+
+def gather_blocks(graph: gs.Graph) -> list[tuple[GatherBlock, str | None]]:
+    """Every gather group with the Conv it feeds; the reason no row chunk can be carried through it, or None."""
+    order = {id(n): k for k, n in enumerate(graph.nodes)}
+    outputs = {id(t) for t in graph.outputs}
+    by_conv: dict[int, GatherBlock] = {}
+    found: list[tuple[GatherBlock, str | None]] = []
+    for seed in [n for n in graph.nodes if n.op in GATHERS]:
+        nodes, conv, why = _cone(seed, outputs)
+        if conv is None:
+            found.append((GatherBlock(None, [seed], nodes, None), why))
+            continue
+        block = by_conv.get(id(conv))
+        if block is None:
+            block = by_conv[id(conv)] = GatherBlock(conv, [], [], conv.inputs[0])
+        block.seeds.append(seed)
+        known = {id(n) for n in block.nodes}
+        block.nodes.extend(n for n in nodes if id(n) not in known)
+    for block in by_conv.values():
+        block.nodes.sort(key=lambda n: order[id(n)])
+        found.append((block, _escape(block)))
+    return found
+
+
+def _cone(seed: gs.Node, graph_outputs: set[int]) -> tuple[list[gs.Node], gs.Node | None, str | None]:
+    """Nodes from `seed` forward through carried ops to the one Conv they feed, or the reason there is none."""
+    nodes: list[gs.Node] = []
+    seen: set[int] = set()
+    convs: dict[int, gs.Node] = {}
+    stack = [seed]
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        nodes.append(n)
+        if len(nodes) > MAX_BLOCK_NODES:
+            return nodes, None, f"more than {MAX_BLOCK_NODES} nodes between the gather and a Conv"
+        for out in n.outputs:
+            if id(out) in graph_outputs:
+                return nodes, None, f"'{out.name}' is a graph output"
+            for c in out.outputs:
+                if c.op == "Conv" and c.inputs[0] is out:
+                    convs[id(c)] = c
+                elif c.op in CARRIED:
+                    stack.append(c)
+                else:
+                    return nodes, None, (f"'{out.name}' is read by {c.op} '{c.name}', which the split cannot "
+                                         "carry a chunk through")
+    if len(convs) != 1:
+        return nodes, None, ("the gathered values reach no Conv" if not convs
+                             else "the gathered values reach more than one Conv")
+    return nodes, next(iter(convs.values())), None
+
+
+def _escape(block: GatherBlock) -> str | None:
+    """A block tensor used outside the block would still be needed whole: such a block is refused."""
+    inside = {id(n) for n in block.nodes} | {id(block.conv)}
+    for n in block.nodes:
+        for out in n.outputs:
+            for c in out.outputs:
+                if id(c) not in inside:
+                    return f"'{out.name}' is also read by {c.op} '{c.name}' outside the block"
+    return None
+
+
+def conv_tail(ctx: Context, conv: gs.Node, shapes: Shapes) -> list[gs.Node]:
+    """The per-channel ops after a Conv (the exporter's bias Add, BatchNormalization, Relu) that a row chunk or band
+    is carried through when the Conv itself is cut (the split and bands passes); `GraphIndex.tail` in a model.
+
+    Why: ORT CPU folds a Conv's bias Add and BatchNormalization into the Conv (ConvAddFusion, ConvBNFusion at level
+    `basic`), which changes how it rounds. A Concat between the chunk Convs and the Add would stop that fusion and
+    change the bytes; carrying the chains per chunk lets each chunk fuse exactly as the whole did. Only ops whose
+    other inputs are constants broadcast along the rows are carried.
+    """
+    outputs = {id(t) for t in ctx.graph.outputs}
+    t, shape, tail = conv.outputs[0], shapes.shape(conv.outputs[0]), []
+    while shape is not None and id(t) not in outputs and len(t.outputs) == 1:
+        n = t.outputs[0]
+        if len(n.outputs) != 1 or n.op not in TAIL_OPS or (n.op == "BatchNormalization" and n.inputs[0] is not t):
+            break
+        side = [i for i in n.inputs if i is not t and i.name]
+        if any(ctx.prover.constant(i) is None for i in side):
+            break
+        if n.op != "BatchNormalization" and not all(along_rows(shape, ctx.prover.constant(i).shape) for i in side):
+            break
+        tail.append(n)
+        t = n.outputs[0]
+    return tail

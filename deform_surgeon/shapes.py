@@ -40,6 +40,13 @@ def broadcast(shapes: list[tuple[int, ...]]) -> tuple[int, ...] | None:
     return tuple(out)
 
 
+def along_rows(shape: tuple[int, ...], side: tuple[int, ...]) -> bool:
+    """True when a constant of shape `side` broadcasts to `shape` ([N, C, H, ...]) without varying along H: the
+    same value for every row, so an op with it (a bias Add, a scale Mul) can be carried per row chunk."""
+    return broadcast([shape, side]) == shape and (len(side) < len(shape) - 2 or
+                                                  side[len(side) - len(shape) + 2] == 1)
+
+
 class Shapes:
     """Static shapes and dtypes of tensors, also of tensors the earlier passes created without shape info."""
 

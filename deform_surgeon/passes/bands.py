@@ -44,12 +44,13 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from ..blocks import conv_tail
 from ..budget import human
 from ..ops import ELEMENTWISE_UNARY, TAIL_OPS
 from ..pipeline import Action, Context, Outcome, Refuse
-from ..shapes import Shapes
+from ..shapes import Shapes, along_rows
 from .local_proof import record
-from .split import SplitBlocks, SplitPlan, along_rows
+from .split import SplitPlan
 
 
 @dataclass(frozen=True)
@@ -381,7 +382,7 @@ class BandOversize:
         if y_shape is None or len(y_shape) != 4 or y_shape[2] < 2:
             raise Refuse(f"{head}: the Conv's output shape is not known as [N, M, H, W] with H >= 2")
         source = self._source(ctx, x, feeders, shapes, limit, outside, head)
-        tail = SplitBlocks._tail(ctx, conv, shapes)
+        tail = conv_tail(ctx, conv, shapes)
         rows_out, rows_x = y_shape[2], xs[2]
 
         def row_bytes(t: gs.Tensor) -> int:

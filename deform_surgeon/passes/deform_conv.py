@@ -35,7 +35,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from ..pipeline import Action, Context, Outcome, Refuse, rewrite_each
+from ..pipeline import Action, Context, Outcome, Pass, Refuse
 from ..ranges import gather_elements_verdict
 from .gathernd import INT32_MAX
 
@@ -74,7 +74,7 @@ class DeformConvPlan:
         return self.oh * self.ow
 
 
-class LowerDeformConv:
+class LowerDeformConv(Pass):
     """Rewrite every float32 2-D DeformConv with static shapes into the sampling form (module docstring)."""
 
     name = "deform_conv"
@@ -82,18 +82,15 @@ class LowerDeformConv:
     def __init__(self, keep_whole: dict[str, Refuse] | None = None) -> None:
         self.keep_whole = keep_whole if keep_whole is not None else {}  # node -> why it stays (a failed check)
 
-    def run(self, ctx: Context) -> list[Action]:
-        return rewrite_each(self.name, [n for n in ctx.graph.nodes if n.op == OP and n.domain in (None, "", "ai.onnx")],
-                            lambda node: self.check(ctx, node), lambda node, plan: self.rewrite(ctx, node, plan))
+    def matches(self, ctx: Context) -> list[gs.Node]:
+        return [n for n in ctx.graph.nodes if n.op == OP and n.domain in (None, "", "ai.onnx")]
+
+    def refused(self, node: gs.Node, why: Refuse) -> Action:
+        """A refusal says where the node runs instead (on the CPU EP in the browser)."""
+        return Action(self.name, node.name, node.op, Outcome.REFUSED, f"{why}; {STAYS}", details=why.details)
 
     def check(self, ctx: Context, node: gs.Node) -> DeformConvPlan:
-        """The plan for `node`, or `Refuse` with the reason it stays a DeformConv (on the CPU EP in the browser)."""
-        try:
-            return self._plan(ctx, node)
-        except Refuse as why:
-            raise Refuse(f"{why}; {STAYS}", **why.details) from None
-
-    def _plan(self, ctx: Context, node: gs.Node) -> DeformConvPlan:
+        """The plan for `node`, or `Refuse` with the reason it stays a DeformConv."""
         if node.name in self.keep_whole:
             raise self.keep_whole[node.name]
         prover = ctx.prover
@@ -153,13 +150,10 @@ class LowerDeformConv:
         b = _Builder(ctx, name)
         gathers = self._build(b, node, plan, out)
         verdicts = [gather_elements_verdict(ctx.prover, g) for g in gathers]
-        if not all(v.proven for v in verdicts):  # cannot happen by construction; never written unproven
-            del ctx.graph.nodes[before:]
-            node.outputs.append(out)
-            node.name = name
-            why = "; ".join(v.reason for v in verdicts if not v.proven)
-            return Action(self.name, name, OP, Outcome.REFUSED, f"sampling index not proven in range: {why}; {STAYS}",
-                          details=next(v.details for v in verdicts if not v.proven))
+        if not all(v.proven for v in verdicts):  # cannot happen by construction; never written unproven (the
+            # refusal takes the nodes built back, and gives the node its name and output again)
+            raise Refuse(f"sampling index not proven in range: {'; '.join(v.reason for v in verdicts if not v.proven)}",
+                         **next(v.details for v in verdicts if not v.proven))
         p = plan
         what = (f"{p.kh}x{p.kw}, stride {list(p.strides)}, dilation {list(p.dilations)}, pads {list(p.pads)}, "
                 f"group {p.group}, offset_group {p.offset_group}, {'with' if p.has_mask else 'no'} mask, "

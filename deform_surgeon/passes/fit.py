@@ -29,7 +29,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from ..device import storage_buffers
-from ..pipeline import Action, Context, Outcome, Refuse, rewrite_each
+from ..pipeline import Action, Context, Outcome, Pass, Refuse
 
 FITTED = {"Concat", "Split", "Max", "Min"}
 
@@ -38,21 +38,18 @@ def node_buffers(node: gs.Node) -> int:
     return storage_buffers(node.op, [t.name for t in node.inputs], [t.name for t in node.outputs])
 
 
-class FitStorageBuffers:
+class FitStorageBuffers(Pass):
     """Every node binding more storage buffers than the device profile allows becomes a tree of narrow nodes."""
 
     name = "fit"
 
-    def run(self, ctx: Context) -> list[Action]:
+    def matches(self, ctx: Context) -> list[gs.Node]:
         limit = ctx.options.storage_buffers
-        if limit is None:
-            return []
-        return rewrite_each(self.name, [n for n in ctx.graph.nodes if node_buffers(n) > limit],
-                            lambda node: self.check(ctx, node, limit),
-                            lambda node, sizes: self.rewrite(ctx, node, limit, sizes))
+        return [] if limit is None else [n for n in ctx.graph.nodes if node_buffers(n) > limit]
 
-    def check(self, ctx: Context, node: gs.Node, limit: int) -> list[int] | None:
+    def check(self, ctx: Context, node: gs.Node) -> list[int] | None:
         """The plan: for a Split the sizes of its outputs along the axis (None for the other ops); or `Refuse`."""
+        limit = ctx.options.storage_buffers
         count = f"binds {node_buffers(node)} storage buffers, the device profile allows {limit}"
         numbers = {"buffers": node_buffers(node), "buffers_limit": limit}
         if limit < 3:
@@ -69,7 +66,8 @@ class FitStorageBuffers:
             raise Refuse(f"{count}; the sizes of its outputs along the axis are unknown", **numbers)
         return sizes
 
-    def rewrite(self, ctx: Context, node: gs.Node, limit: int, sizes: list[int] | None) -> Action:
+    def rewrite(self, ctx: Context, node: gs.Node, sizes: list[int] | None) -> Action:
+        limit = ctx.options.storage_buffers
         before = len(ctx.graph.nodes)
         width = limit - 1  # inputs of a Concat / outputs of a Split next to the one tensor on the other side
         base = node.name or node.outputs[0].name

@@ -19,20 +19,18 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from ..pipeline import Action, Context, Refuse, rewrite_each
+from ..pipeline import Action, Context, Pass, Refuse
 from ..ranges import IndexVerdict, gather_elements_verdict
 from .gathernd import gate, rewritten
 
 
-class LowerGatherElements:
+class LowerGatherElements(Pass):
     """Rewrite proven per-pixel GatherElements (index constant across the channel axis) into a row Gather."""
 
     name = "gather_elements"
 
-    def run(self, ctx: Context) -> list[Action]:
-        self._memo: dict[tuple, gs.Tensor] = {}
-        return rewrite_each(self.name, [n for n in ctx.graph.nodes if n.op == "GatherElements"],
-                            lambda node: self.check(ctx, node), lambda node, plan: self.rewrite(ctx, node, *plan))
+    def matches(self, ctx: Context) -> list[gs.Node]:
+        return [n for n in ctx.graph.nodes if n.op == "GatherElements"]
 
     @staticmethod
     def _key(ctx: Context, t: gs.Tensor) -> tuple:
@@ -77,7 +75,8 @@ class LowerGatherElements:
         gate(ctx, node, verdict, rows=math.prod(dshape[:-2]) * dshape[-1])
         return verdict, index
 
-    def rewrite(self, ctx: Context, node: gs.Node, verdict: IndexVerdict, index: gs.Tensor) -> Action:
+    def rewrite(self, ctx: Context, node: gs.Node, plan: tuple[IndexVerdict, gs.Tensor]) -> Action:
+        verdict, index = plan
         prover = ctx.prover
         data, out = node.inputs[0], node.outputs[0]
         dshape = prover.static_shape(data)
@@ -88,17 +87,17 @@ class LowerGatherElements:
         base = node.name or out.name
         before = len(ctx.graph.nodes)
 
-        flat = self._memo.get(("flat", self._key(ctx, data)))
+        flat = self.memo.get(("flat", self._key(ctx, data)))
         if flat is None:
             rows_first = ctx.var(f"{base}/rows_first", prover.dtype(data), lead + [n, channels])
             ctx.node("Transpose", f"{base}/rows_first", [data], [rows_first], {"perm": swap})
             flat = ctx.var(f"{base}/flat", prover.dtype(data), [math.prod(lead) * n, channels])
             ctx.node("Reshape", f"{base}/flatten",
                      [rows_first, ctx.const(f"{base}/flat_shape", np.array([-1, channels], np.int64))], [flat])
-            self._memo[("flat", self._key(ctx, data))] = flat
+            self.memo[("flat", self._key(ctx, data))] = flat
 
         point_shape = lead + [points]
-        linear = self._memo.get(("index", index.name))
+        linear = self.memo.get(("index", index.name))
         if linear is None:
             shaped = ctx.var(f"{base}/index_i64", prover.dtype(index), point_shape)
             ctx.node("Reshape", f"{base}/index_reshape",
@@ -111,7 +110,7 @@ class LowerGatherElements:
                 ctx.node("Add", f"{base}/add_batch_offset",
                          [linear, ctx.const(f"{base}/batch_offset", offsets)], [acc])
                 linear = acc
-            self._memo[("index", index.name)] = linear
+            self.memo[("index", index.name)] = linear
 
         rows = ctx.var(f"{base}/rows", prover.dtype(data), point_shape + [channels])
         ctx.node("Gather", f"{base}/gather", [flat, linear], [rows], {"axis": 0})

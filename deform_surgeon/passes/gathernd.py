@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from ..pipeline import Action, Context, Outcome, Refuse, rewrite_each
+from ..pipeline import Action, Context, Outcome, Pass, Refuse
 from ..ranges import IndexVerdict, Status, gathernd_verdict
 
 INT32_MAX = 2**31 - 1
@@ -68,18 +68,16 @@ class GatherNDPlan:
         return math.prod(self.dshape[: self.b + self.r])
 
 
-class LowerGatherND:
+class LowerGatherND(Pass):
     """Rewrite every proven GatherND into Reshape + int32 index arithmetic + Gather(axis=0)."""
 
     name = "gathernd"
 
-    def run(self, ctx: Context) -> list[Action]:
-        # Shared work across the gathers of one run: the four corners of a deformable conv read the same data
-        # and share their clamped coordinates, so each flattened data tensor, each int32 coordinate and each
-        # scaled coordinate is built once, not once per corner.
-        self._memo: dict[tuple, gs.Tensor] = {}
-        return rewrite_each(self.name, [n for n in ctx.graph.nodes if n.op == "GatherND"],
-                            lambda node: self.check(ctx, node), lambda node, plan: self.rewrite(ctx, node, plan))
+    # `memo`: shared work across the gathers of one run: the four corners of a deformable conv read the same data
+    # and share their clamped coordinates, so each flattened data tensor, each int32 coordinate and each scaled
+    # coordinate is built once, not once per corner.
+    def matches(self, ctx: Context) -> list[gs.Node]:
+        return [n for n in ctx.graph.nodes if n.op == "GatherND"]
 
     def check(self, ctx: Context, node: gs.Node) -> GatherNDPlan:
         """The plan for rewriting `node`, or `Refuse` with the reason it must not be."""
@@ -107,24 +105,24 @@ class LowerGatherND:
         base = node.name or out.name
         before = len(ctx.graph.nodes)
 
-        flat = self._memo.get(("flat", data.name))
+        flat = self.memo.get(("flat", data.name))
         if flat is None:
             flat = ctx.var(f"{base}/flat", prover.dtype(data), [rows, *rest])
             ctx.node("Reshape", f"{base}/flatten",
                      [data, ctx.const(f"{base}/flat_shape", np.array([rows, *rest], dtype=np.int64))], [flat])
-            self._memo[("flat", data.name)] = flat
+            self.memo[("flat", data.name)] = flat
 
         linear: gs.Tensor | None = None
         for i, comp in enumerate(self.components(ctx, indices, r, point_shape, base)):
             stride = math.prod(addressed[i + 1:])
             term = comp
             if stride != 1:
-                term = self._memo.get(("scaled", comp.name, stride))
+                term = self.memo.get(("scaled", comp.name, stride))
                 if term is None:
                     term = ctx.var(f"{base}/term{i}", np.int32, point_shape)
                     ctx.node("Mul", f"{base}/scale{i}",
                              [comp, ctx.const(f"{base}/stride{i}", np.array(stride, dtype=np.int32))], [term])
-                    self._memo[("scaled", comp.name, stride)] = term
+                    self.memo[("scaled", comp.name, stride)] = term
             if linear is None:
                 linear = term
             else:
@@ -158,14 +156,14 @@ class LowerGatherND:
         comps = []
         for i in range(r):
             key = ("component", sources[i].name if sources else f"{indices.name}[{i}]", tuple(point_shape))
-            if key in self._memo:
-                comps.append(self._memo[key])
+            if key in self.memo:
+                comps.append(self.memo[key])
                 continue
             if sources is not None:
-                shape_const = self._memo.get(("shape", tuple(point_shape)))
+                shape_const = self.memo.get(("shape", tuple(point_shape)))
                 if shape_const is None:
                     shape_const = ctx.const(f"{base}/point_shape", np.array(point_shape, dtype=np.int64))
-                    self._memo[("shape", tuple(point_shape))] = shape_const
+                    self.memo[("shape", tuple(point_shape))] = shape_const
                 shaped = ctx.var(f"{base}/index{i}_i64", ctx.prover.dtype(indices), point_shape)
                 ctx.node("Reshape", f"{base}/index{i}_reshape",
                          [sources[i], shape_const], [shaped])
@@ -176,7 +174,7 @@ class LowerGatherND:
                          [shaped], {"axis": -1})
             comp = ctx.var(f"{base}/index{i}", np.int32, point_shape)
             ctx.node("Cast", f"{base}/index{i}_to_int32", [shaped], [comp], {"to": onnx.TensorProto.INT32})
-            self._memo[key] = comp
+            self.memo[key] = comp
             comps.append(comp)
         return comps
 

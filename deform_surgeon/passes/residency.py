@@ -33,7 +33,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from ..pipeline import Action, Context, Outcome, Refuse
+from ..pipeline import Action, Context, Outcome, Pass, Refuse
 
 EXACT = 2**24  # float32 represents every integer in [-2^24, 2^24]
 SMALL = 2**22  # bound on constants added before, and limits of, a saturating Clip
@@ -52,37 +52,40 @@ class Translated:
     form: str
 
 
-class IndexChainResidency:
-    """Rewrite `Cast(int64 -> int32)` of an exporter-style int64 index chain into the same chain in float32."""
+class IndexChainResidency(Pass):
+    """Rewrite `Cast(int64 -> int32)` of an exporter-style int64 index chain into the same chain in float32.
+
+    The chain is known exact only as its float32 form is built (`translate`, node by node up the chain): the check
+    finds nothing to refuse, the rewrite may; a refused chain's nodes are taken back (`Pass.run`), and so are the
+    chain's entries in `memo` (float32 forms shared by the chains of one run: the corners of a deformable conv
+    read the same clamped coordinates)."""
 
     name = "residency"
 
-    def run(self, ctx: Context) -> list[Action]:
-        self._memo: dict[str, Translated] = {}
-        actions = []
-        for node in [n for n in ctx.graph.nodes if self._is_root(ctx, n)]:
-            before, memo = len(ctx.graph.nodes), dict(self._memo)
-            try:
-                got = self.translate(ctx, node.inputs[0])
-                if got.form != BOUNDED:
-                    span = ctx.prover.bound(node.inputs[0]).whole
-                    raise Refuse(f"the value cast to int32 is not proven within +-{EXACT}", stop=f"Cast '{node.name}'",
-                                 tensor=node.inputs[0].name, interval=[span.lo, span.hi], nan=span.nan, bound=EXACT)
-            except Refuse as exc:
-                del ctx.graph.nodes[before:]  # nodes built for a refused chain are dropped again
-                self._memo = memo
-                actions.append(Action(self.name, node.name, node.op, Outcome.REFUSED,
-                                      f"int64 index chain stays as it is: {exc}", details=exc.details))
-                continue
-            out = node.outputs[0]
-            node.outputs.clear()
-            ctx.node("Cast", f"{node.name}/from_float", [got.tensor], [out], {"to": onnx.TensorProto.INT32})
-            actions.append(Action(
-                self.name, node.name, node.op, Outcome.REWRITTEN,
-                "int64 index chain computed in float32 (integral values exact below 2^24, saturating NaN-safe Clip) "
-                "and cast once to int32", tuple(n.name for n in ctx.graph.nodes[before:]),
-                details={"bound": EXACT}))
-        return actions
+    def matches(self, ctx: Context) -> list[gs.Node]:
+        return [n for n in ctx.graph.nodes if self._is_root(ctx, n)]
+
+    def check(self, ctx: Context, node: gs.Node) -> None:
+        return None
+
+    def rewrite(self, ctx: Context, node: gs.Node, plan: None) -> Action:
+        before = len(ctx.graph.nodes)
+        got = self.translate(ctx, node.inputs[0])
+        if got.form != BOUNDED:
+            span = ctx.prover.bound(node.inputs[0]).whole
+            raise Refuse(f"the value cast to int32 is not proven within +-{EXACT}", stop=f"Cast '{node.name}'",
+                         tensor=node.inputs[0].name, interval=[span.lo, span.hi], nan=span.nan, bound=EXACT)
+        out = node.outputs[0]
+        node.outputs.clear()
+        ctx.node("Cast", f"{node.name}/from_float", [got.tensor], [out], {"to": onnx.TensorProto.INT32})
+        return Action(self.name, node.name, node.op, Outcome.REWRITTEN,
+                      "int64 index chain computed in float32 (integral values exact below 2^24, saturating NaN-safe "
+                      "Clip) and cast once to int32", tuple(n.name for n in ctx.graph.nodes[before:]),
+                      details={"bound": EXACT})
+
+    def refused(self, node: gs.Node, why: Refuse) -> Action:
+        return Action(self.name, node.name, node.op, Outcome.REFUSED, f"int64 index chain stays as it is: {why}",
+                      details=why.details)
 
     @classmethod
     def _is_root(cls, ctx: Context, node: gs.Node) -> bool:
@@ -103,10 +106,10 @@ class IndexChainResidency:
 
     # -- translation ---------------------------------------------------------------------------------------
     def translate(self, ctx: Context, t: gs.Tensor) -> Translated:
-        if t.name in self._memo:
-            return self._memo[t.name]
+        if t.name in self.memo:
+            return self.memo[t.name]
         got = self._translate(ctx, t)
-        self._memo[t.name] = got
+        self.memo[t.name] = got
         return got
 
     def _bounded(self, ctx: Context, t: gs.Tensor) -> bool:

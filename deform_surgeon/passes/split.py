@@ -42,31 +42,29 @@ as its joined input would be as large as what the chunks avoid.
 Chunk count: the smallest `n` for which every chunk tensor, with `ceil(h / n)` rows, fits the limit; rows are
 spread evenly (chunk sizes differ by at most one row).
 
-The block is found from its gathers (`Gather` on flattened data, as the gathernd / gather_elements passes leave
-it, or an unlowered `GatherND`), followed forward through elementwise and data-movement ops to the Conv that
-consumes it; where the row axis lies in each tensor is derived backward from the Conv (kernel == stride, no
-padding along the rows). Anything else (a tensor also used outside the block, a reshape that cuts the rows
-apart, a partial broadcast) is refused with the reason.
+The block is found by the one block finder (`blocks.gather_blocks`): from its gathers (`Gather` on flattened
+data, as the gathernd / gather_elements passes leave it, or an unlowered `GatherND`), followed forward through
+elementwise and data-movement ops to the Conv that consumes it; where the row axis lies in each tensor is derived
+backward from the Conv (kernel == stride, no padding along the rows). Anything else (a tensor also used outside
+the block, a reshape that cuts the rows apart, a partial broadcast) is refused with the reason.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from ..blocks import GATHERS, GatherBlock, conv_tail, gather_blocks
 from ..budget import human
-from ..ops import ELEMENTWISE_NARY, ELEMENTWISE_UNARY, SHAPE_OPS, TAIL_OPS
-from ..pipeline import Action, Context, Outcome, Refuse
-from ..shapes import Shapes, broadcast
+from ..ops import ELEMENTWISE_NARY, ELEMENTWISE_UNARY, SHAPE_OPS
+from ..pipeline import Action, Context, Outcome, Pass, Refuse
+from ..shapes import Shapes
 from .local_proof import LocalProof, record
-
-SEEDS = {"Gather", "GatherND"}  # the samplers as the gathernd / gather_elements passes leave them
-CARRIED = ELEMENTWISE_UNARY | ELEMENTWISE_NARY | SHAPE_OPS | {"Transpose"}  # what a chunk is carried through
-MAX_BLOCK_NODES = 400
 
 
 @dataclass(frozen=True)
@@ -81,24 +79,6 @@ class Rows:
         s = list(shape)
         s[self.axis] = self.outer * rows * self.inner
         return tuple(s)
-
-
-@dataclass
-class Block:
-    conv: gs.Node
-    seeds: list[gs.Node]
-    nodes: list[gs.Node]  # topological order, seeds included, Conv excluded
-    sink: gs.Tensor  # the Conv's input
-    rows: int = 0  # h: the Conv's output rows
-    layout: dict[str, Rows] | None = None  # region tensor name -> rows
-    side: dict[tuple[int, int], Rows | None] | None = None  # (node index, input slot) -> rows of a side input
-
-
-def along_rows(shape: tuple[int, ...], side: tuple[int, ...]) -> bool:
-    """True when a constant of shape `side` broadcasts to `shape` ([N, C, H, ...]) without varying along H: the
-    same value for every row, so an op with it (a bias Add, a scale Mul) can be carried per row chunk."""
-    return broadcast([shape, side]) == shape and (len(side) < len(shape) - 2 or
-                                                  side[len(side) - len(shape) + 2] == 1)
 
 
 def reshape_rows(out_shape: tuple[int, ...], rows: Rows, h: int, in_shape: tuple[int, ...]) -> Rows | None:
@@ -124,14 +104,14 @@ class RowWalk:
     A tensor made inside the block gets one row layout (`layout`); one read from outside gets how a chunk slices
     it (`side`, None: read whole)."""
 
-    def __init__(self, block: Block, shapes: Shapes, layout: dict[str, Rows]) -> None:
+    def __init__(self, block: GatherBlock, shapes: Shapes, layout: dict[str, Rows]) -> None:
         self.block, self.shapes, self.layout = block, shapes, layout
         self.side: dict[tuple[int, int], Rows | None] = {}
         self.produced = {o.name for n in block.nodes for o in n.outputs}
 
     _STEPS = {**dict.fromkeys(ELEMENTWISE_UNARY, "_op_unary"), **dict.fromkeys(ELEMENTWISE_NARY, "_op_nary"),
               **dict.fromkeys(SHAPE_OPS, "_op_reshape"), "Transpose": "_op_Transpose",
-              **dict.fromkeys(SEEDS, "_op_gather")}
+              **dict.fromkeys(GATHERS, "_op_gather")}
 
     def step(self, k: int) -> None:
         n = self.block.nodes[k]
@@ -218,7 +198,30 @@ class SplitPlan:
     # (local_proof.py; written by the passes on each lift, read by `patch` before it writes)
 
 
-class SplitBlocks:
+@dataclass(frozen=True)
+class BlockMatch:
+    """A block with something to cut: its largest tensor over the limit, or chunks `--max-memory` asks for."""
+
+    block: GatherBlock
+    why: str | None  # why no chunk can be carried through it (`gather_blocks`), or None
+    biggest: tuple[int, str] | None  # its largest tensor: (bytes, name)
+    limit: int | None
+    want: int  # chunks --max-memory asks for (1: none)
+
+    @property
+    def over(self) -> bool:
+        return self.biggest is not None and self.limit is not None and self.biggest[0] > self.limit
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """The row chunks one block is cut into, and the sizes the report gives."""
+
+    counts: list[int]  # output rows per chunk
+    sizes: list[tuple[int, gs.Tensor]]  # the bytes of every tensor of the block
+
+
+class SplitBlocks(Pass):
     """Split each deformable-conv block whose tensors exceed `--max-buffer` into the fewest row chunks that fit
     (or into as many as `plan.min_chunks` asks for, for `--max-memory`)."""
 
@@ -227,109 +230,38 @@ class SplitBlocks:
     def __init__(self, plan: SplitPlan | None = None) -> None:
         self.plan = plan if plan is not None else SplitPlan()
 
-    def run(self, ctx: Context) -> list[Action]:
+    def matches(self, ctx: Context) -> Iterator[BlockMatch]:
+        """The blocks over the limit (or asked for chunks), each sized just before its turn."""
         limit = getattr(ctx.options, "max_buffer", None)
         if limit is None and not self.plan.min_chunks:
-            return []
-        shapes = Shapes(ctx)
-        actions = []
-        for block, why in self.find_blocks(ctx, shapes):
-            biggest = self._largest(block, shapes)
+            return
+        self.shapes = Shapes(ctx)
+        for block, why in gather_blocks(ctx.graph):
             want = self.plan.min_chunks.get(block.conv.name, 1) if block.conv is not None else 1
-            over = biggest is not None and limit is not None and biggest[0] > limit
-            if not over and want <= 1:
-                continue  # nothing of this block is over the limit (or its size is unknown): leave it alone
-            details = {}
-            if why is None:
-                try:
-                    actions.append(self.rewrite(ctx, block, shapes, limit, want))
-                    continue
-                except Refuse as exc:
-                    why, details = str(exc), exc.details
-            name = block.conv.name if block.conv is not None else block.seeds[0].name
-            op = block.conv.op if block.conv is not None else block.seeds[0].op
-            what = (f"{human(biggest[0])} tensor '{biggest[1]}' stays over the {human(limit)} limit"
-                    if over else f"--max-memory asked for {want} chunks")
-            details = {**({"tensor": biggest[1], "size_bytes": biggest[0]} if biggest is not None else {}),
-                       "limit_bytes": limit, **details}
-            if want > 1:
-                details["asked_chunks"] = want
-            actions.append(Action(self.name, name, op, Outcome.REFUSED, f"block not split ({what}): {why}",
-                                  details=details))
-        return actions
+            match = BlockMatch(block, why, self._largest(block), limit, want)
+            if match.over or want > 1:  # else nothing of it is over the limit (or its size is unknown): left alone
+                yield match
 
-    # -- finding blocks ----------------------------------------------------------------------------------------
-    def find_blocks(self, ctx: Context, shapes: Shapes) -> list[tuple[Block, str | None]]:
-        """Every gather group with the Conv it feeds; the reason it cannot be split, or None."""
-        order = {id(n): k for k, n in enumerate(ctx.graph.nodes)}
-        outputs = {id(t) for t in ctx.graph.outputs}
-        by_conv: dict[int, Block] = {}
-        found: list[tuple[Block, str | None]] = []
-        for seed in [n for n in ctx.graph.nodes if n.op in SEEDS]:
-            nodes, conv, why = self._cone(seed, outputs)
-            if conv is None:
-                found.append((Block(None, [seed], nodes, None), why))
-                continue
-            block = by_conv.get(id(conv))
-            if block is None:
-                block = by_conv[id(conv)] = Block(conv, [], [], conv.inputs[0])
-            block.seeds.append(seed)
-            known = {id(n) for n in block.nodes}
-            block.nodes.extend(n for n in nodes if id(n) not in known)
-        for block in by_conv.values():
-            block.nodes.sort(key=lambda n: order[id(n)])
-            found.append((block, self._escape(block)))
-        return found
+    def refused(self, match: BlockMatch, why: Refuse) -> Action:
+        """Named by the block's Conv (by its first gather when it reaches none), with what stays over the limit."""
+        block, biggest = match.block, match.biggest
+        node = block.conv if block.conv is not None else block.seeds[0]
+        what = (f"{human(biggest[0])} tensor '{biggest[1]}' stays over the {human(match.limit)} limit"
+                if match.over else f"--max-memory asked for {match.want} chunks")
+        details = {**({"tensor": biggest[1], "size_bytes": biggest[0]} if biggest is not None else {}),
+                   "limit_bytes": match.limit, **why.details}
+        if match.want > 1:
+            details["asked_chunks"] = match.want
+        return Action(self.name, node.name, node.op, Outcome.REFUSED, f"block not split ({what}): {why}",
+                      details=details)
 
-    @staticmethod
-    def _cone(seed: gs.Node, graph_outputs: set[int]) -> tuple[list[gs.Node], gs.Node | None, str | None]:
-        """Nodes from `seed` forward through carried ops to the one Conv they feed, or the reason there is none."""
-        nodes: list[gs.Node] = []
-        seen: set[int] = set()
-        convs: dict[int, gs.Node] = {}
-        stack = [seed]
-        while stack:
-            n = stack.pop()
-            if id(n) in seen:
-                continue
-            seen.add(id(n))
-            nodes.append(n)
-            if len(nodes) > MAX_BLOCK_NODES:
-                return nodes, None, f"more than {MAX_BLOCK_NODES} nodes between the gather and a Conv"
-            for out in n.outputs:
-                if id(out) in graph_outputs:
-                    return nodes, None, f"'{out.name}' is a graph output"
-                for c in out.outputs:
-                    if c.op == "Conv" and c.inputs[0] is out:
-                        convs[id(c)] = c
-                    elif c.op in CARRIED:
-                        stack.append(c)
-                    else:
-                        return nodes, None, (f"'{out.name}' is read by {c.op} '{c.name}', which the split cannot "
-                                             "carry a chunk through")
-        if len(convs) != 1:
-            return nodes, None, ("the gathered values reach no Conv" if not convs
-                                 else "the gathered values reach more than one Conv")
-        return nodes, next(iter(convs.values())), None
-
-    @staticmethod
-    def _escape(block: Block) -> str | None:
-        """A region tensor used outside the region would still be needed whole: such a block is refused."""
-        inside = {id(n) for n in block.nodes} | {id(block.conv)}
-        for n in block.nodes:
-            for out in n.outputs:
-                for c in out.outputs:
-                    if id(c) not in inside:
-                        return f"'{out.name}' is also read by {c.op} '{c.name}' outside the block"
-        return None
-
-    def _largest(self, block: Block, shapes: Shapes) -> tuple[int, str] | None:
-        sizes = [(shapes.nbytes(o), o.name) for n in block.nodes for o in n.outputs]
+    def _largest(self, block: GatherBlock) -> tuple[int, str] | None:
+        sizes = [(self.shapes.nbytes(o), o.name) for n in block.nodes for o in n.outputs]
         known = [s for s in sizes if s[0] is not None]
         return max(known) if known else None
 
     # -- where the rows are ------------------------------------------------------------------------------------
-    def layout(self, ctx: Context, block: Block, shapes: Shapes) -> None:
+    def layout(self, ctx: Context, block: GatherBlock, shapes: Shapes) -> None:
         conv, x = block.conv, block.sink
         xs = shapes.shape(x)
         if xs is None or len(xs) != 4:
@@ -359,10 +291,13 @@ class SplitBlocks:
             walk.step(k)
         block.layout, block.side = walk.layout, walk.side
 
-    # -- the rewrite -------------------------------------------------------------------------------------------
-    def rewrite(self, ctx: Context, block: Block, shapes: Shapes, limit: int | None, want: int = 1) -> Action:
-        """Split `block` into the fewest row chunks whose tensors fit `limit` (None: no limit), and into at least
-        `want` chunks (what `--max-memory` asks for)."""
+    # -- the check -------------------------------------------------------------------------------------------------
+    def check(self, ctx: Context, match: BlockMatch) -> ChunkPlan:
+        """The fewest row chunks whose tensors fit the limit (None: no limit), and at least as many as `--max-memory`
+        asks for; or `Refuse` with the reason the block cannot be cut."""
+        if match.why is not None:
+            raise Refuse(match.why)
+        block, shapes, limit, want = match.block, self.shapes, match.limit, match.want
         self.layout(ctx, block, shapes)
         h = block.rows
         half = sorted({str(shapes.dtype(t)) for n in block.nodes for t in [*n.inputs, *n.outputs]
@@ -387,13 +322,19 @@ class SplitBlocks:
                          tensor=t.name, row_bytes=size // h, rows=h)
         n = max(math.ceil(h / fit), min(want, h))
         base, extra = divmod(h, n)
-        counts = [base + (1 if c < extra else 0) for c in range(n)]
+        return ChunkPlan([base + (1 if c < extra else 0) for c in range(n)], sizes)
+
+    # -- the rewrite -------------------------------------------------------------------------------------------
+    def rewrite(self, ctx: Context, match: BlockMatch, plan: ChunkPlan) -> Action:
+        """Cut `match`'s block into `plan`'s row chunks (and its Conv too, where that is shown exact)."""
+        block, shapes, limit, want = match.block, self.shapes, match.limit, match.want
+        h, counts, sizes, n = block.rows, plan.counts, plan.sizes, len(plan.counts)
         before_size, before_tensor = max(sizes, key=lambda p: p[0])  # the first in topological order
         before_name = before_tensor.name
         after_size = max(-(-s * max(counts) // h) for s, _ in sizes)
 
         first = len(ctx.graph.nodes)
-        self._memo: dict[tuple, gs.Tensor] = {}
+        self.memo.clear()  # shared by the chunks of this block only
         chunks = []
         r0 = 0
         for c, rows in enumerate(counts):
@@ -401,7 +342,7 @@ class SplitBlocks:
             r0 += rows
         sink, conv = block.sink, block.conv
         sink_size = shapes.nbytes(sink)
-        tail = self._tail(ctx, conv, shapes)
+        tail = conv_tail(ctx, conv, shapes)
         # the Conv is split too when its whole input would be over the limit, or would undo a --max-memory split
         # (the joined input is as large as the tensors the chunks were made to avoid)
         over = limit is not None and sink_size > limit
@@ -464,32 +405,6 @@ class SplitBlocks:
         return Action(self.name, block.conv.name, block.conv.op, Outcome.REWRITTEN, reason, new_nodes, needs_verify,
                       details=details)
 
-    @staticmethod
-    def _tail(ctx: Context, conv: gs.Node, shapes: Shapes) -> list[gs.Node]:
-        """The per-channel ops after the Conv (the exporter's bias Add, BatchNormalization, Relu) that a row
-        chunk is carried through when the Conv itself is split.
-
-        Why: ORT CPU folds a Conv's bias Add and BatchNormalization into the Conv (ConvAddFusion, ConvBNFusion at
-        level `basic`), which changes how it rounds. A Concat between the chunk Convs and the Add would stop that
-        fusion and change the bytes; carrying the chains per chunk lets each chunk fuse exactly as the whole did.
-        Only ops whose other inputs are constants broadcast along the rows are carried.
-        """
-        outputs = {id(t) for t in ctx.graph.outputs}
-        t, shape, tail = conv.outputs[0], shapes.shape(conv.outputs[0]), []
-        while shape is not None and id(t) not in outputs and len(t.outputs) == 1:
-            n = t.outputs[0]
-            if len(n.outputs) != 1 or n.op not in TAIL_OPS or (n.op == "BatchNormalization" and n.inputs[0] is not t):
-                break
-            side = [i for i in n.inputs if i is not t and i.name]
-            if any(ctx.prover.constant(i) is None for i in side):
-                break
-            if n.op != "BatchNormalization" and not all(along_rows(shape, ctx.prover.constant(i).shape)
-                                                         for i in side):
-                break
-            tail.append(n)
-            t = n.outputs[0]
-        return tail
-
     def _chunk_tail(self, ctx: Context, conv: gs.Node, tail: list[gs.Node], shapes: Shapes, c: int,
                     chunk: gs.Tensor, rows: int) -> gs.Tensor:
         """Chunk `c` through the Conv and its tail: `[N, M, rows, w]`."""
@@ -506,7 +421,7 @@ class SplitBlocks:
         return current
 
     @staticmethod
-    def _conv_split_refusal(ctx: Context, block: Block, tail: list[gs.Node], shapes: Shapes,
+    def _conv_split_refusal(ctx: Context, block: GatherBlock, tail: list[gs.Node], shapes: Shapes,
                             counts: list[int]) -> Refuse | None:
         """Why the Conv must stay whole, or None when its row chunks give the whole Conv's bytes on ORT CPU.
 
@@ -583,7 +498,7 @@ class SplitBlocks:
                               "given)", level=level, max_diff=diff)
         return None
 
-    def _chunk(self, ctx: Context, block: Block, shapes: Shapes, c: int, r0: int, r1: int) -> gs.Tensor:
+    def _chunk(self, ctx: Context, block: GatherBlock, shapes: Shapes, c: int, r0: int, r1: int) -> gs.Tensor:
         mapped: dict[str, gs.Tensor] = {}
         rows_n = r1 - r0
         for k, n in enumerate(block.nodes):
@@ -608,15 +523,15 @@ class SplitBlocks:
 
     def _shape_const(self, ctx: Context, base: str, shape: tuple[int, ...]) -> gs.Constant:
         key = ("shape", shape)
-        if key not in self._memo:
-            self._memo[key] = ctx.const(base, np.array(shape, dtype=np.int64))
-        return self._memo[key]
+        if key not in self.memo:
+            self.memo[key] = ctx.const(base, np.array(shape, dtype=np.int64))
+        return self.memo[key]
 
     def _slice(self, ctx: Context, t: gs.Tensor, rows: Rows, h: int, r0: int, r1: int, shapes: Shapes) -> gs.Tensor:
         """Rows `r0..r1` of a tensor computed outside the block (weights, mask, index), as a new tensor."""
         key = ("slice", t.name, rows, r0, r1)
-        if key in self._memo:
-            return self._memo[key]
+        if key in self.memo:
+            return self.memo[key]
         shape = shapes.shape(t)
         split = shape[: rows.axis] + (rows.outer, h, rows.inner) + shape[rows.axis + 1:]
         chunk = rows.chunk_shape(shape, r1 - r0)
@@ -625,17 +540,17 @@ class SplitBlocks:
         if values is not None:
             part = np.take(values.reshape(split), np.arange(r0, r1), axis=rows.axis + 1).reshape(chunk)
             out: gs.Tensor = ctx.const(base, np.ascontiguousarray(part))
-            self._memo[key] = out
+            self.memo[key] = out
             return out
         dtype = shapes.dtype(t)
         src, axis = t, rows.axis
         if rows.outer != 1 or rows.inner != 1:
-            src = self._memo.get(("split", t.name, rows))
+            src = self.memo.get(("split", t.name, rows))
             if src is None:
                 src = ctx.var(f"{t.name}/by_rows", dtype, split)
                 ctx.node("Reshape", f"{t.name}/by_rows", [t, self._shape_const(ctx, f"{t.name}/by_rows_shape", split)],
                          [src])
-                self._memo[("split", t.name, rows)] = src
+                self.memo[("split", t.name, rows)] = src
             axis = rows.axis + 1
         part_shape = split[:axis] + (r1 - r0,) + split[axis + 1:] if src is not t else chunk
         part = ctx.var(base, dtype, part_shape)
@@ -651,5 +566,5 @@ class SplitBlocks:
         if src is not t:
             out = ctx.var(f"{base}/joined", dtype, chunk)
             ctx.node("Reshape", f"{base}/joined", [part, self._shape_const(ctx, f"{base}/joined_shape", chunk)], [out])
-        self._memo[key] = out
+        self.memo[key] = out
         return out

@@ -23,22 +23,21 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from ..pipeline import Action, Context, Outcome, Refuse, rewrite_each
+from ..pipeline import Action, Context, Outcome, Pass, Refuse
 
 _WIDEN = {np.dtype(np.float16): np.float32}
 _BFLOAT16 = "bfloat16"
 
 
-class ChainSum:
+class ChainSum(Pass):
     """Replace each Sum with Add nodes (chain: bit-identical; tree: not) or Identity for a single input."""
 
     name = "sum_chain"
 
-    def run(self, ctx: Context) -> list[Action]:
+    def matches(self, ctx: Context) -> list[gs.Node]:
         if ctx.options.sum_mode == "none":
             return []
-        return rewrite_each(self.name, [n for n in ctx.graph.nodes if n.op == "Sum"],
-                            lambda node: self.check(ctx, node), lambda node, dtype: self.rewrite(ctx, node, dtype))
+        return [n for n in ctx.graph.nodes if n.op == "Sum"]
 
     def check(self, ctx: Context, node: gs.Node):
         """The plan: the Sum's element type (it decides whether the chain is widened to float32); or `Refuse`."""
