@@ -354,7 +354,7 @@ def test_bands_read_exactly_the_rows_the_conv_reads(first, second, hw, fraction,
 wide = st.tuples(st.sampled_from([1, 2, 3, 5]), st.sampled_from([1, 2]), st.sampled_from([1, 2]),
                  st.integers(0, 2), st.integers(0, 2), st.integers(4, 10))  # a window with more channels than x
 REFUSALS = ("even one output row per band needs", "nothing but the zero padding",
-            "not shown exact: run on its own with its neighbours on ORT CPU")
+            "not shown exact: run on its own ")
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -167,15 +167,17 @@ def refusal(ctx: Context, proof: LocalProof, outside: Outside | None = None,
     runs = []
     for level in LEVELS:
         models = _sides(ctx, proof, parts, *context[level])
+        alone = False
         if level == "disable" and not isinstance(models, Refuse) and \
                 _float32_only(facts, [*proof.folded, *proof.whole, *parts]) and \
                 all(_untransformed(m) for m, _ in models):  # each kernel reads only its inputs: no neighbours
             models = _sides(ctx, proof, parts, proof.folded, [], [t.name for t in proof.ends])
+            alone = True
         if isinstance(models, Refuse):
             return models
-        runs.append((level, models))
+        runs.append((level, models, alone))
     sources = {}  # every input a side reads -> its whole-side tensor (a chunk: the tensor it holds rows of)
-    for _, models in runs:
+    for _, models, _ in runs:
         for _, inputs in models:
             for name in inputs:
                 source = proof.parts_inputs.get(name, (name,))[0]
@@ -195,7 +197,7 @@ def refusal(ctx: Context, proof: LocalProof, outside: Outside | None = None,
             out[name] = _seeded(src, *facts.types[src], rows=proof.parts_inputs.get(name, (None,))[1:] or None)
         return out
 
-    for level, ((whole, whole_inputs), (split, split_inputs)) in runs:
+    for level, ((whole, whole_inputs), (split, split_inputs)), alone in runs:
         expected = ctx.ort_cpu(whole, feed(whole_inputs), level)
         _release()
         got = ctx.ort_cpu(split, feed(split_inputs), level)
@@ -204,9 +206,10 @@ def refusal(ctx: Context, proof: LocalProof, outside: Outside | None = None,
         del expected, got  # before the next level's runs (they are as large as the compared tensors)
         _release()
         if diff is not None:
-            return Refuse(f"run on its own with its neighbours on ORT CPU (level '{level}'), it does not give the "
+            company = "without its neighbours" if alone else "with its neighbours"
+            return Refuse(f"run on its own {company} on ORT CPU (level '{level}'), it does not give the "
                           f"whole node's bytes (max diff {diff:.2g}): the kernel's summation order depends on the "
-                          "shapes it is given", level=level, max_diff=diff)
+                          "shapes it is given", level=level, max_diff=diff, neighbours=not alone)
     return None
 
 
