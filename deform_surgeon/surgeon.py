@@ -8,6 +8,7 @@ import gc
 import math
 import os
 import re
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from .background import Background
-from .budget import write_in_execution_order
+from .budget import human, write_in_execution_order
 from .device import DeviceProfile, resolve_profile
 from .errors import SurgeonError, VerificationError, api_call
 from .fold import fold_static, has_reduced_floats
@@ -252,7 +253,7 @@ def inspect(model_path: str | Path, *, allow_unproven: bool = False, sum_mode: s
     model_path = user_path(model_path, "the model")
     options = _options(allow_unproven, sum_mode, max_buffer, max_memory, device_profile, input_shapes, skip_passes)
     lifted, memory = _lift(model_path, options, SplitPlan())
-    note = "; ".join(x for x in ("inspect: dry run, nothing written", memory, _symbolic_note(lifted)) if x)
+    note = "; ".join(x for x in ("inspect: dry run, nothing written", _notes(memory, lifted)) if x)
     return PatchReport(str(model_path), None, False, vars(options), lifted.ops_before,
                        op_histogram(lifted.patched()[0]), lifted.actions, note=note,
                        webgpu=lifted.kernels(patched=True), passes=passes_run(options))
@@ -309,7 +310,7 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
         check_external_output(output_path, model_path, weights)
     report = PatchReport(str(model_path), None if output_path is None else str(output_path), False,
                          vars(options), before, before, actions,
-                         note="; ".join(x for x in (memory, _symbolic_note(lifted)) if x), passes=passes_run(options))
+                         note=_notes(memory, lifted), passes=passes_run(options))
     if strict and report.refused and output_path is not None:
         report.note = f"--strict: {len(report.refused)} node(s) refused; {output_path} not written"
         return report
@@ -334,7 +335,7 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
         lifted, memory = _prove_locally(model_path, options, plan, lifted, memory)
         model, weights = lifted.model, lifted.weights
         report.actions = lifted.actions
-        report.note = "; ".join(x for x in (memory, _symbolic_note(lifted)) if x)
+        report.note = _notes(memory, lifted)
         if strict and report.refused:  # a rewrite its proof undid is refused now
             report.note = f"--strict: {len(report.refused)} node(s) refused; {output_path} not written"
             return report
@@ -411,7 +412,7 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
         kinds = ", ".join(f"{sum(a.pass_name == k for a in unproven)} {k}" for k in sorted({a.pass_name for a in
                                                                                               unproven}))
         report.note = "; ".join(x for x in (f"{len(unproven)} rewrite(s) undone ({kinds}): not shown exact on the "
-                                            "whole model (see their lines)", memory) if x)
+                                            "whole model (see their lines)", _notes(memory, lifted)) if x)
         _write(patched, region, _verify if verify else None)
     report.written = True
     return report
@@ -553,6 +554,32 @@ def _outside_readers(lifted: Lifted):
 
 class _Unshown(Exception):
     """Why the whole-model check of a split Conv failed, from `_verify` to the fallback that undoes the split."""
+
+
+def _notes(memory: str, lifted: Lifted) -> str:
+    """The report's note: the --max-memory line, what stays over the device profile, the symbolic-dims line."""
+    return "; ".join(x for x in (memory, _over_profile_note(lifted), _symbolic_note(lifted)) if x)
+
+
+def _over_profile_note(lifted: Lifted) -> str:
+    """The original model's tensors over the profile's buffer size that the patched model still makes ("" when
+    none). Why: the passes fit deform blocks, decoder Convs and Resizes, and wide nodes; anything else (a backbone
+    MatMul at 1024) is left as it is, and a plain `patch`, which fits the profile by default, must say so rather
+    than let the user find it out when the GPU refuses the buffer."""
+    limit = lifted.ctx.options.max_buffer if lifted.ctx is not None else None
+    over = _oversize(lifted.types, limit)
+    if not over:
+        return ""
+    whole, _ = lifted.patched()
+    left = sorted(((elem_nbytes(*lifted.types[n.output[k]]) or 0, o, n) for n in whole.graph.node
+                   for k, o in enumerate(n.output) if o in over), key=lambda x: (-x[0], x[1]))
+    if not left:
+        return ""
+    ops = Counter(n.op_type for _, _, n in left).most_common()
+    named = ", ".join(f"'{o}' {human(size)} from {n.op_type} '{n.name}'" for size, o, n in left[:3])
+    return (f"STAYS OVER the device profile: {len(left)} tensor(s) over {human(limit)} (made by "
+            f"{', '.join(f'{op} {c}' for op, c in ops)}; largest {named}{', ...' if len(left) > 3 else ''}): no "
+            "pass computes them in parts (`deform-surgeon budget MODEL` lists every tensor over a profile)")
 
 
 def _symbolic_note(lifted: Lifted) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import onnx
 import pytest
 from helpers import EXPORTER_FIXTURES, FIXTURES, op_count
@@ -52,3 +53,22 @@ def test_report_json_round_trips_and_names_every_refusal(tmp_path):
 def test_bad_options_are_one_line_errors():
     with pytest.raises(ds.SurgeonError, match="unknown sum mode 'fast'"):
         ds.inspect(FIXTURES / "sum_only.onnx", sum_mode="fast")
+
+
+def test_a_tensor_no_pass_fits_is_said_to_stay_over_the_profile(tmp_path):
+    """A plain patch fits the device profile by default; what no pass can compute in parts (here a MatMul and its
+    Relu, as the Swin backbone's first MLP of the full BiRefNet at 1024) is named in the report's note, never left
+    silently; a model with nothing over the limit gets no such note."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.full((32, 64), 0.01, np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["h"], name="fc1"),
+                               helper.make_node("Relu", ["h"], ["y"], name="act")], "mlp",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 64])], [w])
+    path = tmp_path / "mlp.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    report = ds.inspect(path, max_buffer="10KiB")
+    assert "STAYS OVER the device profile: 2 tensor(s) over 10,240 B (made by MatMul 1, Relu 1; largest 'h'" \
+        in report.note
+    assert "STAYS OVER" not in ds.inspect(path, max_buffer="16KiB").note  # 16,384 B each: not over
