@@ -38,7 +38,7 @@ def run(model: onnx.ModelProto | Path, data: dict) -> list[np.ndarray]:
 
 # what showed a Conv split exact or not: `patch` shows it with its local proof (passes/local_proof.py), the passes
 # alone with their own check of the chunks
-_HOW_SHOWN = {"shown_exact", "levels", "undone", "level", "max_diff"}
+_HOW_SHOWN = {"shown_exact", "levels", "undone", "level", "max_diff", "neighbours"}
 
 
 def _verdict(action) -> str:

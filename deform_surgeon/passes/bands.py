@@ -39,7 +39,9 @@ Bands: the fewest equal bands (sizes differ by at most one row) for which every 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -47,7 +49,7 @@ import onnx_graphsurgeon as gs
 from ..blocks import conv_tail
 from ..budget import human
 from ..ops import ELEMENTWISE_UNARY, TAIL_OPS
-from ..pipeline import Action, Context, Outcome, Refuse
+from ..pipeline import Action, Context, Outcome, Pass, Refuse
 from ..shapes import Shapes, along_rows
 from .local_proof import record
 from .split import SplitPlan
@@ -158,65 +160,74 @@ class RowSource:
         return f"Conv '{self.node.name}'{chain} computed for those rows from {reads}"
 
 
-class BandOversize:
+class BandOversize(Pass):
     """Resize in channel groups and Conv in row bands wherever a tensor outside the deform blocks is over
-    `--max-buffer` (see the module docstring)."""
+    `--max-buffer` (see the module docstring).
+
+    Matches, in order: every Resize whose output is over the limit, then every Conv whose input is. A Conv whose
+    output, over the limit too, an outer Conv's bands compute in rows (the nested form: a channel Concat read by a
+    Conv reads that Conv's output) waits for the outer one: banded alone first, its joined output would be made
+    whole. It is matched right after the outer one only if that one was refused (`matches` is a generator that
+    reads the refusals `refused` records), and never otherwise."""
 
     name = "bands"
 
     def __init__(self, plan: SplitPlan | None = None) -> None:
         self.plan = plan if plan is not None else SplitPlan()
 
-    def run(self, ctx: Context) -> list[Action]:
+    def matches(self, ctx: Context) -> Iterator[tuple[str, gs.Node, Any]]:
         limit = ctx.options.max_buffer
         if limit is None:
-            return []
-        shapes = Shapes(ctx)
-        outside = {id(t) for t in ctx.graph.outputs}
-        actions: list[Action] = []
+            return
+        self.shapes, self.limit, self.outside = Shapes(ctx), limit, {id(t) for t in ctx.graph.outputs}
+        shapes = self.shapes
+        self.refused_ids: set[int] = set()
         resizes = [n for n in ctx.graph.nodes if n.op == "Resize" and (shapes.nbytes(n.outputs[0]) or 0) > limit]
-        for node in resizes:
-            actions.append(self._attempt(node, lambda n=node: self._groups(ctx, n, shapes, limit, outside),
-                                         tensor=node.outputs[0].name, size_bytes=shapes.nbytes(node.outputs[0]),
-                                         limit_bytes=limit))
+        for node in resizes:  # first: the Convs below are found in the graph their groups made
+            yield "resize", node, None
         convs = [(n, self._feeding(ctx, n.inputs[0], shapes)) for n in ctx.graph.nodes
                  if n.op == "Conv" and n.inputs and (shapes.nbytes(n.inputs[0]) or 0) > limit]
-        # a Conv whose output, over the limit too, an outer Conv's bands compute in rows (the nested form: a channel
-        # Concat read by a Conv reads that Conv's output) waits for the outer one: banded alone first, its joined
-        # output would be made whole; it gets bands of its own only if the outer one is refused
         waiting: dict[int, list] = {}
         for node, feeders in convs:
             if feeders is not None:
                 try:
-                    inner = self._source(ctx, node.inputs[0], feeders, shapes, limit, outside, "").nodes()
+                    inner = self._source(ctx, node.inputs[0], feeders, shapes, limit, self.outside, "").nodes()
                 except Refuse:
                     continue
                 waiting[id(node)] = [(n, f) for n, f in convs if any(n is m for m in inner)]
         deferred = {id(n) for pending in waiting.values() for n, _ in pending}
         done: set[int] = set()
 
-        def attempt(node: gs.Node, feeders) -> None:
+        def in_turn(node: gs.Node, feeders) -> Iterator[tuple[str, gs.Node, Any]]:
             done.add(id(node))
-            act = self._attempt(node, lambda: self._bands(ctx, node, feeders, shapes, limit, outside),
-                                tensor=node.inputs[0].name, size_bytes=shapes.nbytes(node.inputs[0]),
-                                limit_bytes=limit)
-            actions.append(act)
-            if act.action == Outcome.REFUSED:
+            yield "conv", node, feeders
+            if id(node) in self.refused_ids:
                 for inner, f in waiting.get(id(node), []):
                     if id(inner) not in done:
-                        attempt(inner, f)
+                        yield from in_turn(inner, f)
 
         for node, feeders in convs:
             if feeders is not None and id(node) not in deferred:  # else not this pass's pattern (a deform
-                attempt(node, feeders)  # block's join, for one: not reported) or waiting for an outer Conv
-        return actions
+                yield from in_turn(node, feeders)  # block's join, for one: not reported) or waiting for an outer Conv
 
-    def _attempt(self, node: gs.Node, rewrite, **details) -> Action:
-        """`rewrite()`, or the refusal it raised with `details` (the tensor over the limit, its size, the limit)."""
-        try:
-            return rewrite()
-        except Refuse as exc:
-            return Action(self.name, node.name, node.op, Outcome.REFUSED, str(exc), details={**details, **exc.details})
+    def check(self, ctx: Context, match: tuple[str, gs.Node, Any]) -> None:
+        """Nothing to plan apart: whether a Resize's groups or a Conv's bands are exact is known only while they
+        are built (`rewrite` raises `Refuse`, and the pass form takes back what it built)."""
+
+    def rewrite(self, ctx: Context, match: tuple[str, gs.Node, Any], plan: None) -> Action:
+        kind, node, feeders = match
+        if kind == "resize":
+            return self._groups(ctx, node, self.shapes, self.limit, self.outside)
+        return self._bands(ctx, node, feeders, self.shapes, self.limit, self.outside)
+
+    def refused(self, match: tuple[str, gs.Node, Any], why: Refuse) -> Action:
+        """The refusal with the tensor over the limit, its size and the limit; a refused Conv lets the Convs
+        waiting for it be matched next."""
+        kind, node, _ = match
+        self.refused_ids.add(id(node))
+        t = node.outputs[0] if kind == "resize" else node.inputs[0]
+        details = {"tensor": t.name, "size_bytes": self.shapes.nbytes(t), "limit_bytes": self.limit, **why.details}
+        return Action(self.name, node.name, node.op, Outcome.REFUSED, str(why), details=details)
 
     # -- Resize in channel groups -------------------------------------------------------------------------------
     def _groups(self, ctx: Context, node: gs.Node, shapes: Shapes, limit: int, outside: set[int]) -> Action:
