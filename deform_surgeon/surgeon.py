@@ -121,7 +121,7 @@ def _run(model_path: str | Path, options: Options, plan: SplitPlan | None = None
     if plan is not None:
         plan.proofs.clear()  # the proofs of an earlier lift name the nodes of its graph
     actions = whole + run_passes(ctx, default_passes(plan, options.skip_passes))
-    return Lifted(model, weights, region, sub, graph, actions, ops_before, types, ctx)
+    return Lifted(model, weights, region, sub, graph, actions, ops_before, types, ctx, oversize)
 
 
 def _lift_region(model: onnx.ModelProto, region: Region) -> tuple[Region, onnx.ModelProto, gs.Graph]:
@@ -155,6 +155,7 @@ class Lifted:
     ops_before: dict[str, int]  # of the model as loaded (`model` has its static float16 computations folded)
     types: TypeTable  # shape inference of the model as loaded
     ctx: Context | None = None  # the passes' context (its prover and runtime run the local proofs)
+    oversize: set[str] = dataclasses.field(default_factory=set)  # the loaded model's tensors over --max-buffer
     _patched: tuple[onnx.ModelProto, onnx.ModelProto] | None = None
 
     def patched(self) -> tuple[onnx.ModelProto, onnx.ModelProto]:
@@ -566,8 +567,7 @@ def _over_profile_note(lifted: Lifted) -> str:
     none). Why: the passes fit deform blocks, decoder Convs and Resizes, and wide nodes; anything else (a backbone
     MatMul at 1024) is left as it is, and a plain `patch`, which fits the profile by default, must say so rather
     than let the user find it out when the GPU refuses the buffer."""
-    limit = lifted.ctx.options.max_buffer if lifted.ctx is not None else None
-    over = _oversize(lifted.types, limit)
+    over = lifted.oversize
     if not over:
         return ""
     whole, _ = lifted.patched()
@@ -576,6 +576,7 @@ def _over_profile_note(lifted: Lifted) -> str:
     if not left:
         return ""
     ops = Counter(n.op_type for _, _, n in left).most_common()
+    limit = lifted.ctx.options.max_buffer
     named = ", ".join(f"'{o}' {human(size)} from {n.op_type} '{n.name}'" for size, o, n in left[:3])
     return (f"STAYS OVER the device profile: {len(left)} tensor(s) over {human(limit)} (made by "
             f"{', '.join(f'{op} {c}' for op, c in ops)}; largest {named}{', ...' if len(left) > 3 else ''}): no "
