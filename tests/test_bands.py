@@ -260,7 +260,7 @@ def test_nested_refusal_names_the_tensor_that_cannot_be_made_in_rows():
     (act,) = bands_actions(actions)
     assert act.action == Outcome.REFUSED and (act.details["source"], act.details["source_bytes"]) == ("a", 12288)
     assert "Concat 'cat' reads 'a' (12,288 B), itself over the limit, made by Relu 'relu', which is not computed " \
-        "in rows (a channel Concat or a Conv is)" in act.reason
+        "in rows (a Concat on the channels or the rows, or a Conv, is)" in act.reason
 
 # -------------------------------------------------------------------------------------- refusals, with reasons
 def _concat_conv(inputs: list[tuple[str, int]], hw: int = 16, extra_reader: bool = False, stride: int = 1
@@ -427,3 +427,50 @@ def test_the_banded_tail_stays_on_the_gpu_and_matches_ort_cpu(tmp_path, runtime,
     assert p.session_ok and p.cpu_nodes == 0 and p.memcpy == 0, (p.error, p.cpu_ops)
     assert p.run["ok"], p.run["error"]
     assert max(o["max_abs_diff"] for o in p.run["outputs"].values()) < 1e-4
+
+
+# ------------------------------------------------------- a Concat on the rows (a split deform block's join) as a source
+def _joined_branches(hw: int = 16) -> onnx.ModelProto:
+    """BiRefNet's ASPP at 2048 in small: one branch of a channel Concat is the join (Concat on the rows) of a split
+    deform block's chunks, each under the limit, the branch itself over it; a 3x3 Conv reads the Concat."""
+    rng = np.random.default_rng(0)
+    half = hw // 2
+    w = numpy_helper.from_array(rng.standard_normal((3, 8, 3, 3)).astype(np.float32), "w")
+    nodes = [helper.make_node("Relu", ["top"], ["top_r"], name="relu_top"),
+             helper.make_node("Relu", ["bottom"], ["bottom_r"], name="relu_bottom"),
+             helper.make_node("Concat", ["top_r", "bottom_r"], ["a"], name="join", axis=2),
+             helper.make_node("Concat", ["a", "b"], ["cat"], name="cat", axis=1),
+             helper.make_node("Conv", ["cat", "w"], ["y"], name="conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1])]
+    ins = [helper.make_tensor_value_info("top", TensorProto.FLOAT, [1, 6, half, 8]),
+           helper.make_tensor_value_info("bottom", TensorProto.FLOAT, [1, 6, hw - half, 8]),
+           helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, 2, hw, 8])]
+    graph = helper.make_graph(nodes, "joined", ins, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return onnx.shape_inference.infer_shapes(model, strict_mode=True)
+
+
+def test_bands_slice_the_chunks_a_row_join_holds(tmp_path):
+    """The branch over the limit (3,072 B) is never made whole: each band slices the rows it needs (with the 3x3
+    halo) from the chunks the join held, joining two chunks' rows where a band spans both."""
+    model = _joined_branches()
+    assert sorted(over(model, 2 * KiB)) == ["a", "cat"]
+    patched, actions = patch_in_memory(model, max_buffer=2 * KiB)
+    (act,) = bands_actions(actions)
+    assert act.action == Outcome.REWRITTEN and act.details["made_in_rows"] == ["a"]
+    assert act.details["source"] == "cat" and act.details["band_bytes"] <= 2 * KiB
+    assert "Slices of the 2 inputs of Concat 'join' (on the rows) holding them" in act.reason
+    assert over(patched, 2 * KiB) == []
+    assert not {"a", "cat"} & {o for n in patched.graph.node for o in n.output}
+    for seed in (0, 1):
+        feeds = feeds_for(model, seed)
+        for level in LEVELS:
+            assert_bytes_equal(run(model, feeds, level), run(patched, feeds, level))
+
+
+def test_refused_when_a_row_join_holds_a_chunk_over_the_limit():
+    _, actions = patch_in_memory(_joined_branches(), max_buffer=1 * KiB)
+    (act,) = bands_actions(actions)
+    assert act.action == Outcome.REFUSED and (act.details["source"], act.details["source_bytes"]) == ("top_r", 1536)
+    assert "Concat 'join' joins rows of 'top_r' (1,536 B), itself over the limit" in act.reason

@@ -20,7 +20,8 @@ What, and why each is exact:
 * **Conv in row bands.** A Conv whose input X is over the limit, read by that Conv alone, is computed for output
   rows `[o0, o1)` at a time from the rows of X those outputs read (the kernel's halo included; zero padding only
   where the original pads, beyond X's edges), and one Concat on the rows joins the bands. X is never made whole:
-  per band its rows come from its producer, a channel Concat (slices of each input, concatenated) or a Conv
+  per band its rows come from its producer, a channel Concat (slices of each input, concatenated), a Concat on
+  the rows (a split deform block's join: slices of the inputs holding the band's rows) or a Conv
   (computed in turn for those rows from a slice of its own input, through the per-channel ops between the two).
   An input of that Concat or Conv that is itself over the limit is made for the band's rows the same way, by its
   own producer (the full BiRefNet's last Conv reads a channel Concat of the Resize's groups and a 192 MiB Conv
@@ -127,14 +128,16 @@ class _Nothing(Exception):
 @dataclass(frozen=True)
 class RowSource:
     """How a band's rows of `tensor` are made: sliced from the whole tensor (`node` None: it fits the limit), or
-    by its producer computed for those rows: a channel Concat of its inputs' rows, or a Conv (with the per-channel
-    ops `chain` after it) from the rows of its input its `window` reads."""
+    by its producer computed for those rows: a channel Concat of its inputs' rows, a Concat on the rows of the
+    inputs holding those rows (`offsets`: the first row of each; a split deform block's join), or a Conv (with the
+    per-channel ops `chain` after it) from the rows of its input its `window` reads."""
 
     tensor: gs.Tensor
     node: gs.Node | None = None
     chain: tuple[gs.Node, ...] = ()
     window: Window | None = None
     inputs: tuple[RowSource, ...] = ()
+    offsets: tuple[int, ...] = ()
 
     def nodes(self) -> list[gs.Node]:
         """The nodes the bands replace, producers first."""
@@ -147,6 +150,8 @@ class RowSource:
         return [t for i in self.inputs if i.node is not None for t in (i.tensor.name, *i.made_in_rows())]
 
     def describe(self, shapes: Shapes) -> str:
+        if self.offsets:
+            return f"Slices of the {len(self.inputs)} inputs of Concat '{self.node.name}' (on the rows) holding them"
         if self.window is None:
             nested = [f"'{i.tensor.name}' ({human(shapes.nbytes(i.tensor))}, over the limit too) made by "
                       f"{i.describe(shapes)}" for i in self.inputs if i.node is not None]
@@ -360,6 +365,15 @@ class BandOversize(Pass):
             if id(t) in outside or len(t.outputs) != 1:
                 raise Refuse(f"{head}: '{t.name}' is also read elsewhere (or outside the rewritten part), so it "
                              "would be needed whole anyway", read_elsewhere=t.name)
+        if producer.op == "Concat" and _axis(producer, 4) == 2:  # rows joined: each band slices the inputs it spans
+            for s in producer.inputs:
+                if (shapes.nbytes(s) or 0) > limit:
+                    raise Refuse(f"{head}: Concat '{producer.name}' joins rows of '{s.name}' "
+                                 f"({human(shapes.nbytes(s))}), itself over the limit", source=s.name,
+                                 source_bytes=shapes.nbytes(s))
+            heights = [shapes.shape(s)[2] for s in producer.inputs]
+            return RowSource(x, producer, (), None, tuple(RowSource(s) for s in producer.inputs),
+                             tuple(int(v) for v in np.cumsum([0, *heights[:-1]])))
         window = None
         if producer.op == "Conv":
             if shapes.shape(producer.inputs[0]) is None:
@@ -374,7 +388,8 @@ class BandOversize(Pass):
             if made is None:
                 raise Refuse(f"{head}: {producer.op} '{producer.name}' reads '{s.name}' ({human(shapes.nbytes(s))}), "
                              "itself over the limit" + (f", made by {s.inputs[0].op} '{s.inputs[0].name}', which is "
-                                                        "not computed in rows (a channel Concat or a Conv is)"
+                                                        "not computed in rows (a Concat on the channels or the "
+                                                        "rows, or a Conv, is)"
                                                         if s.inputs else ""), source=s.name,
                              source_bytes=shapes.nbytes(s))
             inputs.append(self._source(ctx, s, made, shapes, limit, outside, head))
@@ -466,6 +481,17 @@ class BandOversize(Pass):
         """Rows [r0, r1) of `src.tensor` for band `tag`: a Slice of it, or its producer computed for them."""
         if src.node is None:
             return self._rows(ctx, src.tensor, r0, r1, shapes)
+        if src.offsets:  # a Concat on the rows: the rows of each input that holds some of [r0, r1)
+            pieces = [self._rows(ctx, i.tensor, max(r0, first) - first, min(r1, first + shapes.shape(i.tensor)[2])
+                                 - first, shapes)
+                      for i, first in zip(src.inputs, src.offsets, strict=True)
+                      if first < r1 and first + shapes.shape(i.tensor)[2] > r0]
+            if len(pieces) == 1:
+                return pieces[0]
+            xs = shapes.shape(src.tensor)
+            band = ctx.var(f"{src.tensor.name}/{tag}", shapes.dtype(src.tensor), (*xs[:2], r1 - r0, xs[3]))
+            ctx.node("Concat", f"{src.node.name}/{tag}", pieces, [band], {"axis": 2})
+            return band
         if src.window is None:  # a channel Concat: the rows of each of its inputs
             pieces = [self._made(ctx, i, r0, r1, tag, shapes) for i in src.inputs]
             xs = shapes.shape(src.tensor)
@@ -495,13 +521,13 @@ class BandOversize(Pass):
                      shapes.dtype(conv.outputs[0]))
 
     def _feeding(self, ctx: Context, x: gs.Tensor, shapes: Shapes) -> tuple[list[gs.Node], gs.Node] | None:
-        """The node X's bands can be computed from (a channel Concat, or a Conv through per-channel ops) and those
-        ops in order, or None when X is made otherwise (not this pass's pattern: a deform block's join, for one)."""
+        """The node X's bands can be computed from (a Concat on the channels or the rows, or a Conv through
+        per-channel ops) and those ops in order, or None when X is made otherwise (not this pass's pattern)."""
         chain: list[gs.Node] = []
         t = x
         while len(t.inputs) == 1:
             node = t.inputs[0]
-            if node.op == "Concat" and not chain and _axis(node, len(shapes.shape(t))) == 1 and \
+            if node.op == "Concat" and not chain and _axis(node, len(shapes.shape(t))) in (1, 2) and \
                     all(shapes.shape(i) is not None and len(shapes.shape(i)) == 4 for i in node.inputs):
                 return chain, node
             if node.op == "Conv" and len(node.outputs) == 1:
