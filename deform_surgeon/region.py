@@ -73,7 +73,8 @@ def find_region(model: onnx.ModelProto, max_storage_buffers: int | None = None,
     """The region of `model` the passes need (see the module docstring); with `max_storage_buffers`, also every
     node whose kernel would bind more storage buffers than that (the fit pass rewrites them where they stand);
     with `oversize` (tensor names over `--max-buffer`), also the nodes that make or read them, and the tails of
-    the Convs among those (the bands pass computes them in bands or groups). The stored tensors of `weights`
+    the Convs and MatMuls among those (the bands pass computes them in bands, groups or row chunks, and carries a
+    tail per band or chunk). The stored tensors of `weights`
     (their Constant nodes stay outside) are inputs of the region, read through `Weights.read`."""
     graph = model.graph
     index = GraphIndex(model)
@@ -96,7 +97,7 @@ def find_region(model: onnx.ModelProto, max_storage_buffers: int | None = None,
             region.add(k)
         elif oversize and k not in has_subgraph and not oversize.isdisjoint(ins[k] + outs[k]):
             region.add(k)
-            region.update(index.tail(k) if op == "Conv" else ())
+            region.update(index.tail(k) if op in ("Conv", "MatMul") else ())  # carried per band / row chunk
             if op == "Resize" and ins[k] and producer.get(ins[k][0]) is not None:  # its groups may be made by a
                 region.add(producer[ins[k][0]])  # Conv of fewer output channels (bands.py)
     frontier = set(region)

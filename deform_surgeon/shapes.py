@@ -40,11 +40,12 @@ def broadcast(shapes: list[tuple[int, ...]]) -> tuple[int, ...] | None:
     return tuple(out)
 
 
-def along_rows(shape: tuple[int, ...], side: tuple[int, ...]) -> bool:
-    """True when a constant of shape `side` broadcasts to `shape` ([N, C, H, ...]) without varying along H: the
-    same value for every row, so an op with it (a bias Add, a scale Mul) can be carried per row chunk."""
-    return broadcast([shape, side]) == shape and (len(side) < len(shape) - 2 or
-                                                  side[len(side) - len(shape) + 2] == 1)
+def along_rows(shape: tuple[int, ...], side: tuple[int, ...], axis: int = 2) -> bool:
+    """True when a constant of shape `side` broadcasts to `shape` without varying along its rows (axis `axis`: H of
+    [N, C, H, ...], T of a token-major [N, T, C]): the same value for every row, so an op with it (a bias Add, a
+    scale Mul) can be carried per row chunk."""
+    return broadcast([shape, side]) == shape and (len(side) < len(shape) - axis or
+                                                  side[len(side) - len(shape) + axis] == 1)
 
 
 class Shapes:

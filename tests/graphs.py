@@ -454,6 +454,49 @@ def decoder_tail_full() -> onnx.ModelProto:
     scaled by the same 512) as the real 2.01 GB is over 1.5 GB."""
     return decoder_tail(dec=96, ipt=(32, 24), current=True)
 
+def swin_mlp(tokens: int = 4096, dim: int = 192, hidden: int = 768, seed: int = 0, also_output: bool = False
+             ) -> onnx.ModelProto:
+    """The MLP of a Swin block as BiRefNet's full (swin_v1_l) backbone exports it, at its stage-1 width (192 -> 768
+    -> 192) over fewer tokens: at 1024x1024 its 65,536 tokens make seven [1, 65536, 768] tensors of 192 MiB, over
+    the 128 MiB `spec-default` buffer; here 4,096 tokens make 12 MiB ones, over an 8 MiB `--max-buffer`.
+
+        tokens -> LayerNormalization -> MatMul(W1) -> Add(b1, .) -> GELU as Div(sqrt 2) -> Erf -> Add(1) -> Mul
+               -> Mul(0.5) -> MatMul(W2) -> Add(b2, .) -> Add(tokens, .)
+
+    Checked against the real full BiRefNet 1024 export ('/bb/layers.0/blocks.0/norm2' to '/bb/layers.0/blocks.0/
+    Add_1'): the same ops in the same order, the bias first in the bias Adds, the GELU's scalars as Constant nodes
+    (sqrt 2, 1, 0.5) and LayerNormalization's axis -1 and epsilon 1e-5. `also_output`: the Erf's output is also a
+    graph output (needed whole: the refusal case)."""
+    rng = np.random.default_rng(seed)
+    nodes, inits, const, node = _builder()
+
+    def scalar(name: str, value: float) -> str:
+        return node("Constant", [], name, value=numpy_helper.from_array(np.array(value, np.float32)))
+
+    normed = node("LayerNormalization", ["tokens", const("norm2_w", rng.standard_normal(dim).astype(np.float32)),
+                                         const("norm2_b", rng.standard_normal(dim).astype(np.float32))],
+                  "norm2", axis=-1, epsilon=9.999999747378752e-06)
+    w1 = const("fc1_w", (rng.standard_normal((dim, hidden)) / np.sqrt(dim)).astype(np.float32))
+    h = node("Add", [const("fc1_b", rng.standard_normal(hidden).astype(np.float32)),
+                     node("MatMul", [normed, w1], "fc1_mm")], "fc1")
+    erf = node("Erf", [node("Div", [h, scalar("sqrt2", 1.4142135)], "act_div")], "act_erf")
+    gelu = node("Mul", [node("Mul", [h, node("Add", [erf, scalar("one", 1.0)], "act_add")], "act_mul"),
+                        scalar("half", 0.5)], "act")
+    w2 = const("fc2_w", (rng.standard_normal((hidden, dim)) / np.sqrt(hidden)).astype(np.float32))
+    mlp = node("Add", [const("fc2_b", rng.standard_normal(dim).astype(np.float32)),
+                       node("MatMul", [gelu, w2], "fc2_mm")], "fc2")
+    node("Add", ["tokens", mlp], "out")
+    outputs = [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, tokens, dim])]
+    if also_output:
+        outputs.append(helper.make_tensor_value_info("act_erf", TensorProto.FLOAT, [1, tokens, hidden]))
+    graph = helper.make_graph(nodes, "swin_mlp",
+                              [helper.make_tensor_value_info("tokens", TensorProto.FLOAT, [1, tokens, dim])],
+                              outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="tests/graphs.py")
+    model.ir_version = 8
+    return onnx.shape_inference.infer_shapes(model, strict_mode=True)
+
+
 FIXTURES = {
     "gathernd_b2g2.onnx": lambda: exporter_like(B=2, G=2, H=5, W=6, C=3, P=7),
     "gathernd_refused.onnx": lambda: exporter_like(source=CLIP_BEFORE_GRID),

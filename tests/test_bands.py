@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from graphs import decoder_tail, decoder_tail_full
+from graphs import decoder_tail, decoder_tail_full, swin_mlp
 from helpers import assert_bytes_equal, patch_in_memory
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -261,6 +261,76 @@ def test_nested_refusal_names_the_tensor_that_cannot_be_made_in_rows():
     assert act.action == Outcome.REFUSED and (act.details["source"], act.details["source_bytes"]) == ("a", 12288)
     assert "Concat 'cat' reads 'a' (12,288 B), itself over the limit, made by Relu 'relu', which is not computed " \
         "in rows (a Concat on the channels or the rows, or a Conv, is)" in act.reason
+
+# ---------------------------------------------------------------- the full BiRefNet's backbone: the Swin MLP in rows
+MLP_OVER = ["act", "act_add", "act_div", "act_erf", "act_mul", "fc1", "fc1_mm"]  # the [1, 4096, 768] tensors
+
+
+def test_swin_mlp_fits_in_row_chunks_and_is_byte_identical(tmp_path):
+    """The replica of the full BiRefNet's stage-1 Swin MLP against 8 MiB: its seven 12 MiB hidden tensors are made
+    in 2 chunks of 2,048 tokens (fc1 -> bias Add -> GELU -> fc2 -> bias Add per chunk, one Concat of fc2's bias Add),
+    shown exact on its own before writing; nothing is over afterwards and the outputs are the same bytes."""
+    src, out, limit = tmp_path / "mlp.onnx", tmp_path / "mlp.patched.onnx", 8 << 20
+    onnx.save(swin_mlp(), src)
+    assert sorted(over(str(src), limit)) == MLP_OVER
+    report = patch(src, out, max_buffer=limit)
+    (act,) = bands_actions(report.actions)
+    d = act.details
+    assert (act.node, act.op, act.action, act.needs_verify) == ("MatMul_fc1_mm", "MatMul", Outcome.REWRITTEN, False)
+    assert (d["shown_exact"], d["levels"]) == ("on_its_own", ["disable", "all"])
+    assert (d["chunks"], d["chunk_rows"], d["rows"], d["axis"]) == (2, [2048, 2048], 4096, 1)
+    assert (d["tensor"], d["size_bytes"], d["chunk_bytes"], d["limit_bytes"]) == ("fc1_mm", 12 << 20, 6 << 20, limit)
+    assert d["chain"] == ["MatMul", "Add", "Div", "Erf", "Add", "Mul", "Mul", "MatMul", "Add"]
+    assert (sorted(d["made_in_rows"]), d["sliced"], d["ends"], d["carried"]) == (MLP_OVER, ["norm2"], ["fc2"], ["Add"])
+    assert report.written and over(str(out), limit) == [] and "STAYS OVER" not in (report.note or "")
+    model = onnx.load(src)
+    for seed in (0, 1):
+        feeds = feeds_for(model, seed)
+        for level in LEVELS:
+            assert_bytes_equal(run(model, feeds, level), run(str(out), feeds, level))
+    again = patch(out, tmp_path / "again.onnx", max_buffer=limit)
+    assert not again.changed and not again.refused and not (tmp_path / "again.onnx").exists()
+
+
+def test_swin_mlp_needed_whole_is_refused_and_stays_over(tmp_path):
+    """When a hidden tensor is needed whole anyway (here: also a graph output), the chain is refused once, with
+    the tensor that is, and the report says what stays over the limit; nothing is written."""
+    src, out, limit = tmp_path / "mlp.onnx", tmp_path / "mlp.patched.onnx", 8 << 20
+    onnx.save(swin_mlp(also_output=True), src)
+    report = patch(src, out, max_buffer=limit)
+    (act,) = bands_actions(report.actions)
+    assert act.action == Outcome.REFUSED and act.node == "MatMul_fc1_mm"
+    assert act.details == {"tensor": "fc1_mm", "size_bytes": 12 << 20, "limit_bytes": limit,
+                           "read_elsewhere": "act_erf"}
+    assert "'act_erf' is read outside the rewritten part or is a graph output" in act.reason
+    assert not report.written and not out.exists() and "STAYS OVER the device profile: 7 tensor(s)" in report.note
+
+
+def test_swin_mlp_not_shown_exact_is_undone(tmp_path, monkeypatch):
+    """A chain whose local proof finds a difference (here: the chunked side made one ulp off) is kept whole, with
+    the level and the difference measured, and the rest is written."""
+    import importlib
+
+    verify = importlib.import_module("deform_surgeon.verify")
+    real, runs = verify.run_ort_cpu, []
+
+    def chunked_side_off(model, feeds, level="all", **kwargs):
+        out = real(model, feeds, level, **kwargs)
+        if model.graph.name != "local_proof":
+            return out
+        runs.append(level)
+        return [np.nextafter(x, np.float32(np.inf)) for x in out] if len(runs) % 2 == 0 else out
+
+    monkeypatch.setattr(verify, "run_ort_cpu", chunked_side_off)
+    src, out = tmp_path / "mlp.onnx", tmp_path / "mlp.patched.onnx"
+    onnx.save(swin_mlp(), src)
+    report = patch(src, out, max_buffer=8 << 20, copy_unchanged=True)
+    (act,) = bands_actions(report.actions)
+    assert act.action == Outcome.REFUSED and act.details["undone"] == "on_its_own"
+    assert act.details["level"] == "disable" and 0 < act.details["max_diff"] < 1e-3
+    assert "not shown exact" in act.reason and "1 rewrite(s) undone" in report.note
+    assert report.written and sorted(over(str(out), 8 << 20)) == MLP_OVER
+
 
 # -------------------------------------------------------------------------------------- refusals, with reasons
 def _concat_conv(inputs: list[tuple[str, int]], hw: int = 16, extra_reader: bool = False, stride: int = 1

@@ -342,6 +342,69 @@ def test_bands_refuse_an_input_that_is_needed_whole_anyway():
     assert refused.details == {"tensor": "cat", "size_bytes": 7168, "limit_bytes": 5120, "read_elsewhere": "cat"}
 
 
+# ------------------------------------------------------------------------------------------ bands: row chains
+def _mlp(reader: str = "", bias: tuple[int, ...] = (4,)) -> str:
+    """x [1, 16, 4] -> MatMul -> Relu -> MatMul -> bias Add: the 512 B hidden tensor over a 300 B limit (32 B a
+    row), the 256 B input and output under it. `reader`: one more node reading the hidden tensor."""
+    w1, w2 = _rng(4).integers(-2, 3, (4, 8)).astype(np.float32), _rng(5).integers(-2, 3, (8, 4)).astype(np.float32)
+    b2 = _rng(6).integers(-2, 3, bias).astype(np.float32)
+    extra = ", float[1, 8, 16] t" if reader else ""
+    return HEADER + f"""
+g (float[1, 16, 4] x) => (float[1, 16, 4] y{extra})
+  <{initializer("float", "w1", w1)}, {initializer("float", "w2", w2)}, {initializer("float", "b2", b2)}> {{
+    [fc1] h = MatMul(x, w1)
+    [act] a = Relu(h)
+    [fc2] m = MatMul(a, w2)
+    [bias] y = Add(m, b2)
+    {reader}
+}}
+"""
+
+
+def test_bands_compute_a_matmul_chain_in_row_chunks_and_local_proof_shows_them_exact():
+    ran = Ran("bands", _mlp(), max_buffer=300)
+    (done,) = ran.actions
+    d = done.details
+    assert done.action == Outcome.REWRITTEN and done.needs_verify and done.node == "fc1"
+    assert (d["chunks"], d["chunk_rows"], d["rows"], d["axis"], d["chunk_bytes"]) == (2, [8, 8], 16, 1, 256)
+    assert (d["tensor"], d["size_bytes"], d["limit_bytes"], d["made_in_rows"]) == ("h", 512, 300, ["h", "a"])
+    assert (d["chain"], d["sliced"], d["ends"], d["carried"]) == (["MatMul", "Relu", "MatMul", "Add"], ["x"], ["y"],
+                                                                  ["Add"])
+    assert ran.ops() == {"Slice": 2, "MatMul": 4, "Relu": 2, "Add": 2, "Concat": 1}
+    for seed in range(2):
+        ran.same_bytes({"x": _rng(seed).standard_normal((1, 16, 4)).astype(np.float32)})
+    proof = ran.plan.proofs[done.node]
+    assert refusal(ran.ctx, proof) is None
+    runs: list[str] = []
+
+    def one_ulp_off(model, feeds, level):  # the chunked side (every second run) one ulp up
+        runs.append(level)
+        out = run_ort_cpu(model, feeds, level)
+        return [np.nextafter(x, np.float32(np.inf)) for x in out] if len(runs) % 2 == 0 else out
+
+    ran.ctx.ort_cpu = one_ulp_off
+    why = refusal(ran.ctx, proof)
+    assert why.details["level"] == "disable" and 0 < why.details["max_diff"] < 1e-3
+
+
+def test_bands_refuse_a_chain_a_transpose_reads():
+    """A tensor over the limit read by a node that mixes rows stays whole: refused once, naming that node."""
+    ran = Ran("bands", _mlp("[swap] t = Transpose<perm = [0, 2, 1]>(h)"), max_buffer=300)
+    (refused,) = ran.actions  # fc2 is part of the same chain: not matched again
+    assert refused.action == Outcome.REFUSED and ran.ops() == ran.ops(ran.before)
+    assert "Transpose 'swap' is not a MatMul by a constant matrix or an elementwise op" in refused.reason
+    assert refused.details == {"tensor": "h", "size_bytes": 512, "limit_bytes": 300, "node": "swap"}
+
+
+def test_bands_do_not_carry_a_constant_that_varies_along_the_rows():
+    """A bias of one value per row and column after the chain's end is not carried per chunk: the chain ends at
+    the MatMul, and the Add reads the joined rows."""
+    ran = Ran("bands", _mlp(bias=(1, 16, 4)), max_buffer=300)
+    (done,) = ran.actions
+    assert done.action == Outcome.REWRITTEN and (done.details["ends"], done.details["carried"]) == (["m"], [])
+    ran.same_bytes({"x": _rng(0).standard_normal((1, 16, 4)).astype(np.float32)})
+
+
 # ---------------------------------------------------------------------------------------------- deform_conv
 DEFORM = """<ir_version: 9, opset_import: ["" : 19]>
 g (%s[1, 2, 5, 6] x, %s[2, 2, 3, 3] w, %s[1, 18, 5, 6] offset) => (%s[1, 2, 5, 6] y) {

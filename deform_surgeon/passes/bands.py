@@ -1,4 +1,5 @@
-"""Compute an ordinary Conv in row bands, and a Resize in channel groups, so that no tensor exceeds `--max-buffer`.
+"""Compute an ordinary Conv in row bands, a Resize in channel groups and a token-major MatMul chain in row chunks,
+so that no tensor exceeds `--max-buffer`.
 
 Why: outside its deform blocks (the split pass's work) BiRefNet ends at full resolution. At 1024x1024 its decoder
 makes a 480 MiB channel Concat (the upsampled features and the image-patch branch) read by the last 1x1 Conv, the
@@ -34,7 +35,21 @@ What, and why each is exact:
   marked `needs_verify`, `patch` writes it only after the whole patched model verified byte-identical, and
   undoes it otherwise (`SplitPlan.keep_whole`, shared with the split pass).
 
-Bands: the fewest equal bands (sizes differ by at most one row) for which every band tensor fits the limit.
+* **MatMul chain in row chunks.** The full BiRefNet's Swin backbone (swin_v1_l) runs its stage-1 MLP on 65,536
+  tokens at 1024x1024: LayerNorm -> MatMul [1, 65536, 192] x [192, 768] -> bias Add -> GELU (Div, Erf, Add, Mul,
+  Mul) -> MatMul x [768, 192] -> bias Add, seven [1, 65536, 768] tensors of 192 MiB. From a MatMul by a constant
+  2-D matrix that makes or reads a tensor over the limit, the chain is every node making or reading a tensor of it
+  over the limit, each computing a row (a token: the second-to-last axis) of its output from the same row of its
+  inputs that are not constants: a MatMul by a constant 2-D matrix, an elementwise op whose constants do not vary
+  along the rows (`_row_wise`). The ops after its ends whose other inputs are such constants (the bias Add after
+  fc2) are carried per chunk, as the bands carry a Conv's tail: at level `all` ORT CPU fuses a MatMul and its bias
+  Add into a Gemm, which a Concat between them would stop. Each chunk Slices its rows of the chain's inputs and
+  runs the chain's copies; one Concat on the rows per end joins the chunks (an end over the limit is refused).
+  Each output row reads only its own input row, but how MLAS's SGEMM sums for fewer rows (and what ORT fuses) is
+  the implementation's choice: `needs_verify`, shown exact by its local proof like the others.
+
+Bands (and chunks): the fewest equal bands (sizes differ by at most one row) for which every band tensor fits the
+limit.
 """
 
 from __future__ import annotations
@@ -49,7 +64,7 @@ import onnx_graphsurgeon as gs
 
 from ..blocks import conv_tail
 from ..budget import human
-from ..ops import ELEMENTWISE_UNARY, TAIL_OPS
+from ..ops import ELEMENTWISE_NARY, ELEMENTWISE_UNARY, TAIL_OPS
 from ..pipeline import Action, Context, Outcome, Pass, Refuse
 from ..shapes import Shapes, along_rows
 from .local_proof import record
@@ -166,10 +181,11 @@ class RowSource:
 
 
 class BandOversize(Pass):
-    """Resize in channel groups and Conv in row bands wherever a tensor outside the deform blocks is over
-    `--max-buffer` (see the module docstring).
+    """Resize in channel groups, Conv in row bands and MatMul chains in row chunks wherever a tensor outside the
+    deform blocks is over `--max-buffer` (see the module docstring).
 
-    Matches, in order: every Resize whose output is over the limit, then every Conv whose input is. A Conv whose
+    Matches, in order: every Resize whose output is over the limit, then every Conv whose input is, then every
+    MatMul by a constant 2-D matrix that makes or reads a tensor over the limit (once per chain). A Conv whose
     output, over the limit too, an outer Conv's bands compute in rows (the nested form: a channel Concat read by a
     Conv reads that Conv's output) waits for the outer one: banded alone first, its joined output would be made
     whole. It is matched right after the outer one only if that one was refused (`matches` is a generator that
@@ -214,6 +230,10 @@ class BandOversize(Pass):
         for node, feeders in convs:
             if feeders is not None and id(node) not in deferred:  # else not this pass's pattern (a deform
                 yield from in_turn(node, feeders)  # block's join, for one: not reported) or waiting for an outer Conv
+        self.chained: set[int] = set()  # the nodes of the row chains met so far (each chain is matched once)
+        for node in [n for n in ctx.graph.nodes if self._seeds_rows(ctx, n, shapes, limit)]:
+            if id(node) not in self.chained:
+                yield "rows", node, None
 
     def check(self, ctx: Context, match: tuple[str, gs.Node, Any]) -> None:
         """Nothing to plan apart: whether a Resize's groups or a Conv's bands are exact is known only while they
@@ -223,6 +243,8 @@ class BandOversize(Pass):
         kind, node, feeders = match
         if kind == "resize":
             return self._groups(ctx, node, self.shapes, self.limit, self.outside)
+        if kind == "rows":
+            return self._row_chunks(ctx, node, self.shapes, self.limit, self.outside)
         return self._bands(ctx, node, feeders, self.shapes, self.limit, self.outside)
 
     def refused(self, match: tuple[str, gs.Node, Any], why: Refuse) -> Action:
@@ -231,6 +253,8 @@ class BandOversize(Pass):
         kind, node, _ = match
         self.refused_ids.add(id(node))
         t = node.outputs[0] if kind == "resize" else node.inputs[0]
+        if kind == "rows":  # the MatMul's tensor over the limit (`why.details` names the chain's largest)
+            t = max([*(i for i in node.inputs if i.name), *node.outputs], key=lambda x: self.shapes.nbytes(x) or 0)
         details = {"tensor": t.name, "size_bytes": self.shapes.nbytes(t), "limit_bytes": self.limit, **why.details}
         return Action(self.name, node.name, node.op, Outcome.REFUSED, str(why), details=details)
 
@@ -502,6 +526,170 @@ class BandOversize(Pass):
         a, b, top, bottom = src.window.rows_read(r0, r1, shapes.shape(src.inputs[0].tensor)[2])
         return self._through(ctx, [src.node, *src.chain], self._made(ctx, src.inputs[0], a, b, tag, shapes),
                              src.window.band_attrs(src.node, top, bottom), tag, r1 - r0, shapes)
+
+    # -- token-major chains in row chunks ------------------------------------------------------------------------
+    @staticmethod
+    def _seeds_rows(ctx: Context, node: gs.Node, shapes: Shapes, limit: int) -> bool:
+        """Whether `node` is a MatMul by a constant 2-D matrix that makes or reads a tensor over the limit: where a
+        row chain is looked for (the chain itself is found from it by `_row_chain`)."""
+        if node.op != "MatMul" or len(node.inputs) != 2 or len(node.outputs) != 1:
+            return False
+        if not any((shapes.nbytes(t) or 0) > limit for t in (node.inputs[0], node.outputs[0])):
+            return False
+        b = shapes.shape(node.inputs[1])
+        return b is not None and len(b) == 2 and ctx.prover.constant(node.inputs[1]) is not None
+
+    def _row_wise(self, ctx: Context, node: gs.Node, shapes: Shapes, axis: int, rows: int,
+                  varying: gs.Tensor | None = None) -> str | None:
+        """None when each row of `node`'s output (along `axis`, of `rows`) is computed from the same row of its
+        inputs that are not constants (a MatMul by a constant 2-D matrix, an elementwise op whose constants do not
+        vary along the rows), else why not. `varying`: the input it is reached by, which must not be a MatMul's
+        right-hand side."""
+        what = f"{node.op} '{node.name}'"
+        if node.op not in ELEMENTWISE_UNARY | ELEMENTWISE_NARY | {"MatMul"}:
+            return f"{what} is not a MatMul by a constant matrix or an elementwise op"
+        out = node.outputs[0] if len(node.outputs) == 1 else None
+        shape = shapes.shape(out) if out is not None else None
+        if out is None or shape is None or len(shape) != axis + 2 or shape[axis] != rows:
+            return f"{what} does not make one tensor of known shape with the chain's {rows} rows on axis {axis}"
+        if node.op == "MatMul":
+            b = shapes.shape(node.inputs[1])
+            if varying is node.inputs[1] or b is None or len(b) != 2 or ctx.prover.constant(node.inputs[1]) is None:
+                return f"{what} does not multiply the rows by a constant 2-D matrix"
+            return None
+        for i in (i for i in node.inputs if i.name):
+            known = ctx.prover.constant(i)
+            if known is None and shapes.shape(i) != shape:
+                return f"{what} broadcasts '{i.name}', which is not a constant, to its output's shape"
+            if known is not None and not along_rows(shape, known.shape, axis):
+                return f"{what} reads a constant '{i.name}' that varies along the rows"
+        return None
+
+    def _row_chain(self, ctx: Context, seed: gs.Node, shapes: Shapes, limit: int, outside: set[int], head: str
+                   ) -> tuple[list[gs.Node], list[gs.Tensor], list[gs.Tensor], list[gs.Node], int, int]:
+        """The chain computed in row chunks from `seed`: every node making or reading a tensor of it over the
+        limit, each computing its rows from the same rows of its inputs (`_row_wise`), then the ops after its ends
+        whose other inputs are constants (a bias Add: carried per chunk so that ORT's MatMul+Add fusion sees the
+        same pattern in every chunk). Returns (nodes in graph order, the inputs sliced per chunk, the ends joined,
+        the carried ops, the row axis, the rows); `Refuse` when a tensor over the limit cannot be made so."""
+        shape = shapes.shape(seed.outputs[0])
+        if shape is None or len(shape) < 2:
+            raise Refuse(f"{head}: the shape of '{seed.outputs[0].name}' is not known statically")
+        axis, rows = len(shape) - 2, shape[len(shape) - 2]
+        chain: dict[int, gs.Node] = {}
+        stack: list[tuple[gs.Node, gs.Tensor | None]] = [(seed, None)]
+        problems: list[Refuse] = []  # the whole chain is walked first, so that each is matched (and refused) once
+        while stack:
+            node, reached = stack.pop()
+            if id(node) in chain or id(node) in self.chained:
+                continue
+            self.chained.add(id(node))
+            why = self._row_wise(ctx, node, shapes, axis, rows, reached)
+            if why is not None:
+                problems.append(Refuse(f"{head}: {why}, so the chain of '{seed.name}' cannot be computed in row "
+                                       "chunks", node=node.name))
+                continue
+            chain[id(node)] = node
+            for i in node.inputs:
+                if (shapes.nbytes(i) or 0) > limit and ctx.prover.constant(i) is None:
+                    if len(i.inputs) != 1:
+                        problems.append(Refuse(f"{head}: '{i.name}' ({human(shapes.nbytes(i))}) is an input of the "
+                                               "rewritten part, needed whole", read_elsewhere=i.name))
+                    stack.extend((p, None) for p in i.inputs)
+            for o in node.outputs:
+                if (shapes.nbytes(o) or 0) > limit:
+                    if id(o) in outside:
+                        problems.append(Refuse(f"{head}: '{o.name}' is read outside the rewritten part or is a "
+                                               "graph output, so it would be needed whole anyway",
+                                               read_elsewhere=o.name))
+                    stack.extend((r, o) for r in o.outputs)
+        if problems:
+            raise problems[0]
+        order = {id(n): k for k, n in enumerate(ctx.graph.nodes)}
+        nodes = sorted(chain.values(), key=lambda n: order[id(n)])
+        carried: list[gs.Node] = []
+        for node in list(nodes):  # the per-row ops after an end with constants only, as the bands carry a tail
+            t = node.outputs[0]
+            while id(t) not in outside and len(t.outputs) == 1 and id(t.outputs[0]) not in chain and \
+                    t.outputs[0].op in ELEMENTWISE_UNARY | ELEMENTWISE_NARY and \
+                    all(i is t or ctx.prover.constant(i) is not None for i in t.outputs[0].inputs if i.name) and \
+                    self._row_wise(ctx, t.outputs[0], shapes, axis, rows, t) is None:
+                chain[id(t.outputs[0])] = t.outputs[0]
+                carried.append(t.outputs[0])
+                t = t.outputs[0].outputs[0]
+        nodes = sorted(chain.values(), key=lambda n: order[id(n)])
+        made = {id(o) for n in nodes for o in n.outputs}
+        sliced = list({id(i): i for n in nodes for i in n.inputs
+                       if i.name and id(i) not in made and ctx.prover.constant(i) is None}.values())
+        ends = [o for n in nodes for o in n.outputs
+                if id(o) in outside or any(id(r) not in chain for r in o.outputs)]
+        for t in ends:
+            if (shapes.nbytes(t) or 0) > limit:
+                raise Refuse(f"{head}: the chain's end '{t.name}' ({human(shapes.nbytes(t))}) is over the limit "
+                             "too", end=t.name, end_bytes=shapes.nbytes(t))
+        return nodes, sliced, ends, carried, axis, rows
+
+    def _row_chunks(self, ctx: Context, seed: gs.Node, shapes: Shapes, limit: int, outside: set[int]) -> Action:
+        big = max([*(i for i in seed.inputs if i.name), *seed.outputs], key=lambda t: shapes.nbytes(t) or 0)
+        head = f"'{big.name}' ({human(shapes.nbytes(big))}) stays over the {human(limit)} limit"
+        nodes, sliced, ends, carried, axis, rows = self._row_chain(ctx, seed, shapes, limit, outside, head)
+        why = self.plan.keep_whole.get(seed.name)
+        if why is not None:
+            raise why.prefixed(f"{head}: ")
+        tensors = [*sliced, *(o for n in nodes for o in n.outputs)]
+        biggest = max(tensors, key=lambda t: shapes.nbytes(t) or 0)
+        row_bytes = max(-(-(shapes.nbytes(t) or 0) // rows) for t in tensors)
+        most = limit // row_bytes
+        if most < 1:
+            raise Refuse(f"{head}: one row of the chain is {human(row_bytes)}", rows=rows, row_bytes=row_bytes)
+        n = math.ceil(rows / most)
+        chunks = _bands(rows, n)
+        worst = max((r1 - r0) * (shapes.nbytes(t) or 0) // rows for t in tensors for r0, r1 in chunks)
+
+        over = [o.name for n in nodes for o in n.outputs if (shapes.nbytes(o) or 0) > limit]
+        first = len(ctx.graph.nodes)
+        proof = self.plan.proofs[seed.name] = record(ctx, shapes, nodes, ends)
+        pieces: dict[int, list[gs.Tensor]] = {id(t): [] for t in ends}
+        for k, (r0, r1) in enumerate(chunks):
+            tag = f"rows{k}"
+            made: dict[int, gs.Tensor] = {}
+            for t in sliced:
+                s = shapes.shape(t)
+                made[id(t)] = _slice(ctx, f"{t.name}/{tag}/slice", t, r0, r1, axis,
+                                     ctx.var(f"{t.name}/{tag}", shapes.dtype(t),
+                                             (*s[:axis], r1 - r0, *s[axis + 1:])))
+            for node in nodes:
+                outs = []
+                for o in node.outputs:
+                    s = shapes.shape(o)
+                    made[id(o)] = ctx.var(f"{o.name}/{tag}", shapes.dtype(o), (*s[:axis], r1 - r0, *s[axis + 1:]))
+                    outs.append(made[id(o)])
+                ctx.node(node.op, f"{node.name}/{tag}", [made.get(id(i), i) for i in node.inputs], outs,
+                         dict(node.attrs))
+            for t in ends:
+                pieces[id(t)].append(made[id(t)])
+        for node in nodes:
+            node.outputs.clear()
+        for t in ends:
+            ctx.node("Concat", f"{t.name}/rows/join", pieces[id(t)], [t], {"axis": axis})
+        proof.taken(ctx, shapes)
+
+        counts = "/".join(str(c) for c in sorted({r1 - r0 for r0, r1 in chunks}, reverse=True))
+        details = {"chunks": n, "chunk_rows": [r1 - r0 for r0, r1 in chunks], "rows": rows, "axis": axis,
+                   "tensor": biggest.name, "size_bytes": shapes.nbytes(biggest), "chunk_bytes": worst,
+                   "limit_bytes": limit, "chain": [x.op for x in nodes], "made_in_rows": over,
+                   "sliced": [t.name for t in sliced], "ends": [t.name for t in ends],
+                   "carried": [x.op for x in carried]}
+        return Action(self.name, seed.name, seed.op, Outcome.REWRITTEN,
+                      f"computed in {n} row chunks of {counts} rows (of {rows}, axis {axis}) with the "
+                      f"{len(nodes)} nodes of its chain ({' -> '.join(x.op for x in nodes)}): {len(over)} tensor(s) "
+                      f"were over the {human(limit)} limit, the largest '{biggest.name}' "
+                      f"({human(shapes.nbytes(biggest))}); each chunk reads a Slice of the rows of "
+                      f"{', '.join(repr(t.name) for t in sliced)}, one Concat per end joins the chunks "
+                      f"({', '.join(repr(t.name) for t in ends)}); largest chunk tensor {human(worst)}; each output "
+                      "row reads only its own input row, but the summation order of a MatMul kernel on fewer rows is "
+                      "the implementation's choice, so it is written only once shown exact",
+                      tuple(t.name for t in ctx.graph.nodes[first:]), needs_verify=True, details=details)
 
     @staticmethod
     def _derive_input(conv: gs.Node, shapes: Shapes) -> None:
