@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections.abc import Mapping
 
 from .errors import catch_signals, stopped_exit
 
@@ -53,7 +54,7 @@ def main() -> int:
     return run()
 
 
-def huge_pages_environ(environ: dict[str, str] | os._Environ, glibc: tuple[int, int] | None, thp_mode: str | None
+def huge_pages_environ(environ: Mapping[str, str], glibc: tuple[int, int] | None, thp_mode: str | None
                        ) -> dict[str, str] | None:
     """The environment to start the command again in, with glibc's huge pages asked for; None to run as it is:
     not glibc 2.35 or later, the kernel's transparent huge pages not `madvise` (`always`: every allocation has

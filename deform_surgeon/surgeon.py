@@ -121,12 +121,30 @@ def _run(model_path: str | Path, options: Options, plan: SplitPlan | None = None
     if plan is not None:
         plan.proofs.clear()  # the proofs of an earlier lift name the nodes of its graph
     actions = whole + run_passes(ctx, default_passes(plan, options.skip_passes))
-    return Lifted(model, weights, region, sub, graph, actions, ops_before, types, ctx, oversize)
+    return Lifted(model, weights, region, sub, graph, actions, ops_before, types, ctx, oversize,
+                  _over_at_smallest(types, options.max_buffer))
 
 
 def _lift_region(model: onnx.ModelProto, region: Region) -> tuple[Region, onnx.ModelProto, gs.Graph]:
     sub = region_model(model, region)
     return region, sub, gs.import_onnx(sub)
+
+
+def _over_at_smallest(types: TypeTable, limit: int | None) -> dict[str, int]:
+    """The tensors with a dim shape inference leaves symbolic whose size with every such dim taken as 1 is already
+    over `limit`, and that size (a tensor with a 0 dim is empty: none is). Why: a Swin block's shifted windows
+    leave the batch dim of its MLP unknown to ONNX inference (`[unk, 65536, 768]`), so neither the passes nor
+    `_oversize` see it; at its smallest it is over the limit all the same, and the report must say so."""
+    if limit is None:
+        return {}
+    big = {}
+    for name in types:
+        elem, shape = types[name]
+        if shape and not all(isinstance(d, int) for d in shape) and all(d != 0 for d in shape):
+            size = elem_nbytes(elem, [d if isinstance(d, int) else 1 for d in shape]) or 0
+            if size > limit:
+                big[name] = size
+    return big
 
 
 def _oversize(types: TypeTable, limit: int | None) -> set[str]:
@@ -156,6 +174,7 @@ class Lifted:
     types: TypeTable  # shape inference of the model as loaded
     ctx: Context | None = None  # the passes' context (its prover and runtime run the local proofs)
     oversize: set[str] = dataclasses.field(default_factory=set)  # the loaded model's tensors over --max-buffer
+    over_at_smallest: dict[str, int] = dataclasses.field(default_factory=dict)  # see _over_at_smallest
     _patched: tuple[onnx.ModelProto, onnx.ModelProto] | None = None
 
     def patched(self) -> tuple[onnx.ModelProto, onnx.ModelProto]:
@@ -564,23 +583,31 @@ def _notes(memory: str, lifted: Lifted) -> str:
 
 def _over_profile_note(lifted: Lifted) -> str:
     """The original model's tensors over the profile's buffer size that the patched model still makes ("" when
-    none). Why: the passes fit deform blocks, decoder Convs and Resizes, and wide nodes; anything else (a backbone
-    MatMul at 1024) is left as it is, and a plain `patch`, which fits the profile by default, must say so rather
-    than let the user find it out when the GPU refuses the buffer."""
-    over = lifted.oversize
-    if not over:
+    none), those of a size shape inference does not know included where they are over it even at their smallest
+    (`_over_at_smallest`). Why: the passes fit deform blocks, decoder Convs and Resizes, token-major MatMul chains
+    and wide nodes, each where its shapes are known; anything else is left as it is, and a plain `patch`, which
+    fits the profile by default, must say so rather than let the user find it out when the GPU refuses the
+    buffer."""
+    over, smallest = lifted.oversize, lifted.over_at_smallest
+    if not over and not smallest:
         return ""
     whole, _ = lifted.patched()
-    left = sorted(((elem_nbytes(*lifted.types[n.output[k]]) or 0, o, n) for n in whole.graph.node
-                   for k, o in enumerate(n.output) if o in over), key=lambda x: (-x[0], x[1]))
+    left = sorted((((elem_nbytes(*lifted.types[o]) or 0) if o in over else smallest[o], o, n, o in smallest)
+                   for n in whole.graph.node for o in n.output if o in over or o in smallest),
+                  key=lambda x: (-x[0], x[1]))
     if not left:
         return ""
-    ops = Counter(n.op_type for _, _, n in left).most_common()
+    ops = Counter(n.op_type for _, _, n, _ in left).most_common()
     limit = lifted.ctx.options.max_buffer
-    named = ", ".join(f"'{o}' {human(size)} from {n.op_type} '{n.name}'" for size, o, n in left[:3])
+    named = ", ".join(f"'{o}' {'at least ' if unknown else ''}{human(size)} from {n.op_type} '{n.name}'"
+                      for size, o, n, unknown in left[:3])
+    unknown = sum(u for *_, u in left)
+    some = (f"; {unknown} of them with a dim shape inference leaves symbolic, over it even where that dim is 1, "
+            "which no pass can compute in parts" if unknown else "")
     return (f"STAYS OVER the device profile: {len(left)} tensor(s) over {human(limit)} (made by "
-            f"{', '.join(f'{op} {c}' for op, c in ops)}; largest {named}{', ...' if len(left) > 3 else ''}): no "
-            "pass computes them in parts (`deform-surgeon budget MODEL` lists every tensor over a profile)")
+            f"{', '.join(f'{op} {c}' for op, c in ops)}; largest {named}{', ...' if len(left) > 3 else ''}{some}): "
+            "no pass computes them in parts (`deform-surgeon budget MODEL` lists every tensor of known size over a "
+            "profile)")
 
 
 def _symbolic_note(lifted: Lifted) -> str:

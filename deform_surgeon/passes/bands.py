@@ -408,7 +408,7 @@ class BandOversize(Pass):
             if (shapes.nbytes(s) or 0) <= limit:
                 inputs.append(RowSource(s))
                 continue
-            made = self._feeding(ctx, s, shapes)
+            made = self._feeding(ctx, s, shapes, nested=True)
             if made is None:
                 raise Refuse(f"{head}: {producer.op} '{producer.name}' reads '{s.name}' ({human(shapes.nbytes(s))}), "
                              "itself over the limit" + (f", made by {s.inputs[0].op} '{s.inputs[0].name}', which is "
@@ -708,14 +708,19 @@ class BandOversize(Pass):
         shapes.learn(conv.inputs[0], (out[0], w[1] * int(conv.attrs.get("group", 1)), h, width),
                      shapes.dtype(conv.outputs[0]))
 
-    def _feeding(self, ctx: Context, x: gs.Tensor, shapes: Shapes) -> tuple[list[gs.Node], gs.Node] | None:
-        """The node X's bands can be computed from (a Concat on the channels or the rows, or a Conv through
-        per-channel ops) and those ops in order, or None when X is made otherwise (not this pass's pattern)."""
+    def _feeding(self, ctx: Context, x: gs.Tensor, shapes: Shapes, nested: bool = False
+                 ) -> tuple[list[gs.Node], gs.Node] | None:
+        """The node X's bands can be computed from (a channel Concat, or a Conv through per-channel ops; for an
+        input of such a producer (`nested`), a Concat on the rows too) and those ops in order, or None when X is
+        made otherwise (not this pass's pattern). Why a Concat on the rows only nested: a Conv reading a split
+        deform block's join is that block's Conv, which the split pass chunks or keeps whole for its own reasons
+        (reported there); banding it again would ask the same question twice."""
         chain: list[gs.Node] = []
         t = x
         while len(t.inputs) == 1:
             node = t.inputs[0]
-            if node.op == "Concat" and not chain and _axis(node, len(shapes.shape(t))) in (1, 2) and \
+            axes = (1, 2) if nested else (1,)
+            if node.op == "Concat" and not chain and _axis(node, len(shapes.shape(t))) in axes and \
                     all(shapes.shape(i) is not None and len(shapes.shape(i)) == 4 for i in node.inputs):
                 return chain, node
             if node.op == "Conv" and len(node.outputs) == 1:
