@@ -29,6 +29,18 @@ from deform_surgeon.verify import run_ort_cpu
 LEVELS = ("disable", "all")
 
 
+
+def _refusal_one_ulp_off(ran, proof, runs: list[str]):
+    """The local proof's answer when the rewritten side (every second ORT run) comes out one ulp up; `runs`
+    collects the level of each run."""
+    def one_ulp_off(model, feeds, level):
+        runs.append(level)
+        out = run_ort_cpu(model, feeds, level)
+        return [np.nextafter(x, np.float32(np.inf)) for x in out] if len(runs) % 2 == 0 else out
+
+    ran.ctx.ort_cpu = one_ulp_off
+    return refusal(ran.ctx, proof)
+
 def test_details_are_json_as_given_and_stay_out_of_the_text():
     """Numpy numbers, tuples, arrays and infinite bounds become plain JSON; the text report shows the reason only."""
     from deform_surgeon.pipeline import Refuse
@@ -323,14 +335,7 @@ def test_bands_compute_a_conv_in_row_bands_and_local_proof_shows_them_exact():
     proof = ran.plan.proofs[done.node]
     assert refusal(ran.ctx, proof) is None
     runs: list[str] = []
-
-    def one_ulp_off(model, feeds, level):  # the banded side (every second run) one ulp up
-        runs.append(level)
-        out = run_ort_cpu(model, feeds, level)
-        return [np.nextafter(x, np.float32(np.inf)) for x in out] if len(runs) % 2 == 0 else out
-
-    ran.ctx.ort_cpu = one_ulp_off
-    why = refusal(ran.ctx, proof)
+    why = _refusal_one_ulp_off(ran, proof, runs)
     assert runs == ["disable", "disable"] and why.details == {"level": "disable", "max_diff": pytest.approx(
         why.details["max_diff"]), "neighbours": False} and 0 < why.details["max_diff"] < 1e-3
 
@@ -375,15 +380,7 @@ def test_bands_compute_a_matmul_chain_in_row_chunks_and_local_proof_shows_them_e
         ran.same_bytes({"x": _rng(seed).standard_normal((1, 16, 4)).astype(np.float32)})
     proof = ran.plan.proofs[done.node]
     assert refusal(ran.ctx, proof) is None
-    runs: list[str] = []
-
-    def one_ulp_off(model, feeds, level):  # the chunked side (every second run) one ulp up
-        runs.append(level)
-        out = run_ort_cpu(model, feeds, level)
-        return [np.nextafter(x, np.float32(np.inf)) for x in out] if len(runs) % 2 == 0 else out
-
-    ran.ctx.ort_cpu = one_ulp_off
-    why = refusal(ran.ctx, proof)
+    why = _refusal_one_ulp_off(ran, proof, [])
     assert why.details["level"] == "disable" and 0 < why.details["max_diff"] < 1e-3
 
 
