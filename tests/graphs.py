@@ -505,6 +505,45 @@ FIXTURES = {
 }
 
 
+def swin_pad(size: int = 10, window: int = 7, dim: int = 4, hidden: int = 8) -> onnx.ModelProto:
+    """A Swin block's pad to whole windows as torch.onnx writes `F.pad(x, (0, 0, 0, pad_r, 0, pad_b))` (checked
+    against the real BiRefNet-lite export's `/bb/layers.0/blocks.1/Pad`): the pad from Shape -> Gather -> Mod ->
+    Sub -> Mod, then Concat -> ConstantOfShape -> Concat -> Reshape -> Slice (reversed) -> Transpose -> Reshape ->
+    Cast, which ONNX's data propagation does not follow, and a MatMul after it. x: [1, size, size, dim]."""
+    def const(name: str, value) -> onnx.NodeProto:
+        return helper.make_node("Constant", [], [name], name=name,
+                                value=numpy_helper.from_array(np.array(value, np.int64)))
+
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"], name="shape"), const("one", 1),
+        helper.make_node("Gather", ["s", "one"], ["h"], name="gather", axis=0), const("window", window),
+        helper.make_node("Mod", ["h", "window"], ["hm"], name="mod"),
+        helper.make_node("Sub", ["window", "hm"], ["d"], name="sub"),
+        helper.make_node("Mod", ["d", "window"], ["r"], name="mod_1"), const("axis0", [0]),
+        helper.make_node("Unsqueeze", ["r", "axis0"], ["r1"], name="unsqueeze"), const("z3", [0, 0, 0]),
+        const("z1", [0]), helper.make_node("Concat", ["z3", "r1", "z1", "r1"], ["pad_list"], name="concat", axis=0),
+        const("two", [2]),
+        helper.make_node("ConstantOfShape", ["two"], ["rest"], name="constant_of_shape",
+                         value=numpy_helper.from_array(np.array([0], np.int64))),
+        helper.make_node("Concat", ["pad_list", "rest"], ["all_pads"], name="concat_1", axis=0),
+        const("pairs", [-1, 2]), helper.make_node("Reshape", ["all_pads", "pairs"], ["pair_rows"], name="reshape"),
+        const("start", [-1]), const("end", [-(2**62)]), const("step", [-1]),
+        helper.make_node("Slice", ["pair_rows", "start", "end", "axis0", "step"], ["reversed"], name="slice"),
+        helper.make_node("Transpose", ["reversed"], ["by_side"], name="transpose", perm=[1, 0]),
+        const("flat", [-1]), helper.make_node("Reshape", ["by_side", "flat"], ["pads_i"], name="reshape_1"),
+        helper.make_node("Cast", ["pads_i"], ["pads"], name="cast", to=TensorProto.INT64),
+        helper.make_node("Pad", ["x", "pads"], ["padded"], name="pad"),
+        helper.make_node("MatMul", ["padded", "w"], ["y"], name="fc1"),
+    ]
+    w = numpy_helper.from_array(np.full((dim, hidden), 0.5, np.float32), "w")
+    graph = helper.make_graph(nodes, "swin_pad", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                                [1, size, size, dim])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", "h", "w", hidden])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
 def deform_conv(n: int = 1, c: int = 4, h: int = 9, w: int = 10, m: int = 6, kernel: tuple[int, int] = (3, 3),
                 strides: tuple[int, int] = (1, 1), dilations: tuple[int, int] = (1, 1),
                 pads: tuple[int, int, int, int] = (1, 1, 1, 1), group: int = 1, offset_group: int = 1,

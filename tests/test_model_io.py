@@ -269,3 +269,24 @@ def test_weights_read_is_read_only_and_remembered():
     a = weights.read("c")
     assert not a.flags.writeable and weights.read("c") is a and weights.loaded == ["c"]
     assert isinstance(weights, Weights) and a.tobytes() == np.arange(2000, dtype=np.float32).tobytes()
+
+
+def test_a_swin_pad_computed_from_static_shapes_gets_its_shape():
+    """ONNX inference leaves a Swin block's Pad (and all after it) without a shape; the type table evaluates its
+    pads (static shapes and constants only) and knows it, so the passes and the report see those tensors' sizes.
+    The model itself is not changed."""
+    from deform_surgeon.model_io import check_and_infer, infer_value_types, split_weights
+
+    model = graphs.swin_pad(size=10, window=7)
+    plain = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    padded = next(v for v in plain.graph.value_info if v.name == "padded")
+    assert not any(d.HasField("dim_value") for d in padded.type.tensor_type.shape.dim)
+    before = model.SerializeToString()
+    types = infer_value_types(model)
+    assert types["padded"] == (TensorProto.FLOAT, (1, 14, 14, 4))  # 10 padded to 2 windows of 7
+    assert types["y"] == (TensorProto.FLOAT, (1, 14, 14, 8))
+    checked = check_and_infer(model, "swin_pad.onnx", split_weights(model, None))  # what `patch` uses: strict
+    assert (checked["padded"], checked["y"]) == (types["padded"], types["y"])
+    assert model.SerializeToString() == before
+    (y,) = run_ort(model, {"x": np.ones((1, 10, 10, 4), np.float32)})
+    assert y.shape == (1, 14, 14, 8)  # what ORT makes at run time

@@ -10,10 +10,11 @@ from __future__ import annotations
 import mmap
 import os
 import stat
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from ..errors import SurgeonError
@@ -144,9 +145,99 @@ def infer_value_types(model: onnx.ModelProto, weights: Weights | None = None) ->
 def _inferred(model: onnx.ModelProto, weights: Weights) -> onnx.GraphProto:
     data = skeleton_bytes(model, weights)
     try:
-        return with_contrib_types(data, _lenient(data), _lenient)
+        return _through_static_pads(data, _lenient)
     except Exception:
         return onnx.ModelProto.FromString(data).graph
+
+
+PAD_CHAIN_LIMIT = 96  # nodes computing a Pad's pads: a Swin block's make some 50
+
+
+def _through_static_pads(data: bytes, infer: Callable[[bytes], onnx.GraphProto]) -> onnx.GraphProto:
+    """`infer(data)` with the contrib types; where a Pad's output shape is left unknown only because its pads are
+    computed from constants and static shapes (torch.onnx writes a Swin block's `F.pad(x, (0, 0, 0, pad_r, 0,
+    pad_b))` as Shape -> Gather -> Sub -> Mod ... -> ConstantOfShape -> Concat -> Reshape -> Slice -> Transpose ->
+    Cast, which ONNX's data propagation does not follow), inference runs again on
+    a copy whose Pads read those values as initializers (`<pads>/static`, evaluated by onnx's reference
+    evaluator). Why: a Swin block pads its tokens to whole windows, and every shape after it (the shifted-window
+    blocks' MLP of the full BiRefNet, 192 MiB a tensor at 1024) was unknown to the passes. The model written is
+    untouched: only the type table learns the shapes."""
+    return _resolve_pads(data, with_contrib_types(data, infer(data), infer), infer)
+
+
+# a Pad's input shape is known once the Pads before it are: each round of inference reaches one Swin block
+# further. Two reach the second stage's second block (the last one over 128 MiB at 2048: [1, 65536, 768]); each
+# round costs one more inference of the skeleton (0.8 s on BiRefNet-lite, in the background process)
+STATIC_PAD_ROUNDS = 2
+
+
+def _resolve_pads(data: bytes, inferred: onnx.GraphProto, infer: Callable[[bytes], onnx.GraphProto]
+                  ) -> onnx.GraphProto:
+    """`inferred` again, round by round, while `_static_pads` finds Pads to give their pads as values."""
+    for _ in range(STATIC_PAD_ROUNDS):
+        fixed = _static_pads(data, inferred)
+        if fixed is None:
+            break
+        data, inferred = fixed, with_contrib_types(fixed, infer(fixed), infer)
+    return inferred
+
+
+def _static_pads(data: bytes, inferred: onnx.GraphProto) -> bytes | None:
+    """The skeleton with each such Pad's pads as an initializer (see `_through_static_pads`); None when none."""
+    def static(vi: onnx.ValueInfoProto) -> bool:
+        tt = vi.type.tensor_type
+        return tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim)
+
+    known = {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim]
+             for vi in (*inferred.input, *inferred.value_info, *inferred.output) if static(vi)}
+    model = onnx.ModelProto.FromString(data)
+    graph = model.graph
+    pads = [n for n in graph.node if n.op_type == "Pad" and len(n.input) > 1 and n.input[1]
+            and n.input[0] in known and n.output[0] not in known]
+    if not pads:
+        return None
+    made = {o: n for n in graph.node for o in n.output}
+    values = {t.name: t for t in graph.initializer}
+    from onnx.reference import ReferenceEvaluator
+
+    changed = False
+    for pad in pads:
+        nodes, stack = {}, [pad.input[1]]
+        while stack and len(nodes) <= PAD_CHAIN_LIMIT:
+            name = stack.pop()
+            if not name or name in values:
+                continue
+            node = made.get(name)
+            if node is not None and node.op_type == "Shape" and node.input[0] in known:  # a static shape: a value
+                attrs = {a.name: a.i for a in node.attribute}
+                dims = known[node.input[0]][attrs.get("start", 0):attrs.get("end")]
+                values[name] = onnx.numpy_helper.from_array(np.array(dims, np.int64), name)
+                continue
+            if node is None or node.op_type in ("Shape", "Size") or any(a.type == onnx.AttributeProto.GRAPH
+                                                                        for a in node.attribute):
+                nodes = None  # a graph input or a value the run decides: not a constant
+                break
+            if id(node) not in nodes:
+                nodes[id(node)] = node
+                stack.extend(node.input)
+        if not nodes or len(nodes) > PAD_CHAIN_LIMIT:
+            continue
+        order = [n for n in graph.node if id(n) in nodes]
+        used = {i for n in order for i in n.input} & set(values)
+        try:
+            sub = onnx.helper.make_model(
+                onnx.helper.make_graph(order, "pads", [], [onnx.helper.make_tensor_value_info(pad.input[1], 0, None)],
+                                       [values[v] for v in used]), opset_imports=model.opset_import)
+            (value,) = ReferenceEvaluator(sub).run(None, {})
+        except Exception:  # an op the reference evaluator does not run: the shapes stay unknown
+            continue
+        name = f"{pad.input[1]}/static"
+        if name not in values:
+            values[name] = onnx.numpy_helper.from_array(np.asarray(value), name)
+            graph.initializer.append(values[name])
+        pad.input[1] = name
+        changed = True
+    return model.SerializeToString() if changed else None
 
 
 def _lenient(data: bytes) -> onnx.GraphProto:
@@ -180,7 +271,7 @@ def checked_types(model: onnx.ModelProto, path: str | Path, weights: Weights) ->
         check_model(model, path, weights)
         inferred = _inferred(model, weights)
     else:
-        inferred = with_contrib_types(skeleton, inferred, _strict)
+        inferred = _resolve_pads(skeleton, with_contrib_types(skeleton, inferred, _strict), _strict)
     types = onnx.GraphProto()
     types.input.extend(inferred.input)
     types.output.extend(inferred.output)
