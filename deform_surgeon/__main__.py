@@ -8,13 +8,14 @@ imports nothing heavy (the package's `__init__` imports its API lazily).
 Why the command may start itself once more (`huge_pages_environ`): ORT CPU, without an arena, takes every tensor
 of a run from glibc's malloc and gives it back when the run ends, so each of the many short ORT runs of a `patch`
 (its proofs, its folding) faults its tensors in again, 4 KiB at a time. On the real BiRefNet-lite 1024 that was
-19 s of a 35 s patch spent in the kernel (docs/fitting.md, "Proof cost"). glibc backs its large allocations with
-transparent huge pages (2 MiB) when told so at start-up, `GLIBC_TUNABLES=glibc.malloc.hugetlb=1` (glibc 2.35 and
-later), and only the environment can tell it: where the kernel gives huge pages only to memory that asks for them
-(`/sys/kernel/mm/transparent_hugepage/enabled` is `madvise`, the common default), the command sets it and
-replaces itself with the same command line (`os.execv`: the same process, nothing left behind). A
-`GLIBC_TUNABLES` that already names `glibc.malloc.hugetlb` is the user's choice and is kept (`=0` turns it off).
-The setting is inherited by what the command starts (batch workers, node, Chromium), as any environment variable.
+19 s of a 35 s patch spent in the kernel (docs/fitting.md, "Cost on the real BiRefNet-lite 1024"). glibc backs its
+large allocations with transparent huge pages (2 MiB) when told so at start-up,
+`GLIBC_TUNABLES=glibc.malloc.hugetlb=1` (glibc 2.35 and later), and only the environment can tell it: where the
+kernel gives huge pages only to memory that asks for them (`/sys/kernel/mm/transparent_hugepage/enabled` is
+`madvise`, the common default), the command sets it and replaces itself with the same command line (`os.execve`:
+the same process, nothing left behind). A `GLIBC_TUNABLES` that already names `glibc.malloc.hugetlb` is the user's
+choice and is kept (`=0` turns it off). The setting is inherited by what the command starts (batch workers, node,
+Chromium), as any environment variable.
 """
 
 from __future__ import annotations

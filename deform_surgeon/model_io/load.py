@@ -145,24 +145,12 @@ def infer_value_types(model: onnx.ModelProto, weights: Weights | None = None) ->
 def _inferred(model: onnx.ModelProto, weights: Weights) -> onnx.GraphProto:
     data = skeleton_bytes(model, weights)
     try:
-        return _through_static_pads(data, _lenient)
+        return _resolve_pads(data, with_contrib_types(data, _lenient(data), _lenient), _lenient)
     except Exception:
         return onnx.ModelProto.FromString(data).graph
 
 
 PAD_CHAIN_LIMIT = 96  # nodes computing a Pad's pads: a Swin block's make some 50
-
-
-def _through_static_pads(data: bytes, infer: Callable[[bytes], onnx.GraphProto]) -> onnx.GraphProto:
-    """`infer(data)` with the contrib types; where a Pad's output shape is left unknown only because its pads are
-    computed from constants and static shapes (torch.onnx writes a Swin block's `F.pad(x, (0, 0, 0, pad_r, 0,
-    pad_b))` as Shape -> Gather -> Sub -> Mod ... -> ConstantOfShape -> Concat -> Reshape -> Slice -> Transpose ->
-    Cast, which ONNX's data propagation does not follow), inference runs again on
-    a copy whose Pads read those values as initializers (`<pads>/static`, evaluated by onnx's reference
-    evaluator). Why: a Swin block pads its tokens to whole windows, and every shape after it (the shifted-window
-    blocks' MLP of the full BiRefNet, 192 MiB a tensor at 1024) was unknown to the passes. The model written is
-    untouched: only the type table learns the shapes."""
-    return _resolve_pads(data, with_contrib_types(data, infer(data), infer), infer)
 
 
 # a Pad's input shape is known once the Pads before it are: each round of inference reaches one Swin block
@@ -173,7 +161,15 @@ STATIC_PAD_ROUNDS = 2
 
 def _resolve_pads(data: bytes, inferred: onnx.GraphProto, infer: Callable[[bytes], onnx.GraphProto]
                   ) -> onnx.GraphProto:
-    """`inferred` again, round by round, while `_static_pads` finds Pads to give their pads as values."""
+    """`inferred` (what `infer(data)` gave, with the contrib types), and where a Pad's output shape is left unknown
+    only because its pads are computed from constants and static shapes, inferred again, round by round, on a copy
+    whose Pads read those values as initializers (`<pads>/static`, see `_static_pads`).
+
+    Why: torch.onnx writes a Swin block's pad to whole windows, `F.pad(x, (0, 0, 0, pad_r, 0, pad_b))`, as
+    Shape -> Gather -> Sub -> Mod ... -> ConstantOfShape -> Concat -> Reshape -> Slice -> Transpose -> Cast, which
+    ONNX's data propagation does not follow, and every shape after it (the shifted-window blocks' MLP of the full
+    BiRefNet, 192 MiB a tensor at 1024) was unknown to the passes. The model written is untouched: only the type
+    table learns the shapes."""
     for _ in range(STATIC_PAD_ROUNDS):
         fixed = _static_pads(data, inferred)
         if fixed is None:
@@ -183,7 +179,9 @@ def _resolve_pads(data: bytes, inferred: onnx.GraphProto, infer: Callable[[bytes
 
 
 def _static_pads(data: bytes, inferred: onnx.GraphProto) -> bytes | None:
-    """The skeleton with each such Pad's pads as an initializer (see `_through_static_pads`); None when none."""
+    """The skeleton with each Pad whose input shape is known and output shape is not, and whose pads are computed
+    from constants and static shapes only, reading those pads as an initializer evaluated by onnx's reference
+    evaluator (see `_resolve_pads`); None when there is none."""
     def static(vi: onnx.ValueInfoProto) -> bool:
         tt = vi.type.tensor_type
         return tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim)

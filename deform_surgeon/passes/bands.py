@@ -506,10 +506,10 @@ class BandOversize(Pass):
         if src.node is None:
             return self._rows(ctx, src.tensor, r0, r1, shapes)
         if src.offsets:  # a Concat on the rows: the rows of each input that holds some of [r0, r1)
-            pieces = [self._rows(ctx, i.tensor, max(r0, first) - first, min(r1, first + shapes.shape(i.tensor)[2])
-                                 - first, shapes)
-                      for i, first in zip(src.inputs, src.offsets, strict=True)
-                      if first < r1 and first + shapes.shape(i.tensor)[2] > r0]
+            spans = [(i.tensor, first, first + shapes.shape(i.tensor)[2])
+                     for i, first in zip(src.inputs, src.offsets, strict=True)]
+            pieces = [self._rows(ctx, t, max(r0, first) - first, min(r1, end) - first, shapes)
+                      for t, first, end in spans if first < r1 and end > r0]
             if len(pieces) == 1:
                 return pieces[0]
             xs = shapes.shape(src.tensor)
@@ -716,10 +716,10 @@ class BandOversize(Pass):
         deform block's join is that block's Conv, which the split pass chunks or keeps whole for its own reasons
         (reported there); banding it again would ask the same question twice."""
         chain: list[gs.Node] = []
+        axes = (1, 2) if nested else (1,)
         t = x
         while len(t.inputs) == 1:
             node = t.inputs[0]
-            axes = (1, 2) if nested else (1,)
             if node.op == "Concat" and not chain and _axis(node, len(shapes.shape(t))) in axes and \
                     all(shapes.shape(i) is not None and len(shapes.shape(i)) == 4 for i in node.inputs):
                 return chain, node
