@@ -243,6 +243,7 @@ TOOLS: dict[str, str] = {
     "batch": "deform_surgeon.cli:BatchTool",
     "budget": "deform_surgeon.cli:BudgetTool",
     "placement": "deform_surgeon.placement.command:PlacementTool",
+    "bisect": "deform_surgeon.bisection:BisectTool",
     "serve": "deform_surgeon.serve.command:ServeTool",
     "setup": "deform_surgeon.runtimes:SetupTool",
 }

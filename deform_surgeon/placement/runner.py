@@ -185,9 +185,22 @@ def compare_outputs(
             max_abs_diff=float(diff.max()) if diff.size else 0.0,
             mismatched_elements=mismatched,
             nonfinite_mismatch=nonfinite_mismatch,
+            max_diff_at=_where_worst(a, b, fin, same_nonfinite, diff),
         )
         out[name] = entry
     return out
+
+
+def _where_worst(a: np.ndarray, b: np.ndarray, fin: np.ndarray, same_nonfinite: np.ndarray,
+                 diff: np.ndarray) -> list[int] | None:
+    """Where in the tensor it differs most (`bisect` says where a node's output goes wrong): the first position
+    where exactly one side is non-finite, else the largest finite difference; None when nothing differs."""
+    odd = ~fin & ~same_nonfinite
+    if odd.any():
+        return [int(i) for i in np.unravel_index(int(np.argmax(odd)), a.shape)]
+    if not diff.size or not diff.max():
+        return None
+    return [int(i) for i in np.unravel_index(int(np.flatnonzero(fin)[int(np.argmax(diff))]), a.shape)]
 
 
 def reference_outputs(model_path: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -1,0 +1,729 @@
+"""`deform-surgeon bisect MODEL`: the first node whose output a WebGPU runtime gets wrong (or on which it fails),
+found on prefixes of the unmodified graph, and a repro of it small enough to attach to an onnxruntime issue.
+
+Why prefixes and not every tensor marked as an output (Polygraphy's `--onnx-outputs mark all`): a tensor made a
+graph output can no longer be fused away or have its buffer reused, so the runtime computes another program, which
+can hide the bug (or create one). A prefix keeps the original nodes, in the original order, and exposes only its
+cut: the tensors its nodes made that later nodes read (or that are graph outputs), and the last node's own outputs.
+Every verdict of the search is from a real run of such a prefix on the runtime, held against ORT CPU on the same
+prefix and the same inputs (`placement.runner`: the one runner and the one reference), in the one vocabulary
+(verdict.py: differs is beyond the GPU tolerance of the tensor's dtype; an uncaught WebGPU error during a run is a
+failure even when `session.run()` resolved).
+
+The search keeps two prefixes, `good` (every exposed tensor agrees) and `bad` (something differs, or the session or
+the run fails), starting from the empty prefix (nothing computed, nothing can differ) and the whole model, and
+halves the distance between them: about log2(nodes) runs. It ends at adjacent prefixes k-1 and k, and that is what
+is reported, each half from its own run: node k's inputs agreed (in the prefix that ends before it) and its own
+output differed (in the prefix that ends with it). The search assumes that a difference, once made, stays visible
+in every longer prefix's cut; a difference that a later node masks (a Shape of it, a comparison that comes out the
+same) before it reaches the cut may be passed over, and then the node found is still one whose inputs agreed and
+whose output did not, but not the first such node in topological order (docs/bisect.md).
+
+The repro is node k alone: its non-constant inputs as graph inputs, fed with ORT CPU's values of them; its
+constants kept. It is run on the runtime again. When it does not differ on its own (the cause needs the nodes
+before it: a fusion, a reused buffer), the window of nodes before k is doubled until it does, and then narrowed by
+halving to the smallest window that still does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .errors import SurgeonError, api_call
+from .placement.runner import (
+    BUNDLES,
+    DEFAULT_TIMEOUT,
+    RUNTIMES,
+    SetupMissing,
+    make_inputs,
+    measure_placement,
+    missing_setup,
+    reference_outputs,
+)
+from .tool import Tool
+from .verdict import AGREES, BYTE_IDENTICAL, DIFFERS, Verdict, judge_outputs, split_errors, summarize_errors
+
+if TYPE_CHECKING:  # numpy and onnx are imported where they are used: `import deform_surgeon` stays light
+    import numpy as np
+    import onnx
+
+AGREE, DIFFER, FAIL = "agrees", "differs", "fails"
+Progress = Callable[[str], None] | None
+
+
+# ------------------------------------------------------------------------------------------------ one run
+
+
+@dataclass
+class RunOutcome:
+    """One run of one model on the runtime, against ORT CPU on the same model and inputs.
+
+    `status` is `agrees`, `differs` (an exposed tensor beyond the tolerance, or an uncaught WebGPU error during a run
+    that returned) or `fails` (no outputs: the session or the run failed, or timed out)."""
+
+    status: str
+    verdicts: dict[str, Verdict] = field(default_factory=dict)  # per exposed tensor
+    entries: dict[str, dict[str, Any]] = field(default_factory=dict)  # runner.compare_outputs's, per tensor
+    errors: list[str] = field(default_factory=list)  # the runtime's errors, each as the runtime gave it
+
+    @property
+    def bad(self) -> bool:
+        return self.status != AGREE
+
+    def differing(self) -> list[str]:
+        return [name for name, v in self.verdicts.items() if not v.passed]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"status": self.status, "errors": summarize_errors(self.errors),
+                "tensors": {n: {**v.to_dict(), "max_diff_at": self.entries.get(n, {}).get("max_diff_at")}
+                            for n, v in self.verdicts.items()}}
+
+
+RunFn = Callable[[Path, "dict[str, np.ndarray]"], RunOutcome]
+
+
+def outcome_of(placement: Any) -> RunOutcome:
+    """A `placement.runner` measurement as a RunOutcome. ORT CPU failing on a prefix of a model it runs whole is not
+    the runtime's doing: it is raised."""
+    run = placement.run or {}
+    if run.get("reference_error"):
+        raise SurgeonError(placement.model, f"ORT CPU fails on this model ({run['reference_error']})")
+    outputs = run.get("outputs") or {}
+    if not placement.session_ok or not outputs:
+        text = run.get("error") or placement.error or "the runtime reported no outputs"
+        return RunOutcome(FAIL, errors=split_errors(text))
+    verdicts = judge_outputs(outputs, same_runtime=False)
+    gpu_errors = list(run.get("gpu_errors") or [])
+    status = DIFFER if gpu_errors or not all(v.passed for v in verdicts.values()) else AGREE
+    return RunOutcome(status, verdicts, dict(outputs), [e for g in gpu_errors for e in split_errors(g)])
+
+
+def webgpu_run(runtime: str, bundle: str, profile: Any, timeout: float) -> RunFn:
+    """Runs a model on the real WebGPU runtime through placement's runner.
+
+    JSEP runs with `ort.env.debug` off, as users' pages do: a shader that fails to compile then does not reject
+    `session.run()`, the outputs come back wrong and can be compared, and the uncaught WebGPU errors the page
+    collects make the run count as differing anyway (with debug on, the same run would fail with no outputs to
+    compare)."""
+    def run(model: Path, feeds: dict[str, np.ndarray]) -> RunOutcome:
+        return outcome_of(measure_placement(model, runtime=runtime, bundle=bundle, run=True, feeds=feeds,
+                                            timeout=timeout, profile=profile, jsep_debug=False))
+
+    return run
+
+
+# ------------------------------------------------------------------------------------------------ the graph
+
+
+def _subgraph_reads(node: onnx.NodeProto) -> set[str]:
+    """Names a node's subgraphs (If, Loop, Scan) read from outside: a node reads them as it reads its inputs."""
+    from onnx import AttributeProto
+
+    reads: set[str] = set()
+    for attr in node.attribute:
+        graphs = [attr.g] if attr.type == AttributeProto.GRAPH else list(attr.graphs)
+        for g in graphs:
+            inner = {i.name for i in g.input} | {i.name for i in g.initializer}
+            for n in g.node:
+                inner.update(n.output)
+            for n in g.node:
+                reads.update(x for x in (*n.input, *_subgraph_reads(n)) if x and x not in inner)
+    return reads
+
+
+def _reads(node: onnx.NodeProto) -> list[str]:
+    return [x for x in node.input if x] + sorted(_subgraph_reads(node) - set(node.input))
+
+
+@dataclass
+class Graph:
+    """A model's nodes in topological order (the file's, when it is one), and who makes and reads each tensor."""
+
+    model: onnx.ModelProto
+    nodes: list[onnx.NodeProto]
+    producer: dict[str, int]
+    last_read: dict[str, int]
+    graph_inputs: list[str]
+    constants: set[str]  # initializers, and outputs of Constant nodes
+    types: dict[str, onnx.TypeProto]
+
+    @classmethod
+    def of(cls, model: onnx.ModelProto, path: object) -> Graph:
+        inits = {i.name for i in model.graph.initializer}
+        graph_inputs = [i.name for i in model.graph.input if i.name not in inits]
+        nodes = _toposort(list(model.graph.node), set(graph_inputs) | inits, path)
+        producer: dict[str, int] = {}
+        last_read: dict[str, int] = {}
+        constants = set(inits)
+        for i, n in enumerate(nodes):
+            for x in _reads(n):
+                last_read[x] = i
+            for y in n.output:
+                if y:
+                    producer[y] = i
+            if n.op_type == "Constant" and n.domain in ("", "ai.onnx"):
+                constants.update(y for y in n.output if y)
+        for o in model.graph.output:
+            last_read[o.name] = len(nodes)  # read after the last node
+        types = {vi.name: vi.type for vi in (*model.graph.value_info, *model.graph.output, *model.graph.input)}
+        return cls(model, nodes, producer, last_read, graph_inputs, constants, types)
+
+    def cut(self, k: int) -> list[str]:
+        """The tensors a prefix ending at node k exposes: those nodes 0..k made that a later node reads or that are
+        graph outputs, and node k's own outputs; Constant nodes' outputs are not exposed (they cannot differ)."""
+        out: list[str] = []
+        for i in range(k + 1):
+            for y in self.nodes[i].output:
+                if y and (i == k or (self.last_read.get(y, -1) > k and y not in self.constants)):
+                    out.append(y)
+        return list(dict.fromkeys(out))
+
+    def describe(self, k: int) -> str:
+        n = self.nodes[k]
+        return f"{n.name or '(unnamed)'} ({n.op_type})"
+
+
+def _toposort(nodes: list[onnx.NodeProto], given: set[str], path: object) -> list[onnx.NodeProto]:
+    """The file's node order when it is topological (ONNX requires it; exporters write it so), else a stable
+    topological sort of it; a graph with a cycle, or reading a tensor nothing makes, is a SurgeonError."""
+    made = set(given) | {""}
+    for n in nodes:
+        if not set(_reads(n)) <= made:
+            break
+        made.update(n.output)
+    else:
+        return nodes
+    made = set(given) | {""}
+    left = list(nodes)
+    order: list[onnx.NodeProto] = []
+    while left:
+        ready = [n for n in left if set(_reads(n)) <= made]
+        if not ready:
+            missing = sorted(set(_reads(left[0])) - made)
+            raise SurgeonError(path, f"node {left[0].name or left[0].op_type} reads {', '.join(missing)}, which no "
+                                     "node, input or initializer makes (or the graph has a cycle)")
+        first = ready[0]
+        order.append(first)
+        made.update(first.output)
+        left.remove(first)
+    return order
+
+
+def sub_model(g: Graph, nodes: Sequence[int], outputs: Sequence[str],
+              inputs: Mapping[str, np.ndarray] | None = None) -> onnx.ModelProto:
+    """The model of `nodes` (indices into g.nodes, kept in their order, unchanged) exposing `outputs`.
+
+    `inputs` None: a prefix, fed as the model is (every graph input kept). Otherwise a window: the tensors its
+    nodes read that no node of it makes become graph inputs typed as the given arrays, and the Constant nodes and
+    initializers they read are kept."""
+    import onnx
+    from onnx import helper
+
+    keep = sorted(set(nodes))
+    body = [g.nodes[i] for i in keep]
+    made = {y for n in body for y in n.output}
+    read = {x for n in body for x in _reads(n)}
+    if inputs is not None:  # Constant nodes the window reads, before it
+        const_nodes = sorted({g.producer[x] for x in read - made if x in g.constants and x in g.producer})
+        body = [g.nodes[i] for i in const_nodes] + body
+        made |= {y for i in const_nodes for y in g.nodes[i].output}
+    src = g.model.graph
+    inits = [t for t in src.initializer if t.name in read]
+    if inputs is None:
+        graph_inputs = list(src.input)
+        init_names = {t.name for t in inits}
+        inits += [t for t in src.initializer if t.name not in init_names and t.name in {i.name for i in src.input}]
+    else:
+        graph_inputs = [helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(a.dtype), list(a.shape))
+                        for name, a in inputs.items()]
+    outs = []
+    for name in outputs:
+        vi = onnx.ValueInfoProto(name=name)
+        if name in g.types:
+            vi.type.CopyFrom(g.types[name])
+        outs.append(vi)
+    kept = made | read
+    graph = helper.make_graph(body, f"{src.name or 'graph'}_bisect", graph_inputs, outs, inits,
+                              value_info=[vi for vi in src.value_info if vi.name in kept])
+    model = helper.make_model(graph, opset_imports=list(g.model.opset_import), producer_name="deform-surgeon bisect")
+    model.ir_version = g.model.ir_version
+    model.functions.extend(g.model.functions)
+    return model
+
+
+def _save(model: onnx.ModelProto, path: Path) -> Path:
+    """Written whole, or with its weights in `<name>.data` beside it when protobuf cannot hold it in one message."""
+    import onnx
+
+    big = model.ByteSize() > 1_800_000_000
+    onnx.save_model(model, str(path), save_as_external_data=big, all_tensors_to_one_file=True,
+                    location=f"{path.name}.data" if big else None)
+    return path
+
+
+# ------------------------------------------------------------------------------------------------ the result
+
+
+@dataclass
+class Finding:
+    """The node where the runtime first goes wrong, and what each side of it showed."""
+
+    index: int  # in topological order
+    node: str
+    op: str
+    status: str  # differs | fails
+    outputs: dict[str, dict[str, Any]]  # node k's own outputs: verdict and where (from prefix k's run)
+    inputs: dict[str, str]  # node k's inputs: how each agreed (from prefix k-1's run), or that it is a constant
+    errors: list[str]  # the runtime's errors in prefix k's run
+    elsewhere: dict[str, dict[str, Any]] = field(default_factory=dict)  # other cut tensors that differed at k
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self) | {"errors": summarize_errors(self.errors)}
+
+
+@dataclass
+class Repro:
+    """The minimal model holding the found node, its inputs, and whether it still goes wrong on its own."""
+
+    directory: str
+    model: str
+    inputs: str
+    window: tuple[int, int]  # first and last node index of the window
+    reproduces: bool
+    status: str
+    detail: str
+    runs: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class BisectResult:
+    model: str
+    where: str  # node | browser/jsep | ...
+    nodes: int
+    whole: RunOutcome | None = None
+    finding: Finding | None = None
+    repro: Repro | None = None
+    search_runs: int = 0
+    steps: list[dict[str, Any]] = field(default_factory=list)  # one per search run: prefix end, status
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def runs(self) -> int:
+        return self.search_runs + (self.repro.runs if self.repro else 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "runtime": self.where, "nodes": self.nodes,
+                "whole": self.whole.to_dict() if self.whole else None,
+                "finding": self.finding.to_dict() if self.finding else None,
+                "repro": self.repro.to_dict() if self.repro else None,
+                "search_runs": self.search_runs, "runs": self.runs, "steps": self.steps, "notes": self.notes}
+
+    def format(self) -> str:
+        """What a person reads: the verdict on the whole model, the node, its output and inputs, the runtime's
+        error once, the runs it took, the repro."""
+        lines = [f"bisect: {self.model} on {self.where} ({self.nodes} nodes)"]
+        w = self.whole
+        if w is None:
+            return "\n".join(lines)
+        lines.append(f"whole model: {_status_text(w)}")
+        if self.finding is None:
+            lines.append("nothing differs: every output agrees with ORT CPU; no node to name")
+            lines.append(f"runs: {self.search_runs}")
+            lines += [f"note: {n}" for n in self.notes]
+            return "\n".join(lines)
+        f = self.finding
+        verb = "fails" if f.status == FAIL else "differs"
+        lines.append(f"first node that {verb}: {f.node} ({f.op}), node {f.index + 1} of {self.nodes} in "
+                     "topological order")
+        for name, o in f.outputs.items():
+            at = f" at {o['max_diff_at']}" if o.get("max_diff_at") is not None else ""
+            lines.append(f"  output {name}: {o['text']}{at}")
+        for name, o in f.elsewhere.items():
+            at = f" at {o['max_diff_at']}" if o.get("max_diff_at") is not None else ""
+            lines.append(f"  also {name} (made by {o['producer']}, agreed without this node): {o['text']}{at}")
+        if f.inputs:
+            lines.append("  inputs" + (" (prefix ending before it: agrees)" if f.index else "") + ":")
+            lines += [f"    {name}: {how}" for name, how in f.inputs.items()]
+        if f.errors:
+            lines.append("  runtime error: " + "; ".join(summarize_errors(f.errors)))
+        lines.append(f"runs: {self.search_runs} on {self.where} (1 whole model + {self.search_runs - 1} prefixes; "
+                     f"log2({self.nodes}) = {math.log2(max(self.nodes, 1)):.1f})"
+                     + (f" + {self.repro.runs} repro" if self.repro else ""))
+        r = self.repro
+        if r is not None:
+            lines.append(f"repro: {r.directory}/ ({Path(r.model).name}, {Path(r.inputs).name}, test_data_set_0/): "
+                         f"{r.detail}")
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def _status_text(o: RunOutcome) -> str:
+    if o.status == FAIL:  # the error itself is shown once, beside the node found
+        return f"fails ({len(o.errors)} runtime error(s))"
+    worst = [v for v in o.verdicts.values() if not v.passed]
+    text = (worst[0].text if worst else
+            next((v.text for v in o.verdicts.values() if v.kind == AGREES), Verdict(BYTE_IDENTICAL, 0.0, 0.0).text))
+    if o.errors:
+        text += f", with {len(o.errors)} uncaught WebGPU error(s)"
+    return text
+
+
+# ------------------------------------------------------------------------------------------------ the search
+
+
+def _tensor_report(o: RunOutcome, name: str) -> dict[str, Any]:
+    v = o.verdicts.get(name)
+    if v is None:
+        return {"kind": "missing", "text": "not among the run's outputs", "max_diff_at": None}
+    return {"kind": v.kind, "text": v.text, "max_abs_diff": v.max_abs_diff, "tolerance": v.tolerance,
+            "max_diff_at": o.entries.get(name, {}).get("max_diff_at") if v.kind == DIFFERS else None}
+
+
+def search(g: Graph, run: Callable[[int], RunOutcome], progress: Progress = None
+           ) -> tuple[RunOutcome, Finding | None, int, list[dict[str, Any]]]:
+    """Bisects over prefix ends; `run(k)` runs the prefix ending at node k (k = last: the whole, unmodified
+    model). Returns the whole model's outcome, the finding (None when the whole model agrees), the runs and the
+    steps."""
+    last = len(g.nodes) - 1
+    steps: list[dict[str, Any]] = []
+
+    def step(k: int) -> RunOutcome:
+        o = run(k)
+        steps.append({"prefix_end": k, "node": g.nodes[k].name, "status": o.status})
+        if progress:
+            progress(f"run {len(steps)}: {'whole model' if k == last else f'prefix 1..{k + 1}'} "
+                     f"(ends at {g.describe(k)}): {o.status}")
+        return o
+
+    whole = step(last)
+    if not whole.bad:
+        return whole, None, len(steps), steps
+    lo, lo_out, hi, hi_out = -1, None, last, whole
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        o = step(mid)
+        if o.bad:
+            hi, hi_out = mid, o
+        else:
+            lo, lo_out = mid, o
+    return whole, _finding(g, hi, hi_out, lo_out), len(steps), steps
+
+
+def _finding(g: Graph, k: int, at: RunOutcome, before: RunOutcome | None) -> Finding:
+    node = g.nodes[k]
+    outputs = {y: _tensor_report(at, y) for y in node.output if y and y in at.verdicts}
+    elsewhere = {}
+    for name in at.differing():
+        if name not in node.output:
+            elsewhere[name] = {**_tensor_report(at, name), "producer": g.describe(g.producer[name])}
+    inputs: dict[str, str] = {}
+    for x in _reads(node):
+        if x in g.constants:
+            inputs[x] = "constant"
+        elif x in g.graph_inputs:
+            inputs[x] = "graph input (the same values on both)"
+        elif before is not None and x in before.verdicts:
+            inputs[x] = before.verdicts[x].text
+        else:
+            inputs[x] = "not exposed"
+    return Finding(k, node.name, node.op_type, at.status if at.status == FAIL else DIFFER, outputs, inputs,
+                   list(at.errors), elsewhere)
+
+
+# ------------------------------------------------------------------------------------------------ the repro
+
+
+def _window_inputs(g: Graph, first: int, last: int) -> list[str]:
+    """The tensors nodes first..last read that none of them makes, constants excepted, in the order read."""
+    made = {y for i in range(first, last + 1) for y in g.nodes[i].output}
+    out = [x for i in range(first, last + 1) for x in _reads(g.nodes[i]) if x not in made and x not in g.constants]
+    return list(dict.fromkeys(out))
+
+
+def _cpu_values(g: Graph, names: Sequence[str], feeds: Mapping[str, np.ndarray], before: int, tmp: Path
+                ) -> dict[str, np.ndarray]:
+    """ORT CPU's values of `names` (graph inputs or tensors made by nodes before `before`): a prefix run on ORT
+    CPU exposing them, the reference the runtime's run of the prefix was held against."""
+    made = [n for n in names if n not in feeds]
+    values = {n: feeds[n] for n in names if n in feeds}
+    if made:
+        path = _save(sub_model(g, range(before), made), tmp / f"cpu_values_{before}.onnx")
+        values.update(reference_outputs(path, dict(feeds)))
+    return {n: values[n] for n in names}
+
+
+def write_repro(g: Graph, first: int, last: int, values: Mapping[str, np.ndarray], directory: Path) -> Path:
+    """The window's model, its inputs as `inputs.npz` and as ONNX TensorProto files with ORT CPU's outputs
+    (`test_data_set_0/`, the layout onnxruntime's and ONNX's test runners read); returns the model's path."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    directory.mkdir(parents=True, exist_ok=True)
+    outputs = [y for y in g.nodes[last].output if y]
+    model = sub_model(g, range(first, last + 1), outputs, values)
+    model_path = _save(model, directory / "model.onnx")
+    expected = reference_outputs(model_path, dict(values))
+    for vi in model.graph.output:  # typed as ORT CPU makes them, so that onnx.checker passes the repro
+        if not vi.type.HasField("tensor_type"):
+            a = expected[vi.name]
+            vi.CopyFrom(helper.make_tensor_value_info(vi.name, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape))
+    _save(model, model_path)
+    np.savez(directory / "inputs.npz", **values)
+    data = directory / "test_data_set_0"
+    if data.exists():
+        shutil.rmtree(data)
+    data.mkdir()
+    for i, (name, a) in enumerate(values.items()):
+        (data / f"input_{i}.pb").write_bytes(numpy_helper.from_array(np.asarray(a), name).SerializeToString())
+    for i, (name, a) in enumerate(expected.items()):
+        (data / f"output_{i}.pb").write_bytes(numpy_helper.from_array(np.asarray(a), name).SerializeToString())
+    return model_path
+
+
+def make_repro(g: Graph, k: int, feeds: Mapping[str, np.ndarray], run: RunFn, directory: Path, tmp: Path,
+               progress: Progress = None, errors: Sequence[str] = ()) -> Repro:
+    """Node k alone, then wider windows before it (doubling, then halving back) until one goes wrong on its own.
+
+    Whether a window goes wrong is asked of node k's own outputs only, the window's only outputs."""
+    runs = 0
+    tried: dict[int, RunOutcome] = {}
+
+    def attempt(first: int) -> RunOutcome:
+        nonlocal runs
+        if first in tried:
+            return tried[first]
+        names = _window_inputs(g, first, k)
+        values = _cpu_values(g, names, feeds, first, tmp)
+        window_dir = tmp / f"window_{first}"
+        path = write_repro(g, first, k, values, window_dir)
+        o = run(path, dict(values))
+        runs += 1
+        if progress:
+            progress(f"repro run {runs}: nodes {first + 1}..{k + 1} ({k - first + 1} node(s)): {o.status}")
+        tried[first] = o
+        return o
+
+    width, good = 1, 0  # good: the widest window known not to reproduce
+    while True:
+        first = max(k - width + 1, 0)
+        if attempt(first).bad:
+            break
+        good = width
+        if first == 0:
+            first = None
+            break
+        width *= 2
+    if first is not None:  # narrow: the smallest width in (good, width] that reproduces
+        lo, hi = good, k - first + 1
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if attempt(k - mid + 1).bad:
+                hi = mid
+            else:
+                lo = mid
+        first = k - hi + 1
+        o = tried[first]
+        shutil.copytree(tmp / f"window_{first}", directory, dirs_exist_ok=True)
+        n = k - first + 1
+        what = "node alone" if n == 1 else f"{n} nodes ({g.describe(first)} .. {g.describe(k)})"
+        if o.status == FAIL:
+            same = summarize_errors(o.errors) == summarize_errors(errors)
+            detail = f"the {what} fails on its own" + (" with the same error" if same else
+                                                       ": " + "; ".join(summarize_errors(o.errors)))
+        else:
+            worst = [o.verdicts[y] for y in o.differing()]
+            detail = f"the {what} differs on its own: " + (worst[0].text if worst else
+                                                              f"{len(o.errors)} uncaught WebGPU error(s)")
+            if n > 1:
+                detail += f" (node {g.describe(k)} alone does not: the cause needs the nodes before it)"
+        return Repro(str(directory), str(directory / "model.onnx"), str(directory / "inputs.npz"), (first, k),
+                     True, o.status, detail, runs)
+    shutil.copytree(tmp / f"window_{max(k - width + 1, 0)}", directory, dirs_exist_ok=True)
+    return Repro(str(directory), str(directory / "model.onnx"), str(directory / "inputs.npz"), (0, k), False,
+                 AGREE, "does not go wrong on its own, not even as the whole prefix fed from its inputs with only the "
+                        "node's outputs exposed: the cause needs the rest of the prefix's cut (the prefix models "
+                        "the search ran go wrong; see the steps in --json)", runs)
+
+
+# ------------------------------------------------------------------------------------------------ the API
+
+
+def _load_inputs(inputs: str | Path | Mapping[str, Any] | None, seed: int, model: onnx.ModelProto,
+                 path: object) -> tuple[dict[str, np.ndarray], list[str]]:
+    """The feeds: from an .npz file or a dict, checked against the model's inputs, or seeded as placement's."""
+    import numpy as np
+
+    if inputs is None:
+        return make_inputs(model, seed=seed)
+    if isinstance(inputs, Mapping):
+        given = {k: np.asarray(v) for k, v in inputs.items()}
+        source: object = "inputs"
+    else:
+        source = inputs
+        try:
+            with np.load(inputs, allow_pickle=False) as f:
+                given = {k: f[k] for k in f.files}
+        except (OSError, ValueError) as e:
+            raise SurgeonError(inputs, f"cannot be read as a .npz of input arrays ({e})") from None
+    inits = {i.name for i in model.graph.initializer}
+    wanted = [i.name for i in model.graph.input if i.name not in inits]
+    missing = [n for n in wanted if n not in given]
+    extra = [n for n in given if n not in wanted]
+    if missing or extra:
+        problems = ([f"misses {', '.join(missing)}"] if missing else []) + (
+            [f"names no input {', '.join(extra)}"] if extra else [])
+        raise SurgeonError(source, "; ".join(problems), f"{path} takes {', '.join(wanted)}")
+    return {n: np.ascontiguousarray(given[n]) for n in wanted}, []
+
+
+@api_call
+def bisect(model: str | Path, *, runtime: str = "node", bundle: str = "webgpu", device_profile: str | None = None,
+           input_shapes: dict[str, Sequence[int]] | None = None, seed: int = 0,
+           inputs: str | Path | Mapping[str, Any] | None = None, repro_dir: str | Path | None = None,
+           timeout: float | None = None, progress: Progress = None) -> BisectResult:
+    """Runs `model` on a WebGPU runtime and on ORT CPU and names the first node, in topological order, whose output
+    differs beyond the GPU tolerance or whose prefix fails (module docstring); with `repro_dir`, writes the repro
+    there and runs it. `runtime`/`bundle`/`device_profile`/`seed` are placement's; `inputs` an .npz file or a dict
+    of arrays instead of seeded ones; `input_shapes` fixes symbolic input dims first."""
+    from .device import resolve_profile
+    if runtime not in RUNTIMES:
+        raise SurgeonError(None, f"runtime must be one of {', '.join(RUNTIMES)} (got {runtime!r})")
+    if runtime == "browser" and bundle not in BUNDLES:
+        raise SurgeonError(None, f"bundle must be one of {', '.join(BUNDLES)} (got {bundle!r})")
+    msg = missing_setup(runtime)
+    if msg:
+        raise SurgeonError(None, str(SetupMissing(msg)))
+    profile = resolve_profile(device_profile)
+    where = runtime if runtime == "node" else f"browser/{bundle}"
+    run = webgpu_run(runtime, bundle, profile, DEFAULT_TIMEOUT if timeout is None else timeout)
+    return bisect_with(model, run, where, input_shapes=input_shapes, seed=seed, inputs=inputs, repro_dir=repro_dir,
+                       progress=progress)
+
+
+def bisect_with(model: str | Path, run: RunFn, where: str, *, input_shapes: Mapping[str, Sequence[int]] | None = None,
+                seed: int = 0, inputs: str | Path | Mapping[str, Any] | None = None,
+                repro_dir: str | Path | None = None, progress: Progress = None) -> BisectResult:
+    """`bisect` on any runtime `run(model_path, feeds) -> RunOutcome` (the real ones: `webgpu_run`)."""
+    import onnx
+
+    from .input_shapes import check_input_shapes, fix_input_shapes
+    from .model_io import user_path
+
+    path = user_path(model, "the model")
+    shapes = check_input_shapes(dict(input_shapes) if input_shapes is not None else None)
+    repro = Path(repro_dir) if repro_dir is not None else None
+    if repro is not None and repro.exists() and (not repro.is_dir() or any(repro.iterdir())):
+        raise SurgeonError(repro, "exists and is not an empty folder", "bisect writes its repro into a new folder")
+    try:
+        loaded = onnx.load(str(path))
+    except Exception as e:  # protobuf's DecodeError and friends
+        raise SurgeonError(path, f"is not a readable ONNX model ({e})") from None
+    if shapes:
+        fix_input_shapes(loaded, shapes, path)
+    g = Graph.of(loaded, path)
+    if not g.nodes:
+        raise SurgeonError(path, "has no nodes to bisect")
+    feeds, notes = _load_inputs(inputs, seed, loaded, path)
+    result = BisectResult(str(path), where, len(g.nodes), notes=notes)
+    tmp = Path(tempfile.mkdtemp(prefix="ds-bisect-"))
+    try:
+        whole_path = path if not shapes else _save(loaded, tmp / "whole.onnx")
+
+        def run_prefix(k: int) -> RunOutcome:
+            if k == len(g.nodes) - 1:
+                return run(whole_path, feeds)
+            prefix = _save(sub_model(g, range(k + 1), g.cut(k)), tmp / f"prefix_{k}.onnx")
+            try:
+                return run(prefix, feeds)
+            finally:
+                prefix.unlink(missing_ok=True)
+
+        whole, finding, runs, steps = search(g, run_prefix, progress)
+        result.whole, result.finding, result.search_runs, result.steps = whole, finding, runs, steps
+        if finding is not None and repro is not None:
+            result.repro = make_repro(g, finding.index, feeds, run, repro, tmp, progress, finding.errors)
+        return result
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------------------ the command
+
+
+def bisect_command(model: str, runtime: str, bundle: str | None, seed: int, device_profile: str | None = None
+                   ) -> str:
+    """The command line that bisects what `placement --run` or `serve` just saw differ or fail, exact arguments."""
+    import shlex
+
+    parts = ["deform-surgeon", "bisect", shlex.quote(model), "--runtime", runtime]
+    if runtime == "browser" and bundle:
+        parts += ["--bundle", bundle]
+    if device_profile and device_profile != "spec-default":
+        parts += ["--device-profile", shlex.quote(device_profile)]
+    parts += ["--seed", str(seed)]
+    return " ".join(parts)
+
+
+class BisectTool(Tool):
+    name = "bisect"
+    help = "find the first node whose output a WebGPU runtime gets wrong (or fails on), and write a repro"
+    description = ("Run MODEL on a real WebGPU runtime and on ORT CPU, bisect over prefixes of the unmodified graph "
+                   "and name the first node whose output differs beyond the GPU tolerance, or whose prefix fails, with "
+                   "its inputs' agreement and the runtime's error; write a minimal repro and run it (docs/bisect.md). "
+                   "Exit 0: nothing differs; 1: a node was found; 2: bad input. Needs `deform-surgeon setup`.")
+
+    def add_args(self, p: argparse.ArgumentParser) -> None:
+        from .args import DEVICE_PROFILE, INPUT_SHAPES, profile_help
+        p.add_argument("model", metavar="MODEL", help="ONNX model to bisect")
+        p.add_argument("--runtime", choices=RUNTIMES, default="node",
+                       help="node: onnxruntime-node native WebGPU EP (default); browser: headless Chromium")
+        p.add_argument("--bundle", choices=BUNDLES, default="webgpu",
+                       help="browser only: webgpu (native EP, transformers.js's), jsep (the default import), all")
+        DEVICE_PROFILE.add_to(p, help=profile_help("the device the browser page requests"))
+        INPUT_SHAPES.add_to(p)
+        p.add_argument("--seed", type=int, default=0, help="seed of the generated inputs (default 0, placement's)")
+        p.add_argument("--inputs", metavar="FILE.npz", help="the inputs, one array per graph input, instead of seeded")
+        p.add_argument("--repro", metavar="DIR",
+                       help="write the repro into DIR, a new folder (default: <model name>.repro in this folder)")
+        p.add_argument("--no-repro", action="store_true", help="name the node only; write and run no repro")
+        p.add_argument("--json", metavar="FILE", help="write the result (every step) as JSON")
+        p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SEC",
+                       help=f"stop one run after SEC seconds (default {DEFAULT_TIMEOUT:g}); a run stopped so fails")
+
+    def run(self, args: argparse.Namespace) -> int:
+        from .args import INPUT_SHAPES
+        from .io_check import check_io
+
+        if args.timeout <= 0:
+            raise SurgeonError(None, "--timeout must be positive")
+        repro = None if args.no_repro else (args.repro or f"{Path(args.model).stem}.repro")
+        check_io([args.model], others=[("--json", args.json)],
+                 other_reads=[(f"the --inputs file {args.inputs}", args.inputs)] if args.inputs else [])
+        t0 = time.monotonic()
+
+        def progress(text: str) -> None:
+            print(f"[bisect {time.monotonic() - t0:7.1f}s] {text}", file=sys.stderr, flush=True)
+
+        result = bisect(args.model, runtime=args.runtime, bundle=args.bundle, device_profile=args.device_profile,
+                        input_shapes=INPUT_SHAPES.value(args), seed=args.seed, inputs=args.inputs, repro_dir=repro,
+                        timeout=args.timeout, progress=progress)
+        print(result.format())
+        if args.json:
+            import json
+
+            Path(args.json).write_text(json.dumps(result.to_dict(), indent=2, default=str) + "\n")
+        return 0 if result.finding is None else 1
+

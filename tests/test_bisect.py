@@ -1,0 +1,260 @@
+"""`deform-surgeon bisect`: the first node whose output a WebGPU runtime gets wrong, found on prefixes of the
+unmodified graph, and its repro.
+
+Two kinds of tests:
+
+- On a **test-only runtime stub** (`PlantedRuntime`, no GPU): ORT CPU running each model it is given with a
+  difference planted at the nodes named to it (their output + 0.5), or failing when the model holds a node named to
+  fail. It stands in for a WebGPU runtime so that the search itself (the node named at the start, middle and end of
+  a long chain, the number of runs, nothing named for a model that agrees, the repro) is checked in seconds. The
+  stub is a stand-in for the search's tests only; the verdicts come from the real comparison code
+  (`runner.compare_outputs`, `runner.reference_outputs`, verdict.py).
+- On the **real runtimes** (`webgpu` marker): the JSEP bug of the exporter's rank-5 GatherND on
+  `decoder_gathernd.onnx` in headless Chromium, nothing for its patched form, and a 32-output Split that fails on
+  onnxruntime-node's WebGPU EP.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import onnx
+import pytest
+from graphs import wide_split
+from onnx import TensorProto, helper, numpy_helper
+
+import deform_surgeon as ds
+from deform_surgeon.bisection import FAIL, Graph, RunOutcome, bisect_with, outcome_of, sub_model
+from deform_surgeon.cli import main
+from deform_surgeon.placement import missing_setup
+from deform_surgeon.placement.runner import compare_outputs, reference_outputs
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+# ------------------------------------------------------------------------------------------------ the stub
+
+
+class PlantedRuntime:
+    """TEST-ONLY runtime stub (not a WebGPU runtime): runs a model on ORT CPU with every node named in `planted`
+    giving its output + 0.5, and fails (no outputs) on a model holding a node named in `failing`. Counts its runs."""
+
+    def __init__(self, planted: set[str] = frozenset(), failing: set[str] = frozenset()) -> None:
+        self.planted, self.failing, self.runs = set(planted), set(failing), 0
+
+    def __call__(self, path: Path, feeds: dict[str, np.ndarray]) -> RunOutcome:
+        self.runs += 1
+        model = onnx.load(str(path))
+        names = {n.name for n in model.graph.node}
+        if names & self.failing:
+            return RunOutcome(FAIL, errors=[f"stub: kernel {sorted(names & self.failing)[0]} failed"])
+        nodes = []
+        for n in model.graph.node:
+            nodes.append(n)
+            if n.name in self.planted:
+                y = n.output[0]
+                n.output[0] = f"{y}__planted"
+                nodes.append(helper.make_node("Add", [n.output[0], "__half"], [y], name=f"{n.name}__plant"))
+        if names & self.planted:
+            del model.graph.node[:]
+            model.graph.node.extend(nodes)
+            model.graph.initializer.append(numpy_helper.from_array(np.float32(0.5), "__half"))
+        planted = path.with_suffix(".planted.onnx")
+        onnx.save(model, planted)
+        got = reference_outputs(planted, feeds)
+        entries = compare_outputs(got, reference_outputs(path, feeds))
+        return outcome_of(SimpleNamespace(run={"outputs": entries}, session_ok=True, error=None, model=str(path)))
+
+
+def chain(n: int) -> onnx.ModelProto:
+    """x -> n0 -> n1 -> ...: a long chain of distinct, named nodes (Add 0.25 and Mul -1 alternating, so that a
+    difference keeps its size)."""
+    nodes, prev = [], "x"
+    for i in range(n):
+        op = "Add" if i % 2 == 0 else "Mul"
+        nodes.append(helper.make_node(op, [prev, "c_add" if op == "Add" else "c_mul"], [f"t{i}"], name=f"n{i}"))
+        prev = f"t{i}"
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [numpy_helper.from_array(np.float32(0.25), "c_add"),
+                               numpy_helper.from_array(np.float32(-1.0), "c_mul")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.fixture
+def chain64(tmp_path: Path) -> Path:
+    path = tmp_path / "chain64.onnx"
+    onnx.save(chain(64), path)
+    return path
+
+
+# ------------------------------------------------------------------------------------------------ stub tests
+
+
+@pytest.mark.parametrize("at", [0, 31, 63])
+def test_a_planted_difference_is_named_at_the_start_middle_and_end(chain64: Path, tmp_path: Path, at: int) -> None:
+    stub = PlantedRuntime(planted={f"n{at}"})
+    result = bisect_with(chain64, stub, "stub", repro_dir=tmp_path / "repro")
+    f = result.finding
+    assert f is not None and (f.node, f.op, f.index, f.status) == (f"n{at}", "Add" if at % 2 == 0 else "Mul", at,
+                                                                   "differs")
+    (out,) = f.outputs.values()
+    assert out["kind"] == "differs" and out["max_abs_diff"] == pytest.approx(0.5) and out["tolerance"] == 1e-3
+    assert out["max_diff_at"] is not None and len(out["max_diff_at"]) == 4
+    # its input agreed in the prefix ending before it (or is the graph input)
+    (x, how), (c, const) = f.inputs.items()
+    assert const == "constant" and (how.startswith("graph input") if at == 0 else how.startswith("byte-identical"))
+    # the whole model, then a binary search over 64 prefix ends: 1 + log2(64) runs; the node alone reproduces
+    assert result.search_runs == 1 + math.ceil(math.log2(64))
+    assert result.repro is not None and result.repro.reproduces and result.repro.window == (at, at)
+    assert result.repro.runs == 1 and stub.runs == result.runs == result.search_runs + 1
+    assert f"runs: {result.search_runs}" in result.format()
+
+
+def test_nothing_is_named_for_a_model_that_agrees(chain64: Path, tmp_path: Path) -> None:
+    stub = PlantedRuntime()
+    result = bisect_with(chain64, stub, "stub", repro_dir=tmp_path / "repro")
+    assert result.finding is None and result.repro is None and result.search_runs == stub.runs == 1
+    assert "nothing differs" in result.format() and not (tmp_path / "repro").exists()
+
+
+def test_a_failure_is_bisected_to_the_failing_node_with_its_error(chain64: Path, tmp_path: Path) -> None:
+    stub = PlantedRuntime(failing={"n40"})
+    result = bisect_with(chain64, stub, "stub", repro_dir=tmp_path / "repro")
+    f = result.finding
+    assert (f.node, f.status) == ("n40", "fails") and f.errors == ["stub: kernel n40 failed"]
+    assert f.inputs["t39"].startswith("byte-identical")
+    assert result.repro.reproduces and result.repro.status == "fails" and result.repro.window == (40, 40)
+    text = result.format()  # the error once, beside the node
+    assert text.count("stub: kernel n40 failed") == 1 and "fails on its own with the same error" in text
+
+
+def test_the_repro_is_the_node_alone_with_cpu_inputs(chain64: Path, tmp_path: Path) -> None:
+    result = bisect_with(chain64, PlantedRuntime(planted={"n31"}), "stub", repro_dir=tmp_path / "repro")
+    repro = onnx.load(result.repro.model)
+    assert [n.name for n in repro.graph.node] == ["n31"] and [i.name for i in repro.graph.input] == ["t30"]
+    assert [o.name for o in repro.graph.output] == ["t31"] and [t.name for t in repro.graph.initializer] == ["c_mul"]
+    onnx.checker.check_model(repro, full_check=True)
+    inputs = dict(np.load(result.repro.inputs))
+    # t30 as ORT CPU computes it in the original model
+    x = ds.bisection._load_inputs(None, 0, onnx.load(str(chain64)), chain64)[0]
+    g = Graph.of(onnx.load(str(chain64)), chain64)
+    expected = reference_outputs(_saved(sub_model(g, range(31), ["t30"]), tmp_path / "p.onnx"), x)["t30"]
+    assert inputs["t30"].tobytes() == expected.tobytes()
+    data = Path(result.repro.directory) / "test_data_set_0"
+    assert sorted(p.name for p in data.iterdir()) == ["input_0.pb", "output_0.pb"]
+    assert numpy_helper.to_array(onnx.load_tensor(str(data / "input_0.pb"))).tobytes() == expected.tobytes()
+
+
+def test_the_repro_widens_when_the_node_alone_does_not_go_wrong(chain64: Path, tmp_path: Path) -> None:
+    """A stub that goes wrong only when n20 runs after n17 (as a fusion would): the repro of n20 widens to n17..n20."""
+
+    class NeedsContext(PlantedRuntime):
+        def __call__(self, path: Path, feeds: dict[str, np.ndarray]) -> RunOutcome:
+            names = {n.name for n in onnx.load(str(path)).graph.node}
+            self.planted = {"n20"} if {"n17", "n20"} <= names else set()
+            return super().__call__(path, feeds)
+
+    stub = NeedsContext()
+    result = bisect_with(chain64, stub, "stub", repro_dir=tmp_path / "repro")
+    assert result.finding.node == "n20"
+    r = result.repro
+    assert r.reproduces and r.window == (17, 20) and "alone does not" in r.detail
+    assert [n.name for n in onnx.load(r.model).graph.node] == ["n17", "n18", "n19", "n20"]
+    assert r.runs == 4  # widths 1, 2, 4 (reproduces), then 3 between 2 and 4
+
+
+def test_inputs_from_a_file_and_bad_input_are_one_line(chain64: Path, tmp_path: Path, capsys) -> None:
+    feeds = tmp_path / "in.npz"
+    np.savez(feeds, x=np.full((1, 4, 8, 8), 2.0, np.float32))
+    result = bisect_with(chain64, PlantedRuntime(planted={"n5"}), "stub", inputs=feeds)
+    assert result.finding.node == "n5" and result.repro is None
+    wrong = tmp_path / "wrong.npz"
+    np.savez(wrong, y=np.zeros(3, np.float32))
+    with pytest.raises(ds.SurgeonError, match=r"wrong.npz: misses x; names no input y"):
+        bisect_with(chain64, PlantedRuntime(), "stub", inputs=wrong)
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "f").write_text("x")
+    with pytest.raises(ds.SurgeonError, match="exists and is not an empty folder"):
+        bisect_with(chain64, PlantedRuntime(), "stub", repro_dir=tmp_path / "full")
+    not_onnx = tmp_path / "not.onnx"
+    not_onnx.write_text("hello")
+    assert main(["bisect", str(not_onnx), "--no-repro"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not.onnx" in err[0]
+
+
+def test_bisect_is_a_command_and_an_api_name() -> None:
+    from deform_surgeon.cli import TOOLS
+
+    assert TOOLS["bisect"] == "deform_surgeon.bisection:BisectTool"
+    assert ds.bisect.__name__ == "bisect" and "bisect" in ds.__all__
+
+
+def _saved(model: onnx.ModelProto, path: Path) -> Path:
+    onnx.save(model, path)
+    return path
+
+
+# ------------------------------------------------------------------------------------------------ real runtimes
+
+_SETUP = missing_setup()
+_BROWSER = missing_setup("browser")
+webgpu = [pytest.mark.webgpu, pytest.mark.skipif(_SETUP is not None, reason=f"WebGPU runtimes not set up: {_SETUP}")]
+
+
+@pytest.mark.webgpu
+@pytest.mark.skipif(_SETUP is not None, reason=f"WebGPU runtimes not set up: {_SETUP}")
+def test_a_split_over_the_storage_buffers_fails_and_is_named(tmp_path: Path) -> None:
+    """onnxruntime-node's WebGPU EP (12 storage buffers on SwiftShader) fails the 32-output Split: bisect names it,
+    with the runtime's error, among nodes that run."""
+    model = wide_split(n=32)
+    split = model.graph.node[0]
+    pre = helper.make_node("Relu", ["x"], ["x_relu"], name="pre_relu")
+    split.input[0] = "x_relu"
+    del model.graph.node[:]
+    model.graph.node.extend([pre, split])
+    path = tmp_path / "split32.onnx"
+    onnx.save(model, path)
+    result = ds.bisect(path, runtime="node", repro_dir=tmp_path / "repro")
+    f = result.finding
+    assert (f.node, f.op, f.status) == ("wide_split", "Split", "fails"), result.format()
+    assert any("storage buffers" in e for e in f.errors), f.errors
+    assert f.inputs["x_relu"].startswith(("byte-identical", "agrees"))
+    assert result.search_runs == 2 and result.repro.reproduces and result.repro.window == (1, 1)
+
+
+@pytest.mark.webgpu
+@pytest.mark.skipif(_BROWSER is not None, reason=f"browser runtime not set up: {_BROWSER}")
+def test_the_jsep_gathernd_bug_is_found_and_its_repro_differs(tmp_path: Path) -> None:
+    """The exporter's rank-5 GatherND on JSEP (onnxruntime issue 32731) in headless Chromium: the run returns with a
+    wrong mask; bisect names the first GatherND, its inputs agreeing, and its repro differs on its own. The patched
+    file: nothing differs."""
+    out = tmp_path / "bisect.json"
+    code = main(["bisect", str(FIXTURES / "decoder_gathernd.onnx"), "--runtime", "browser", "--bundle", "jsep",
+                 "--repro", str(tmp_path / "repro"), "--json", str(out)])
+    doc = json.loads(out.read_text())
+    f = doc["finding"]
+    assert code == 1 and f["op"] == "GatherND" and f["status"] == "differs", doc
+    (own,) = f["outputs"].values()
+    assert own["kind"] == "differs" and own["max_diff_at"] is not None
+    assert all(how == "constant" or how.startswith(("byte-identical", "agrees")) for how in f["inputs"].values())
+    assert any("WGSL" in e for e in f["errors"])
+    g = Graph.of(onnx.load(str(FIXTURES / "decoder_gathernd.onnx")), "fixture")
+    first = next(i for i, n in enumerate(g.nodes) if n.op_type == "GatherND")
+    assert f["index"] == first
+    assert doc["search_runs"] <= 2 + math.ceil(math.log2(len(g.nodes)))
+    repro = doc["repro"]
+    assert repro["reproduces"] and repro["window"] == [first, first] and "differs on its own" in repro["detail"]
+    assert [n.op_type for n in onnx.load(repro["model"]).graph.node] == ["GatherND"]
+
+    patched = tmp_path / "patched.onnx"
+    assert ds.patch(FIXTURES / "decoder_gathernd.onnx", patched).written
+    result = ds.bisect(patched, runtime="browser", bundle="jsep", repro_dir=tmp_path / "repro2")
+    assert result.finding is None and result.search_runs == 1 and "nothing differs" in result.format()
