@@ -175,7 +175,8 @@ class Graph:
                 constants.update(y for y in n.output if y)
         for o in model.graph.output:
             last_read[o.name] = len(nodes)  # read after the last node
-        types = {vi.name: vi.type for vi in (*model.graph.value_info, *model.graph.output, *model.graph.input)}
+        types = {vi.name: vi.type for vi in (*_inferred(model).graph.value_info, *model.graph.output,
+                                             *model.graph.input) if vi.type.HasField("tensor_type")}
         return cls(model, nodes, producer, last_read, graph_inputs, constants, types)
 
     def cut(self, k: int) -> list[str]:
@@ -191,6 +192,35 @@ class Graph:
     def describe(self, k: int) -> str:
         n = self.nodes[k]
         return f"{n.name or '(unnamed)'} ({n.op_type})"
+
+
+def _inferred(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with ONNX's shape inference's types, for the prefixes' outputs (onnx.checker, which placement's
+    runner applies, wants every graph output typed); the model itself where inference cannot run (`_typed` then
+    types the outputs from ORT CPU's)."""
+    import onnx
+
+    try:
+        return onnx.shape_inference.infer_shapes(model)
+    except Exception:  # inference errors, or a model over protobuf's 2 GB
+        return model
+
+
+def _typed(path: Path, feeds: Mapping[str, np.ndarray]) -> Path:
+    """A written model whose untyped graph outputs are given the dtypes and shapes ORT CPU computes for them."""
+    import onnx
+    from onnx import helper
+
+    model = onnx.load(str(path), load_external_data=False)
+    if all(vi.type.HasField("tensor_type") for vi in model.graph.output):
+        return path
+    values = reference_outputs(path, dict(feeds))
+    for vi in model.graph.output:
+        if not vi.type.HasField("tensor_type"):
+            a = values[vi.name]
+            vi.CopyFrom(helper.make_tensor_value_info(vi.name, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape))
+    onnx.save_model(model, str(path))
+    return path
 
 
 def _toposort(nodes: list[onnx.NodeProto], given: set[str], path: object) -> list[onnx.NodeProto]:
@@ -645,7 +675,7 @@ def bisect_with(model: str | Path, run: RunFn, where: str, *, input_shapes: Mapp
         def run_prefix(k: int) -> RunOutcome:
             if k == len(g.nodes) - 1:
                 return run(whole_path, feeds)
-            prefix = _save(sub_model(g, range(k + 1), g.cut(k)), tmp / f"prefix_{k}.onnx")
+            prefix = _typed(_save(sub_model(g, range(k + 1), g.cut(k)), tmp / f"prefix_{k}.onnx"), feeds)
             try:
                 return run(prefix, feeds)
             finally:
