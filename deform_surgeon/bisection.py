@@ -58,6 +58,7 @@ if TYPE_CHECKING:  # numpy and onnx are imported where they are used: `import de
     import onnx
 
 AGREE, DIFFER, FAIL = "agrees", "differs", "fails"
+ERROR_WIDTH = 1000  # the node's error is shown once, its whole first line: ORT puts the cause at its end
 Progress = Callable[[str], None] | None
 
 
@@ -388,8 +389,10 @@ class BisectResult:
             lines.append("  inputs" + (" (prefix ending before it: agrees)" if f.index else "") + ":")
             lines += [f"    {name}: {how}" for name, how in f.inputs.items()]
         if f.errors:
-            lines.append("  runtime error: " + "; ".join(summarize_errors(f.errors)))
-        lines.append(f"runs: {self.search_runs} on {self.where} (1 whole model + {self.search_runs - 1} prefixes; "
+            lines.append("  runtime error: " + "; ".join(summarize_errors(f.errors, width=ERROR_WIDTH)))
+        prefixes = self.search_runs - 1
+        lines.append(f"runs: {self.search_runs} on {self.where} (1 whole model + {prefixes} "
+                     f"prefix{'es' if prefixes != 1 else ''}; "
                      f"log2({self.nodes}) = {math.log2(max(self.nodes, 1)):.1f})"
                      + (f" + {self.repro.runs} repro" if self.repro else ""))
         r = self.repro
@@ -691,20 +694,6 @@ def bisect_with(model: str | Path, run: RunFn, where: str, *, input_shapes: Mapp
 
 
 # ------------------------------------------------------------------------------------------------ the command
-
-
-def bisect_command(model: str, runtime: str, bundle: str | None, seed: int, device_profile: str | None = None
-                   ) -> str:
-    """The command line that bisects what `placement --run` or `serve` just saw differ or fail, exact arguments."""
-    import shlex
-
-    parts = ["deform-surgeon", "bisect", shlex.quote(model), "--runtime", runtime]
-    if runtime == "browser" and bundle:
-        parts += ["--bundle", bundle]
-    if device_profile and device_profile != "spec-default":
-        parts += ["--device-profile", shlex.quote(device_profile)]
-    parts += ["--seed", str(seed)]
-    return " ".join(parts)
 
 
 class BisectTool(Tool):

@@ -154,3 +154,24 @@ def summarize_errors(errors: Iterable[str], width: int = 240) -> list[str]:
         line = line if len(line) <= width else line[:width] + "…"
         out.append(f"{line} (x{n})" if n > 1 else line)
     return out
+
+
+# --------------------------------------------------------------------------------------------- what to run next
+
+
+def bisect_hint(model: str, runtime: str, bundle: str | None, *, seed: int | None = None,
+                inputs: str | None = None, device_profile: str | None = None) -> str:
+    """The `deform-surgeon bisect` command line that finds where a run that differs or fails goes wrong, with the
+    arguments of the run that did (`placement --run`, `serve`): the same runtime, bundle, device and inputs."""
+    import shlex
+
+    parts = ["deform-surgeon", "bisect", shlex.quote(str(model)), "--runtime", runtime]
+    if runtime == "browser" and bundle:
+        parts += ["--bundle", bundle]
+    if device_profile and device_profile != "spec-default":
+        parts += ["--device-profile", shlex.quote(str(device_profile))]
+    if inputs:
+        parts += ["--inputs", shlex.quote(str(inputs))]
+    elif seed is not None:
+        parts += ["--seed", str(seed)]
+    return " ".join(parts)

@@ -258,3 +258,14 @@ def test_the_jsep_gathernd_bug_is_found_and_its_repro_differs(tmp_path: Path) ->
     assert ds.patch(FIXTURES / "decoder_gathernd.onnx", patched).written
     result = ds.bisect(patched, runtime="browser", bundle="jsep", repro_dir=tmp_path / "repro2")
     assert result.finding is None and result.search_runs == 1 and "nothing differs" in result.format()
+
+
+def test_the_suggested_command_has_the_runs_arguments() -> None:
+    from deform_surgeon.verdict import bisect_hint
+
+    assert bisect_hint("a b.onnx", "browser", "jsep", seed=3) == \
+        "deform-surgeon bisect 'a b.onnx' --runtime browser --bundle jsep --seed 3"
+    assert bisect_hint("m.onnx", "node", "webgpu", seed=0, device_profile="limits.json") == \
+        "deform-surgeon bisect m.onnx --runtime node --device-profile limits.json --seed 0"
+    assert bisect_hint("m.onnx", "browser", "webgpu", inputs="in.npz", device_profile="spec-default") == \
+        "deform-surgeon bisect m.onnx --runtime browser --bundle webgpu --inputs in.npz"

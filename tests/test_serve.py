@@ -553,3 +553,23 @@ def test_a_download_the_client_aborts_prints_nothing(tmp_path: Path, capsys) -> 
         srv.server_close()
         thread.join()
     assert capsys.readouterr().err == ""
+
+
+def test_an_output_that_differs_gets_the_bisect_command_with_the_pages_input(server) -> None:
+    """The page suggests `deform-surgeon bisect` for the model, its bundle and device, fed the page's own input."""
+    image = np.random.default_rng(3).standard_normal((1, 3, 64, 64)).astype(np.float32)
+    cpu = ort.InferenceSession(str(ORIGINAL), providers=["CPUExecutionProvider"]).run(None, {"image": image})[0]
+    layout = {"input": {"name": "image", "dtype": "float32", "dims": list(image.shape)},
+              "outputs": [{"name": "mask", "dtype": "float32", "dims": list(cpu.shape)}], "bundle": "jsep"}
+    body = image.tobytes() + (cpu + 0.5).tobytes()
+    status, text = _request(server, "POST", "/compare/original", body, {"X-Layout": json.dumps(layout)})
+    command = json.loads(text)["bisect_command"].split()
+    assert command[:3] == ["deform-surgeon", "bisect", str(ORIGINAL)] and command[3:7] == ["--runtime", "browser",
+                                                                                           "--bundle", "jsep"]
+    saved = np.load(command[command.index("--inputs") + 1])
+    assert saved["image"].tobytes() == image.tobytes()
+    status, text = _request(server, "POST", "/compare/original", image.tobytes() + cpu.tobytes(),
+                            {"X-Layout": json.dumps(layout)})
+    assert "bisect_command" not in json.loads(text)
+    config = json.loads(_request(server, "GET", "/config.json")[1])
+    assert config["models"][0]["bisect"]["webgpu"].startswith(f"deform-surgeon bisect {ORIGINAL} --runtime browser")

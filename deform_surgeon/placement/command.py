@@ -22,7 +22,7 @@ import onnx
 from ..args import DEVICE_PROFILE
 from ..blocks import OUTSIDE, count_per_block
 from ..tool import Tool
-from ..verdict import combine, judge_outputs, split_errors, summarize_errors
+from ..verdict import bisect_hint, combine, judge_outputs, split_errors, summarize_errors
 from .result import Placement
 from .runner import BUNDLES, DEFAULT_TIMEOUT, RUNTIMES, SetupMissing, measure_placement
 
@@ -166,6 +166,10 @@ def run_placement_command(args: argparse.Namespace) -> int:
         print(format_comparison(results[0], results[1]))
     else:
         print(format_placement(results[0]))
+    for m, r in zip(models, results, strict=True):
+        if r.run is not None and not run_passed(r):
+            hint = bisect_hint(m, args.runtime, args.bundle, seed=args.seed, device_profile=args.device_profile)
+            print(f"find where it goes wrong: {hint}")
 
     if args.json:
         doc: Any = (
@@ -192,6 +196,12 @@ def run_placement_command(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------------------------------- output
+
+
+def run_passed(p: Placement) -> bool:
+    """The run succeeded and every output agrees with ORT CPU (else `bisect` is suggested, with its arguments)."""
+    v = combine(judge_outputs((p.run or {}).get("outputs") or {}, same_runtime=False).values())
+    return bool(p.run and p.run.get("ok") and v is not None and v.passed)
 
 
 def _adapter_line(a: dict[str, Any] | None) -> str:

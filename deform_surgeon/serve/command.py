@@ -217,6 +217,9 @@ def format_result(r: dict[str, Any]) -> str:
                                    *(m.get("gpu_errors") or [])])
         for e in errors:
             lines.append(f"  {m.get('label')}: {e}")
+    for m in models:
+        if m.get("ran", True) and not m.get("ok") and m.get("bisect_command"):
+            lines.append(f"  {m.get('label')}: find where it goes wrong: {m['bisect_command']}")
     return "\n".join(lines)
 
 

@@ -260,7 +260,8 @@ async function runModel(ort, m, tensor, runs) {
   const e = { label: m.label, file: m.name, ok: false, error: null, fetch_s: null, session_create_s: null,
     first_run_ms: null, runs_ms: [], min_ms: null, median_ms: null, placement: null, gpu_errors: [], outputs: [],
     vs_cpu: null, max_abs_diff_vs_cpu: null, within_tolerance: null, verdict_vs_cpu: null, vs_original: null,
-    identical_to_original: null, verdict_vs_original: null, cpu_reference_s: null, display: null };
+    identical_to_original: null, verdict_vs_original: null, cpu_reference_s: null, display: null,
+    bisect_command: (m.bisect || {})[state.bundle] || null };
   const before = gpuErrors.length;
   let session = null;
   let outs = null;
@@ -312,7 +313,7 @@ async function runModel(ort, m, tensor, runs) {
     e.outputs = session.outputNames.map((n) => ({ name: n, dtype: outs[n].type, dims: Array.from(outs[n].dims) }));
     progress(`${m.label}: ORT CPU reference on the server`);
     const layout = { input: { name: session.inputNames[0], dtype: tensor.type, dims: Array.from(tensor.dims) },
-      outputs: e.outputs };
+      outputs: e.outputs, bundle: state.bundle };
     const body = new Blob([bytesOfData(tensor.data), ...session.outputNames.map((n) => bytesOfData(outs[n].data))]);
     const c = await (await fetch(`/compare/${m.label}`, { method: 'POST', body,
       headers: { 'X-Layout': encodeURIComponent(JSON.stringify(layout)) } })).json();
@@ -321,6 +322,7 @@ async function runModel(ort, m, tensor, runs) {
     e.cpu_reference_s = c.cpu_run_s;
     e.within_tolerance = c.within_tolerance;
     e.verdict_vs_cpu = c.verdict_vs_cpu;
+    if (c.bisect_command) e.bisect_command = c.bisect_command; // with the page's own input
     const diffs = Object.values(c.vs_cpu).map((x) => x.max_abs_diff);
     e.max_abs_diff_vs_cpu = diffs.includes(null) ? null : Math.max(...diffs);
     if (c.vs_original) {
@@ -391,6 +393,7 @@ function showTable(entries) {
     ['outputs vs ORT CPU', ran((e) => verdictCell(e.verdict_vs_cpu))],
     ['outputs vs the original (same page)', ran((e) => verdictCell(e.verdict_vs_original))],
     ['errors (full text in the results JSON)', ran(errorsCell)],
+    ['find where it goes wrong', ran((e) => (e.ok || !e.bisect_command ? '' : `<code>${esc(e.bisect_command)}</code>`))],
   ];
   let html = `<tr><th></th>${entries.map((e) => `<th>${esc(e.label)}</th>`).join('')}</tr>`;
   for (const [name, fn] of rows) html += `<tr><td>${name}</td>${entries.map((e) => `<td>${fn(e)}</td>`).join('')}</tr>`;

@@ -36,7 +36,7 @@ from ..device import ADAPTER, DeviceProfile
 from ..errors import SurgeonError
 from ..placement.logparse import parse_ort_log
 from ..placement.runner import JS_DTYPES, compare_outputs, external_data_files
-from ..verdict import GPU_TOLERANCE, combine, judge_outputs
+from ..verdict import GPU_TOLERANCE, bisect_hint, combine, judge_outputs
 
 HERE = Path(__file__).resolve().parent
 PLACEMENT_DIR = HERE.parent / "placement"
@@ -162,11 +162,25 @@ class ServeApp:
                        "limits": None}
         else:
             profile = self.profile.to_dict()
-        return {"models": [m.to_config() for m in self.models.values()], "profile": profile,
+        return {"models": [{**m.to_config(), "bisect": self.bisect_commands(m)} for m in self.models.values()],
+                "profile": profile,
                 "bundles": list(BUNDLES), "default_bundle": BUNDLES[0], "runs": self.runs,
                 "default_runs": DEFAULT_RUNS, "tolerance": GPU_TOLERANCE, "versions": self.versions,
                 "image": {"url": "/image", "name": self.image.name} if self.image else
                 {"url": "/sample.png", "name": "sample.png (bundled)"}, "notes": self.notes}
+
+    def _profile_arg(self) -> str:
+        """The `--device-profile` that gives `bisect` the device this page requests."""
+        if self.profile is None:
+            return ADAPTER
+        source = self.profile.source
+        return source[len("limits from "):] if source.startswith("limits from ") else self.profile.name
+
+    def bisect_commands(self, m: ServedModel, inputs: str | None = None) -> dict[str, str]:
+        """Per bundle, the `deform-surgeon bisect` command that finds where this model goes wrong on the page's
+        runtime and device (seeded inputs; `inputs`: the page's own, saved by `compare`)."""
+        return {b: bisect_hint(str(m.path), "browser", b, seed=0, inputs=inputs, device_profile=self._profile_arg())
+                for b in BUNDLES}
 
     def logparse(self, text: str) -> dict[str, Any]:
         s = parse_ort_log(text.splitlines())
@@ -190,6 +204,8 @@ class ServeApp:
         verdict = combine(judge_outputs(out["vs_cpu"], same_runtime=False).values())
         out["verdict_vs_cpu"] = verdict.to_dict() if verdict else None
         out["within_tolerance"] = bool(verdict and verdict.passed)
+        if not out["within_tolerance"] and layout.get("bundle") in BUNDLES:
+            out["bisect_command"] = self.bisect_commands(model, str(_save_input(feeds, key)))[layout["bundle"]]
         with self._lock:
             self._last[label] = (key, got)
             first = next(iter(self.models))
@@ -200,6 +216,19 @@ class ServeApp:
             same = combine(judge_outputs(out["vs_original"], same_runtime=True, reference="the original").values())
             out["verdict_vs_original"] = same.to_dict() if same else None
         return out
+
+
+def _save_input(feeds: dict[str, np.ndarray], key: str) -> Path:
+    """The page's input as an .npz that outlives the server (named by its hash, in the temp folder), for the
+    `bisect --inputs` command the page suggests when an output differs."""
+    import tempfile
+
+    folder = Path(tempfile.gettempdir()) / "deform-surgeon-serve-inputs"
+    folder.mkdir(exist_ok=True)
+    path = folder / f"{key[:16]}.npz"
+    if not path.exists():
+        np.savez(path, **feeds)
+    return path
 
 
 def _ort_version() -> str:
