@@ -389,7 +389,7 @@ class BisectResult:
             lines.append("  inputs" + (" (prefix ending before it: agrees)" if f.index else "") + ":")
             lines += [f"    {name}: {how}" for name, how in f.inputs.items()]
         if f.errors:
-            lines.append("  runtime error: " + "; ".join(summarize_errors(f.errors, width=ERROR_WIDTH)))
+            lines.append("  runtime error: " + _error_text(f.errors))
         prefixes = self.search_runs - 1
         lines.append(f"runs: {self.search_runs} on {self.where} (1 whole model + {prefixes} "
                      f"prefix{'es' if prefixes != 1 else ''}; "
@@ -401,6 +401,15 @@ class BisectResult:
                          f"{r.detail}")
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+
+def _error_text(errors: Sequence[str]) -> str:
+    """The runtime's first error, its whole first line (ORT puts the cause at its end), and how many followed: a
+    shader that fails to compile is followed by the pipeline, bind group and command buffer it invalidates, each
+    reported again by the page's console."""
+    distinct = summarize_errors(errors, width=ERROR_WIDTH)
+    more = f" (then {len(distinct) - 1} other error(s) after it: --json FILE)" if len(distinct) > 1 else ""
+    return distinct[0] + more
 
 
 def _status_text(o: RunOutcome) -> str:
@@ -574,8 +583,7 @@ def make_repro(g: Graph, k: int, feeds: Mapping[str, np.ndarray], run: RunFn, di
         what = "node alone" if n == 1 else f"{n} nodes ({g.describe(first)} .. {g.describe(k)})"
         if o.status == FAIL:
             same = summarize_errors(o.errors) == summarize_errors(errors)
-            detail = f"the {what} fails on its own" + (" with the same error" if same else
-                                                       ": " + "; ".join(summarize_errors(o.errors)))
+            detail = f"the {what} fails on its own" + (" with the same error" if same else ": " + _error_text(o.errors))
         else:
             worst = [o.verdicts[y] for y in o.differing()]
             detail = f"the {what} differs on its own: " + (worst[0].text if worst else
