@@ -390,9 +390,11 @@ class BisectResult:
             lines += [f"    {name}: {how}" for name, how in f.inputs.items()]
         if f.errors:
             lines.append("  runtime error: " + _error_text(f.errors))
-        prefixes = self.search_runs - 1
-        lines.append(f"runs: {self.search_runs} on {self.where} (1 whole model + {prefixes} "
-                     f"prefix{'es' if prefixes != 1 else ''}; "
+        marked = sum(1 for s in self.steps if s.get("marked"))
+        prefixes = self.search_runs - 1 - marked
+        lines.append(f"runs: {self.search_runs} on {self.where} (1 whole model + "
+                     + ("1 with every tensor marked + " if marked else "")
+                     + f"{prefixes} prefix{'es' if prefixes != 1 else ''}; "
                      f"log2({self.nodes}) = {math.log2(max(self.nodes, 1)):.1f})"
                      + (f" + {self.repro.runs} repro" if self.repro else ""))
         r = self.repro
@@ -434,16 +436,23 @@ def _tensor_report(o: RunOutcome, name: str) -> dict[str, Any]:
             "max_diff_at": o.entries.get(name, {}).get("max_diff_at") if v.kind == DIFFERS else None}
 
 
-def search(g: Graph, run: Callable[[int], RunOutcome], progress: Progress = None
-           ) -> tuple[RunOutcome, Finding | None, int, list[dict[str, Any]]]:
+def search(g: Graph, run: Callable[[int], RunOutcome], progress: Progress = None,
+           marked: Callable[[], RunOutcome] | None = None
+           ) -> tuple[RunOutcome, Finding | None, int, list[dict[str, Any]], list[str]]:
     """Bisects over prefix ends; `run(k)` runs the prefix ending at node k (k = last: the whole, unmodified
-    model). Returns the whole model's outcome, the finding (None when the whole model agrees), the runs and the
-    steps."""
+    model). `marked` runs the model with every tensor an output: the first node it shows differing is a
+    candidate, checked on the prefixes ending just before it and with it, and the search goes on from what they
+    showed (two runs when they confirm it). Returns the whole model's outcome, the finding (None when the whole
+    model agrees), the runs, the steps and notes."""
     last = len(g.nodes) - 1
     steps: list[dict[str, Any]] = []
+    notes: list[str] = []
+    done: dict[int, RunOutcome] = {}
 
     def step(k: int) -> RunOutcome:
-        o = run(k)
+        if k in done:
+            return done[k]
+        o = done[k] = run(k)
         steps.append({"prefix_end": k, "node": g.nodes[k].name, "status": o.status})
         if progress:
             progress(f"run {len(steps)}: {'whole model' if k == last else f'prefix 1..{k + 1}'} "
@@ -452,8 +461,32 @@ def search(g: Graph, run: Callable[[int], RunOutcome], progress: Progress = None
 
     whole = step(last)
     if not whole.bad:
-        return whole, None, len(steps), steps
+        return whole, None, len(steps), steps, notes
     lo, lo_out, hi, hi_out = -1, None, last, whole
+    if marked is not None:
+        m = marked()
+        bad = sorted(g.producer[t] for t in m.differing() if t in g.producer)
+        candidate = bad[0] if bad else None
+        steps.append({"marked": True, "status": m.status, "candidate": None if candidate is None else
+                      g.nodes[candidate].name})
+        if progress:
+            progress(f"run {len(steps)}: every tensor marked as an output: {m.status}"
+                     + (f", first differing at {g.describe(candidate)}" if candidate is not None else ""))
+        if candidate is None:
+            notes.append(f"the marked-outputs run {m.status} and names no differing tensor: prefixes only")
+        else:
+            for k in (candidate - 1, candidate):
+                if k < 0:
+                    continue
+                o = step(k)
+                if o.bad and k < hi:
+                    hi, hi_out = k, o
+                elif not o.bad and lo < k < hi:
+                    lo, lo_out = k, o
+            if hi != candidate or lo != candidate - 1:
+                notes.append(f"the marked-outputs run named {g.describe(candidate)} first; the unmodified prefixes "
+                             "do not confirm it (marking every tensor an output changes what the runtime computes), "
+                             "so the prefixes decided")
     while hi - lo > 1:
         mid = (lo + hi) // 2
         o = step(mid)
@@ -461,7 +494,7 @@ def search(g: Graph, run: Callable[[int], RunOutcome], progress: Progress = None
             hi, hi_out = mid, o
         else:
             lo, lo_out = mid, o
-    return whole, _finding(g, hi, hi_out, lo_out), len(steps), steps
+    return whole, _finding(g, hi, hi_out, lo_out), len(steps), steps, notes
 
 
 def _finding(g: Graph, k: int, at: RunOutcome, before: RunOutcome | None) -> Finding:
@@ -634,11 +667,12 @@ def _load_inputs(inputs: str | Path | Mapping[str, Any] | None, seed: int, model
 def bisect(model: str | Path, *, runtime: str = "node", bundle: str = "webgpu", device_profile: str | None = None,
            input_shapes: dict[str, Sequence[int]] | None = None, seed: int = 0,
            inputs: str | Path | Mapping[str, Any] | None = None, repro_dir: str | Path | None = None,
-           timeout: float | None = None, progress: Progress = None) -> BisectResult:
+           timeout: float | None = None, progress: Progress = None, marked: bool = False) -> BisectResult:
     """Runs `model` on a WebGPU runtime and on ORT CPU and names the first node, in topological order, whose output
     differs beyond the GPU tolerance or whose prefix fails (module docstring); with `repro_dir`, writes the repro
     there and runs it. `runtime`/`bundle`/`device_profile`/`seed` are placement's; `inputs` an .npz file or a dict
-    of arrays instead of seeded ones; `input_shapes` fixes symbolic input dims first."""
+    of arrays instead of seeded ones; `input_shapes` fixes symbolic input dims first; `marked` first runs the model
+    with every tensor an output and checks the node it names on the prefixes (fewer runs when it holds)."""
     from .device import resolve_profile
     if runtime not in RUNTIMES:
         raise SurgeonError(None, f"runtime must be one of {', '.join(RUNTIMES)} (got {runtime!r})")
@@ -651,12 +685,13 @@ def bisect(model: str | Path, *, runtime: str = "node", bundle: str = "webgpu", 
     where = runtime if runtime == "node" else f"browser/{bundle}"
     run = webgpu_run(runtime, bundle, profile, DEFAULT_TIMEOUT if timeout is None else timeout)
     return bisect_with(model, run, where, input_shapes=input_shapes, seed=seed, inputs=inputs, repro_dir=repro_dir,
-                       progress=progress)
+                       progress=progress, marked=marked)
 
 
 def bisect_with(model: str | Path, run: RunFn, where: str, *, input_shapes: Mapping[str, Sequence[int]] | None = None,
                 seed: int = 0, inputs: str | Path | Mapping[str, Any] | None = None,
-                repro_dir: str | Path | None = None, progress: Progress = None) -> BisectResult:
+                repro_dir: str | Path | None = None, progress: Progress = None, marked: bool = False
+                ) -> BisectResult:
     """`bisect` on any runtime `run(model_path, feeds) -> RunOutcome` (the real ones: `webgpu_run`)."""
     import onnx
 
@@ -692,8 +727,14 @@ def bisect_with(model: str | Path, run: RunFn, where: str, *, input_shapes: Mapp
             finally:
                 prefix.unlink(missing_ok=True)
 
-        whole, finding, runs, steps = search(g, run_prefix, progress)
+        def run_marked() -> RunOutcome:
+            produced = [y for n in g.nodes for y in n.output if y and y not in g.constants]
+            every = _typed(_save(sub_model(g, range(len(g.nodes)), produced), tmp / "marked.onnx"), feeds)
+            return run(every, feeds)
+
+        whole, finding, runs, steps, notes = search(g, run_prefix, progress, run_marked if marked else None)
         result.whole, result.finding, result.search_runs, result.steps = whole, finding, runs, steps
+        result.notes += notes
         if finding is not None and repro is not None:
             result.repro = make_repro(g, finding.index, feeds, run, repro, tmp, progress, finding.errors)
         return result
@@ -726,6 +767,9 @@ class BisectTool(Tool):
         p.add_argument("--repro", metavar="DIR",
                        help="write the repro into DIR, a new folder (default: <model name>.repro in this folder)")
         p.add_argument("--no-repro", action="store_true", help="name the node only; write and run no repro")
+        p.add_argument("--marked", action="store_true",
+                       help="first run the model with every tensor an output (Polygraphy's `mark all`) and check the "
+                            "node it names on the unmodified prefixes: 4 runs when it holds; the prefixes decide")
         p.add_argument("--json", metavar="FILE", help="write the result (every step) as JSON")
         p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SEC",
                        help=f"stop one run after SEC seconds (default {DEFAULT_TIMEOUT:g}); a run stopped so fails")
@@ -746,7 +790,7 @@ class BisectTool(Tool):
 
         result = bisect(args.model, runtime=args.runtime, bundle=args.bundle, device_profile=args.device_profile,
                         input_shapes=INPUT_SHAPES.value(args), seed=args.seed, inputs=args.inputs, repro_dir=repro,
-                        timeout=args.timeout, progress=progress)
+                        timeout=args.timeout, progress=progress, marked=args.marked)
         print(result.format())
         if args.json:
             import json

@@ -269,3 +269,28 @@ def test_the_suggested_command_has_the_runs_arguments() -> None:
         "deform-surgeon bisect m.onnx --runtime node --device-profile limits.json --seed 0"
     assert bisect_hint("m.onnx", "browser", "webgpu", inputs="in.npz", device_profile="spec-default") == \
         "deform-surgeon bisect m.onnx --runtime browser --bundle webgpu --inputs in.npz"
+
+
+def test_a_marked_outputs_run_confirmed_on_the_prefixes_takes_four_runs(chain64: Path) -> None:
+    stub = PlantedRuntime(planted={"n45"})
+    result = bisect_with(chain64, stub, "stub", marked=True)
+    assert result.finding.node == "n45" and result.search_runs == stub.runs == 4 and not result.notes
+    assert [s.get("prefix_end", "marked") for s in result.steps] == [63, "marked", 44, 45]
+    assert "1 with every tensor marked + 2 prefixes" in result.format()
+
+
+def test_a_difference_only_the_marked_run_shows_is_not_named(chain64: Path) -> None:
+    """A stub that also goes wrong at n10 when every tensor is an output (as a runtime computing another program
+    would): the prefixes refute n10 and the search goes on to n45."""
+
+    class MarkingMatters(PlantedRuntime):
+        def __call__(self, path: Path, feeds: dict[str, np.ndarray]) -> RunOutcome:
+            marked = len(onnx.load(str(path)).graph.output) > 8
+            self.planted = {"n45", "n10"} if marked else {"n45"}
+            return super().__call__(path, feeds)
+
+    stub = MarkingMatters()
+    result = bisect_with(chain64, stub, "stub", marked=True)
+    assert result.finding.node == "n45" and result.steps[1]["candidate"] == "n10"
+    assert "do not confirm it" in result.notes[0]
+    assert result.search_runs == stub.runs <= 4 + math.ceil(math.log2(64))
