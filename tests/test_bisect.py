@@ -206,7 +206,6 @@ def _saved(model: onnx.ModelProto, path: Path) -> Path:
 
 _SETUP = missing_setup()
 _BROWSER = missing_setup("browser")
-webgpu = [pytest.mark.webgpu, pytest.mark.skipif(_SETUP is not None, reason=f"WebGPU runtimes not set up: {_SETUP}")]
 
 
 @pytest.mark.webgpu
@@ -228,6 +227,16 @@ def test_a_split_over_the_storage_buffers_fails_and_is_named(tmp_path: Path) -> 
     assert any("storage buffers" in e for e in f.errors), f.errors
     assert f.inputs["x_relu"].startswith(("byte-identical", "agrees"))
     assert result.search_runs == 2 and result.repro.reproduces and result.repro.window == (1, 1)
+
+
+@pytest.mark.webgpu
+@pytest.mark.skipif(_SETUP is not None, reason=f"WebGPU runtimes not set up: {_SETUP}")
+def test_placement_run_suggests_bisect_when_the_run_fails(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "split32.onnx"
+    onnx.save(wide_split(n=32), path)
+    assert main(["placement", str(path), "--run", "--seed", "4"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert f"find where it goes wrong: deform-surgeon bisect {path} --runtime node --seed 4" in lines
 
 
 @pytest.mark.webgpu
@@ -294,3 +303,14 @@ def test_a_difference_only_the_marked_run_shows_is_not_named(chain64: Path) -> N
     assert result.finding.node == "n45" and result.steps[1]["candidate"] == "n10"
     assert "do not confirm it" in result.notes[0]
     assert result.search_runs == stub.runs <= 4 + math.ceil(math.log2(64))
+
+
+def test_input_shapes_fix_a_symbolic_input_before_the_search(tmp_path: Path) -> None:
+    model = chain(16)
+    model.graph.input[0].type.tensor_type.shape.dim[2].dim_param = "h"
+    path = tmp_path / "dynamic.onnx"
+    onnx.save(model, path)
+    result = bisect_with(path, PlantedRuntime(planted={"n7"}), "stub", input_shapes={"x": (1, 4, 5, 8)})
+    assert result.finding.node == "n7" and result.finding.outputs["t7"]["max_diff_at"][2] < 5
+    with pytest.raises(ds.SurgeonError, match="'y', which is not an input"):
+        bisect_with(path, PlantedRuntime(), "stub", input_shapes={"y": (1,)})
