@@ -58,6 +58,9 @@ if TYPE_CHECKING:  # numpy and onnx are imported where they are used: `import de
     import onnx
 
 AGREE, DIFFER, FAIL = "agrees", "differs", "fails"
+# placement's bundles that load one model file (a transformers.js pipeline loads a folder: bisect runs its file on
+# the webgpu bundle, which the pipeline runs)
+MODEL_BUNDLES = tuple(b for b in BUNDLES if b != "transformers")
 ERROR_WIDTH = 1000  # the node's error is shown once, its whole first line: ORT puts the cause at its end
 Progress = Callable[[str], None] | None
 
@@ -676,8 +679,8 @@ def bisect(model: str | Path, *, runtime: str = "node", bundle: str = "webgpu", 
     from .device import resolve_profile
     if runtime not in RUNTIMES:
         raise SurgeonError(None, f"runtime must be one of {', '.join(RUNTIMES)} (got {runtime!r})")
-    if runtime == "browser" and bundle not in BUNDLES:
-        raise SurgeonError(None, f"bundle must be one of {', '.join(BUNDLES)} (got {bundle!r})")
+    if runtime == "browser" and bundle not in MODEL_BUNDLES:
+        raise SurgeonError(None, f"bundle must be one of {', '.join(MODEL_BUNDLES)} (got {bundle!r})")
     msg = missing_setup(runtime)
     if msg:
         raise SurgeonError(None, str(SetupMissing(msg)))
@@ -758,7 +761,7 @@ class BisectTool(Tool):
         p.add_argument("model", metavar="MODEL", help="ONNX model to bisect")
         p.add_argument("--runtime", choices=RUNTIMES, default="node",
                        help="node: onnxruntime-node native WebGPU EP (default); browser: headless Chromium")
-        p.add_argument("--bundle", choices=BUNDLES, default="webgpu",
+        p.add_argument("--bundle", choices=MODEL_BUNDLES, default="webgpu",
                        help="browser only: webgpu (native EP, transformers.js's), jsep (the default import), all")
         DEVICE_PROFILE.add_to(p, help=profile_help("the device the browser page requests"))
         INPUT_SHAPES.add_to(p)

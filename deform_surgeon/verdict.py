@@ -166,6 +166,8 @@ def bisect_hint(model: str, runtime: str, bundle: str | None, *, seed: int | Non
     import shlex
 
     parts = ["deform-surgeon", "bisect", shlex.quote(str(model)), "--runtime", runtime]
+    if bundle == "transformers":  # transformers.js's pipeline runs onnxruntime-web's webgpu bundle on the file
+        bundle = "webgpu"
     if runtime == "browser" and bundle:
         parts += ["--bundle", bundle]
     if device_profile and device_profile != "spec-default":
