@@ -622,8 +622,8 @@ def make_repro(g: Graph, k: int, feeds: Mapping[str, np.ndarray], run: RunFn, di
             detail = f"the {what} fails on its own" + (" with the same error" if same else ": " + _error_text(o.errors))
         else:
             worst = [o.verdicts[y] for y in o.differing()]
-            detail = f"the {what} differs on its own: " + (worst[0].text if worst else
-                                                              f"{len(o.errors)} uncaught WebGPU error(s)")
+            detail = f"the {what} differs on its own " + (worst[0].text.removeprefix("differs ") if worst else
+                                                             f"({len(o.errors)} uncaught WebGPU error(s))")
             if n > 1:
                 detail += f" (node {g.describe(k)} alone does not: the cause needs the nodes before it)"
         return Repro(str(directory), str(directory / "model.onnx"), str(directory / "inputs.npz"), (first, k),
@@ -783,6 +783,9 @@ class BisectTool(Tool):
 
         if args.timeout <= 0:
             raise SurgeonError(None, "--timeout must be positive")
+        import onnxruntime
+
+        onnxruntime.set_default_logger_severity(3)  # ORT CPU's warnings about a prefix's unused weights are noise
         repro = None if args.no_repro else (args.repro or f"{Path(args.model).stem}.repro")
         check_io([args.model], others=[("--json", args.json)],
                  other_reads=[(f"the --inputs file {args.inputs}", args.inputs)] if args.inputs else [])
