@@ -104,7 +104,9 @@ def outcome_of(placement: Any) -> RunOutcome:
         raise SurgeonError(placement.model, f"ORT CPU fails on this model ({run['reference_error']})")
     outputs = run.get("outputs") or {}
     if not placement.session_ok or not outputs:
-        text = run.get("error") or placement.error or "the runtime reported no outputs"
+        # a session that failed: its own error (the run's only says it was not run)
+        text = ((placement.error if not placement.session_ok else None) or run.get("error") or placement.error
+                or "the runtime reported no outputs")
         return RunOutcome(FAIL, errors=split_errors(text))
     verdicts = judge_outputs(outputs, same_runtime=False)
     gpu_errors = list(run.get("gpu_errors") or [])

@@ -314,3 +314,16 @@ def test_input_shapes_fix_a_symbolic_input_before_the_search(tmp_path: Path) -> 
     assert result.finding.node == "n7" and result.finding.outputs["t7"]["max_diff_at"][2] < 5
     with pytest.raises(ds.SurgeonError, match="'y', which is not an input"):
         bisect_with(path, PlantedRuntime(), "stub", input_shapes={"y": (1,)})
+
+
+@pytest.mark.webgpu
+@pytest.mark.skipif(_SETUP is not None, reason=f"WebGPU runtimes not set up: {_SETUP}")
+def test_a_float16_model_without_shader_f16_fails_at_its_first_gpu_node(tmp_path: Path) -> None:
+    """SwiftShader has no `shader-f16`: onnxruntime-node's WebGPU EP fails the fp16 fixture's session at its first
+    Conv (the weights' Transpose program needs f16), and bisect names it with the session's own error."""
+    result = ds.bisect(FIXTURES / "decoder_gathernd_fp16.onnx", runtime="node", repro_dir=tmp_path / "repro")
+    if result.finding is None:
+        pytest.skip("this machine's adapter offers shader-f16: the fp16 model runs")
+    f = result.finding
+    assert (f.index, f.op, f.status) == (0, "Conv", "fails") and any("requires f16" in e for e in f.errors), f.errors
+    assert result.search_runs <= 1 + math.ceil(math.log2(result.nodes)) and result.repro.reproduces
