@@ -87,6 +87,29 @@ def chain(n: int) -> onnx.ModelProto:
     return model
 
 
+def gathernd_chain(n: int, at: int) -> onnx.ModelProto:
+    """`chain(n)`'s Adds and Muls on rank-5 data [1, 1, 10, 10, 4], with node `at` the exporter's rank-5 GatherND
+    (batch_dims 2, constant int64 indices [1, 1, 64, 2] in range): a node JSEP gets wrong (its shader does not
+    compile; onnxruntime issue 32731), in a chain of nodes it gets right."""
+    idx = np.random.default_rng(0).integers(0, 10, size=(1, 1, 64, 2)).astype(np.int64)
+    nodes, prev = [], "x"
+    for i in range(n):
+        if i == at:
+            nodes.append(helper.make_node("GatherND", [prev, "idx"], [f"t{i}"], name=f"n{i}", batch_dims=2))
+        else:
+            op = "Add" if i % 2 == 0 else "Mul"
+            nodes.append(helper.make_node(op, [prev, "c_add" if op == "Add" else "c_mul"], [f"t{i}"], name=f"n{i}"))
+        prev = f"t{i}"
+    graph = helper.make_graph(
+        nodes, "gathernd_chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 10, 10, 4])],
+        [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [1, 1, 64, 4])],
+        [numpy_helper.from_array(idx, "idx"), numpy_helper.from_array(np.float32(0.25), "c_add"),
+         numpy_helper.from_array(np.float32(-1.0), "c_mul")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
 @pytest.fixture
 def chain64(tmp_path: Path) -> Path:
     path = tmp_path / "chain64.onnx"
@@ -327,3 +350,19 @@ def test_a_float16_model_without_shader_f16_fails_at_its_first_gpu_node(tmp_path
     f = result.finding
     assert (f.index, f.op, f.status) == (0, "Conv", "fails") and any("requires f16" in e for e in f.errors), f.errors
     assert result.search_runs <= 1 + math.ceil(math.log2(result.nodes)) and result.repro.reproduces
+
+
+@pytest.mark.webgpu
+@pytest.mark.skipif(_BROWSER is not None, reason=f"browser runtime not set up: {_BROWSER}")
+@pytest.mark.parametrize("at", [0, 16, 31])
+def test_a_real_difference_is_named_at_the_start_middle_and_end(tmp_path: Path, at: int) -> None:
+    """A rank-5 GatherND at the start, middle and end of a 32-node chain, on JSEP in headless Chromium (not a stub):
+    named, with 1 + log2(32) runs and a 1-run repro."""
+    path = tmp_path / "chain.onnx"
+    onnx.save(gathernd_chain(32, at), path)
+    result = ds.bisect(path, runtime="browser", bundle="jsep", repro_dir=tmp_path / "repro")
+    f = result.finding
+    assert f is not None and (f.node, f.op, f.status) == (f"n{at}", "GatherND", "differs"), result.format()
+    assert f.outputs[f"t{at}"]["kind"] == "differs" and any("WGSL" in e for e in f.errors)
+    assert all(how == "constant" or how.startswith(("byte-identical", "graph input")) for how in f.inputs.values())
+    assert result.search_runs == 1 + 5 and result.repro.runs == 1 and result.repro.reproduces

@@ -260,6 +260,9 @@ def test_a_model_the_adapter_cannot_run_is_a_failure(tmp_path: Path) -> None:
     assert m["runs_ms"] == [] and m["outputs"] == []
     assert m["placement"]["placement_logged"] and m["placement"]["cpu_nodes"] > 0
     assert "requires f16" in r.stdout
+    hint = f"original: find where it goes wrong: deform-surgeon bisect {FIXTURES / 'decoder_gathernd_fp16.onnx'} " \
+        "--runtime browser --bundle webgpu --device-profile adapter --seed 0"
+    assert m["bisect_command"] in hint and hint in r.stdout
 
 
 def test_serves_the_external_data_a_model_names_and_no_other_file(tmp_path: Path) -> None:
