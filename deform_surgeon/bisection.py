@@ -212,20 +212,27 @@ def _inferred(model: onnx.ModelProto) -> onnx.ModelProto:
         return model
 
 
-def _typed(path: Path, feeds: Mapping[str, np.ndarray]) -> Path:
-    """A written model whose untyped graph outputs are given the dtypes and shapes ORT CPU computes for them."""
-    import onnx
+def _type_outputs(model: onnx.ModelProto, values: Mapping[str, np.ndarray]) -> bool:
+    """Gives the model's untyped graph outputs the dtypes and shapes of `values` (ORT CPU's arrays of them), in
+    place; whether any was untyped."""
     from onnx import helper
 
+    untyped = [vi for vi in model.graph.output if not vi.type.HasField("tensor_type")]
+    for vi in untyped:
+        a = values[vi.name]
+        vi.CopyFrom(helper.make_tensor_value_info(vi.name, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape))
+    return bool(untyped)
+
+
+def _typed(path: Path, feeds: Mapping[str, np.ndarray]) -> Path:
+    """A written model whose untyped graph outputs are typed as ORT CPU computes them (one ORT CPU run, only when
+    some output is untyped)."""
+    import onnx
+
     model = onnx.load(str(path), load_external_data=False)
-    if all(vi.type.HasField("tensor_type") for vi in model.graph.output):
-        return path
-    values = reference_outputs(path, dict(feeds))
-    for vi in model.graph.output:
-        if not vi.type.HasField("tensor_type"):
-            a = values[vi.name]
-            vi.CopyFrom(helper.make_tensor_value_info(vi.name, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape))
-    onnx.save_model(model, str(path))
+    if any(not vi.type.HasField("tensor_type") for vi in model.graph.output):
+        _type_outputs(model, reference_outputs(path, dict(feeds)))
+        onnx.save_model(model, str(path))
     return path
 
 
@@ -549,18 +556,15 @@ def write_repro(g: Graph, first: int, last: int, values: Mapping[str, np.ndarray
     """The window's model, its inputs as `inputs.npz` and as ONNX TensorProto files with ORT CPU's outputs
     (`test_data_set_0/`, the layout onnxruntime's and ONNX's test runners read); returns the model's path."""
     import numpy as np
-    from onnx import helper, numpy_helper
+    from onnx import numpy_helper
 
     directory.mkdir(parents=True, exist_ok=True)
     outputs = [y for y in g.nodes[last].output if y]
     model = sub_model(g, range(first, last + 1), outputs, values)
     model_path = _save(model, directory / "model.onnx")
     expected = reference_outputs(model_path, dict(values))
-    for vi in model.graph.output:  # typed as ORT CPU makes them, so that onnx.checker passes the repro
-        if not vi.type.HasField("tensor_type"):
-            a = expected[vi.name]
-            vi.CopyFrom(helper.make_tensor_value_info(vi.name, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape))
-    _save(model, model_path)
+    if _type_outputs(model, expected):  # typed as ORT CPU makes them, so that onnx.checker passes the repro
+        _save(model, model_path)
     np.savez(directory / "inputs.npz", **values)
     data = directory / "test_data_set_0"
     if data.exists():

@@ -49,6 +49,7 @@ class PlantedRuntime:
     def __call__(self, path: Path, feeds: dict[str, np.ndarray]) -> RunOutcome:
         self.runs += 1
         model = onnx.load(str(path))
+        onnx.checker.check_model(model)  # as placement's runner does (budget.analyze): every output typed
         names = {n.name for n in model.graph.node}
         if names & self.failing:
             return RunOutcome(FAIL, errors=[f"stub: kernel {sorted(names & self.failing)[0]} failed"])
@@ -366,3 +367,22 @@ def test_a_real_difference_is_named_at_the_start_middle_and_end(tmp_path: Path, 
     assert f.outputs[f"t{at}"]["kind"] == "differs" and any("WGSL" in e for e in f.errors)
     assert all(how == "constant" or how.startswith(("byte-identical", "graph input")) for how in f.inputs.values())
     assert result.search_runs == 1 + 5 and result.repro.runs == 1 and result.repro.reproduces
+
+
+def test_a_tensor_shape_inference_cannot_type_is_typed_from_ort_cpu(tmp_path: Path) -> None:
+    """com.microsoft's Gelu has no ONNX shape inference: its output, exposed in the prefixes, is typed by ORT CPU's
+    array, so that onnx.checker (which placement's runner applies) passes every prefix."""
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="relu"),
+             helper.make_node("Gelu", ["a"], ["b"], name="gelu", domain="com.microsoft"),
+             helper.make_node("Neg", ["b"], ["c"], name="neg"), helper.make_node("Neg", ["c"], ["d"], name="neg2")]
+    graph = helper.make_graph(nodes, "gelu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("d", TensorProto.FLOAT, [2, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft",
+                                                                                                     1)])
+    model.ir_version = 8
+    path = tmp_path / "gelu.onnx"
+    onnx.save(model, path)
+    assert "b" not in Graph.of(onnx.load(str(path)), path).types
+    result = bisect_with(path, PlantedRuntime(planted={"neg"}), "stub", repro_dir=tmp_path / "repro")
+    assert result.finding.node == "neg" and result.finding.inputs["b"].startswith("byte-identical")
+    assert onnx.load(result.repro.model).graph.input[0].type.tensor_type.elem_type == TensorProto.FLOAT
