@@ -569,8 +569,10 @@ def test_an_output_that_differs_gets_the_bisect_command_with_the_pages_input(ser
     command = json.loads(text)["bisect_command"].split()
     assert command[:3] == ["deform-surgeon", "bisect", str(ORIGINAL)] and command[3:7] == ["--runtime", "browser",
                                                                                            "--bundle", "jsep"]
-    saved = np.load(command[command.index("--inputs") + 1])
-    assert saved["image"].tobytes() == image.tobytes()
+    saved_path = Path(command[command.index("--inputs") + 1])
+    with np.load(saved_path) as saved:
+        assert saved["image"].tobytes() == image.tobytes()
+    saved_path.unlink()  # the server keeps it for the user; the test leaves nothing behind
     status, text = _request(server, "POST", "/compare/original", image.tobytes() + cpu.tobytes(),
                             {"X-Layout": json.dumps(layout)})
     assert "bisect_command" not in json.loads(text)
