@@ -29,6 +29,18 @@ window.runHarness = async function runHarness(cfg) {
   }
   hookDevices(); // after applyProfile: every device the page creates reports its errors
 
+  if (cfg.bundle === 'transformers') {
+    const { runTransformers } = await import('/transformers_page.mjs');
+    const pipe = await runTransformers(cfg, result, progress, gpuErrors);
+    result.gpu_errors = gpuErrors.slice();
+    try {
+      await pipe?.dispose();
+    } catch {
+      // release errors do not change the measurement
+    }
+    return result;
+  }
+
   progress(`importing /ort/${cfg.bundleFile}`);
   const ort = await import(`/ort/${cfg.bundleFile}`);
   result.versions['onnxruntime-web'] = ort.env.versions ? ort.env.versions.web || ort.env.versions.common : null;
