@@ -357,6 +357,8 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
             report.note += f"; wrote an unchanged copy to {output_path}"
         elif output_path is not None:
             report.note += "; no output written (--copy-unchanged writes an unchanged copy)"
+        if not report.written:  # what a page would be given is the input, as it is
+            report.weights = _weights_form(model_path, None, weights, weights.external, "auto")
         return report
 
     if output_path is not None:
