@@ -21,6 +21,7 @@ import { fileURLToPath } from 'node:url';
 
 import {
   errorText,
+  chromiumPeakMemory,
   launchChromium,
   newResult,
   parseArgs,
@@ -264,10 +265,10 @@ async function main() {
       externalData: external,
       inputs: args.run && bundleName !== 'transformers' ? readInputsMeta(io) : [],
       modelFile: args['model-file'],
-      dtype: 'fp32', // the file is named by modelFile: see transformers_page.mjs
       userDtype: args.dtype,
     };
     const r = await page.evaluate((c) => window.runHarness(c), cfg);
+    result.peak_rss_mib = chromiumPeakMemory(userDataDir); // before the browser closes: its processes' peaks
     const consoleGpuErrors = result.gpu_errors;
     const before = { versions: result.versions, timings: result.timings, adapter_note: result.adapter_note };
     Object.assign(result, r);

@@ -253,6 +253,8 @@ def format_placement(p: Placement) -> str:
     if p.error:
         lines += _error_lines("error:  ", p.error)
     lines.append(_adapter_line(p.adapter))
+    if p.peak_rss_mib:  # the renderer holds the page's JS and wasm heaps; the GPU process what WebGPU uploads
+        lines.append("memory:  peak RSS " + ", ".join(f"{k} {v:,.0f} MiB" for k, v in sorted(p.peak_rss_mib.items())))
     lines += _profile_lines(p)
     if p.placement_logged:
         per = ", ".join(f"{ep} {n}" for ep, n in p.nodes_by_provider.items())

@@ -486,6 +486,7 @@ def measure_placement(
             device_profile=profile.to_dict(),
             applied_limits=raw.get("applied_limits"),
             limit_violations=violations,
+            peak_rss_mib={str(k): float(v) for k, v in (raw.get("peak_rss_mib") or {}).items()},
         )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

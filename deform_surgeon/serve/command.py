@@ -25,7 +25,7 @@ from ..args import DEVICE_PROFILE
 from ..errors import SurgeonError
 from ..tool import Tool
 from ..verdict import split_errors, summarize_errors
-from .server import BUNDLES, DEFAULT_RUNS
+from .server import BUNDLES, DEFAULT_RUNS, TRANSFORMERS
 
 HEADLESS_TIMEOUT = 600.0
 
@@ -39,7 +39,8 @@ class ServeTool(Tool):
                    "CPU. Needs `deform-surgeon setup` (and a browser with WebGPU).")
 
     def add_args(self, p: argparse.ArgumentParser) -> None:
-        p.add_argument("original", metavar="ORIGINAL", help="the model as exported")
+        p.add_argument("original", metavar="ORIGINAL", help="the model as exported (a .onnx file, or a transformers.js "
+                       "model folder: config.json beside onnx/, whose onnx/model.onnx it runs)")
         p.add_argument("patched", metavar="PATCHED", nargs="?", default=None, help="its patched version (optional)")
         p.add_argument("--port", type=_port, default=0, help="port on 127.0.0.1 (default 0: a free port, printed)")
         DEVICE_PROFILE.add_to(
@@ -55,11 +56,13 @@ class ServeTool(Tool):
         p.add_argument("--image", metavar="FILE", default=None,
                        help="the picture the page starts with (default: a bundled sample); the page has a picker")
         p.add_argument("--open", action="store_true", help="open the page in the default browser")
-        p.add_argument("--bundle", choices=BUNDLES, default=None,
+        p.add_argument("--bundle", choices=(*BUNDLES, TRANSFORMERS), default=None,
                        help="bundle the page starts with (the page has a picker): webgpu = "
                             "`import 'onnxruntime-web/webgpu'` (default; what transformers.js imports), jsep = "
                             "`import 'onnxruntime-web'`, where the original model's deformable convolutions fail: "
-                            "the bug the patch fixes")
+                            "the bug the patch fixes; transformers = transformers.js's "
+                            "pipeline('background-removal', MODEL, {device: 'webgpu', dtype}) on the model folders "
+                            "(only when both models are in one: what `batch DIR OUTDIR` writes)")
         g = p.add_argument_group("headless (CI): run the page in headless Chromium on this machine and exit")
         g.add_argument("--headless", metavar="RESULT.json", help="write the page's result JSON here")
         g.add_argument("--screenshot", metavar="PAGE.png", help="with --headless: also save a screenshot of the page")
@@ -118,6 +121,10 @@ def run_serve(args: argparse.Namespace) -> int:
         app = ServeApp(models, profile, runs=args.runs, image=image)
     except RuntimeError as e:
         return _err(str(e))
+    outside = [m for m in models if m.folder is None]
+    if args.bundle == TRANSFORMERS and outside:
+        return _err(f"{outside[0].path}: --bundle transformers runs model folders (config.json beside onnx/), and "
+                    "this model is in none: give the folders, e.g. as `batch DIR OUTDIR` writes them")
     try:
         server = make_server(app, args.port)
     except OSError as e:
