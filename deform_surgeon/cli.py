@@ -61,7 +61,7 @@ class PatchTool(Tool):
 
     def run(self, args: argparse.Namespace) -> int:
         out = args.output or str(Path(args.model).with_suffix("")) + ".patched.onnx"
-        check_io([args.model], out, [("--report", args.report)])
+        check_io([args.model], out, [("--report", args.report)], external_data=args.external_data or "auto")
         report = patch(args.model, out, **self.write.parse(args), **self.rewrite.parse(args),
                        verify_options=self.comparison.for_model(args, args.model))
         print(report.format(verbose=args.verbose, cli=True))
