@@ -23,7 +23,7 @@ import graphs
 import numpy as np
 import onnx
 import pytest
-from helpers import ERROR_PREFIX, FIXTURES, copy_fixture, run
+from helpers import ERROR_PREFIX, FIXTURES, copy_fixture, one_error_line, run
 from onnx import TensorProto, helper
 
 DS = [sys.executable, "-m", "deform_surgeon"]
@@ -857,3 +857,88 @@ def test_batch_sizes_like_the_command_line_and_bad_entries_fail_alone_while_plan
     assert re.search(r"m\.toml, \[\[model\]\] #3: option max_memory: bad size '0'", rows["3"]), proc.stdout
     assert re.search(r"m\.toml, \[\[model\]\] #4: option seed = 4294967295 should be at most", rows["4"]), proc.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b.onnx", "b.report.json", "m.onnx", "m.toml"]
+
+
+# ------------------------------------------------------------------------------------------ third round (issue 33)
+def _symbolic(d: Path, name: str = "sym.onnx", dims: int = 1) -> Path:
+    """The 4-input Sum model with its first `dims` dims symbolic."""
+    model = graphs.sum_only()
+    for vi in [*model.graph.input, *model.graph.output]:
+        for k in range(dims):
+            vi.type.tensor_type.shape.dim[k].dim_param = f"d{k}"
+    onnx.save(model, d / name)
+    return d / name
+
+
+@pytest.mark.parametrize("argv, problem", [
+    (["inspect", "sym.onnx", "--input-shapes", "x0:99999999999999999999999,3"],
+     r"^--input-shape x0:99999999999999999999999,3: dim 99999999999999999999999 is not from 1 to 2,147,483,647"),
+    (["patch", "sym.onnx", "o.onnx", "--input-shapes", "x0:2147483648,3"], r"dim 2147483648 is not from 1 to"),
+    (["inspect", "sym2.onnx", "--input-shapes", "x0:2147483647,2147483647"],
+     r"^sym2\.onnx: --input-shape x0:2147483647,2147483647 makes an input of 18,446,744,056,529,682,436 bytes, more "
+     r"than a 64-bit size can hold"),
+    (["inspect", "sym.onnx", "--input-shapes", "x0:2,3", "--input-shapes", "x1:2,3", "--input-shapes", "x0:4,3"],
+     r"^--input-shape names 'x0' twice \(x0:2,3 and 'x0:4,3'\) \(give each input once\)"),
+], ids=["huge-dim", "dim-over-int32", "size-over-int64", "repeated"])
+def test_input_shapes_out_of_range_or_repeated_are_one_line(tmp_path, argv, problem):
+    """A dim of 2^63 or more ended in "ValueError: Value out of range" (exit 1); a repeated input kept the last
+    shape without a word. Dims are from 1 to 2^31 - 1, an input's bytes fit an int64, each input is given once."""
+    _symbolic(tmp_path)
+    _symbolic(tmp_path, "sym2.onnx", dims=2)
+    before = state(tmp_path)
+    proc = run(*argv, cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert re.search(problem, one_error_line(proc)), proc.stderr
+    assert state(tmp_path) == before
+
+
+def test_input_shapes_out_of_range_through_the_api_and_a_manifest(tmp_path):
+    import deform_surgeon as ds
+
+    src = _symbolic(tmp_path)
+    with pytest.raises(ds.SurgeonError, match=r"^input_shapes x0:10{23},3: dim 10{23} is not from 1 to"):
+        ds.inspect(src, input_shapes={"x0": [10**23, 3]})
+    (tmp_path / "m.toml").write_text('[[model]]\ninput = "sym.onnx"\noutput = "a.onnx"\n'
+                                     'input_shapes = { x0 = [9223372036854775807, 3] }\n')
+    proc = run("batch", "m.toml", "--no-progress", cwd=tmp_path)
+    assert proc.returncode == 1 and "internal error" not in proc.stdout and "Traceback" not in proc.stderr
+    assert re.search(r"m\.toml, \[\[model\]\] #1: option input_shapes: input_shapes x0:9223372036854775807,3: dim "
+                     r"9223372036854775807 is not from 1 to 2,147,483,647", _summary_rows(proc.stdout)["1"])
+
+
+@pytest.mark.parametrize("value", [5, 3.5, b"sum_chain", None])
+def test_api_skip_passes_of_the_wrong_type_and_a_generator(tmp_path, value):
+    """`skip_passes=5` or `3.5` was a TypeError; a generator was consumed by the type check, so nothing was
+    skipped, silently: it is read once, and what it names is skipped."""
+    import deform_surgeon as ds
+
+    src = FIXTURES / "decoder_gathernd.onnx"
+    if value is None:
+        report = ds.inspect(src, skip_passes=(n for n in ["sum_chain", "fit"]))
+        assert "sum_chain" not in report.passes and "fit" not in report.passes and "gathernd" in report.passes
+        assert report.options["skip_passes"] == ("sum_chain", "fit")
+        return
+    problem = f"skip_passes takes a list of pass names, not {value!r}"
+    with pytest.raises(ds.SurgeonError, match=f"^{re.escape(problem)}"):
+        ds.patch(src, tmp_path / "o.onnx", skip_passes=value)
+    assert not list(tmp_path.iterdir())
+
+
+def _limit_address_space() -> None:
+    import resource
+    resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, 3 * 2**30))
+
+
+def test_verify_at_a_size_that_cannot_be_allocated_says_the_size_needs_it(tmp_path):
+    """`--verify --input-shapes` at a size whose seeded input cannot be allocated (here under a 3 GiB address-space
+    limit) told the user to give the size with --input-shapes: it says the size given needs 22.4 GiB."""
+    _symbolic(tmp_path)
+    before = state(tmp_path)
+    proc = subprocess.run([*DS, "patch", "sym.onnx", "o.onnx", "--verify", "--input-shapes", "x0:1000000000,3"],
+                          cwd=tmp_path, capture_output=True, text=True, preexec_fn=_limit_address_space)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    line = one_error_line(proc)
+    assert line.startswith("sym.onnx: fails to run on ORT CPU with the seeded inputs: the size given with "
+                           "--input-shapes (x0:1000000000,3) needs 22.4 GiB in one allocation, which failed"), line
+    assert "give the size" not in line
+    assert state(tmp_path) == before
