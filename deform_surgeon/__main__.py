@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from .errors import catch_signals, stopped_exit
 
@@ -31,7 +31,9 @@ HUGE_PAGES = "glibc.malloc.hugetlb=1"
 THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
 
 
-def run() -> int:
+def run(note: str | None = None) -> int:
+    """The command in this process: the signal handlers first, then the command line (`note`: what --verbose says
+    about huge pages)."""
     if threading.current_thread() is threading.main_thread():
         catch_signals()
     try:
@@ -41,18 +43,63 @@ def run() -> int:
         if code is None:
             raise
         return code
-    return cli_main()
+    return cli_main(start_note=note)
 
 
 def main() -> int:
-    """The command: started once more with huge pages where that helps (see the module docstring), then `run`."""
-    environ = huge_pages_environ(os.environ, _glibc_version(), _thp_mode())
-    if environ is not None:
-        try:
-            os.execve(sys.executable, sys.orig_argv, environ)
-        except OSError:  # cannot start itself again (a frozen or vanished interpreter): run as it is
-            pass
-    return run()
+    """The command (the console script's and `python -m deform_surgeon`'s): started once more with huge pages where
+    that helps (the module docstring), but only where starting again runs this command and nothing else
+    (`restarts_exactly`). Called from a script (which set `sys.argv`, `python - <<EOF`, `-c`), a start again would
+    run the script again from its first line (its side effects twice; from stdin, nothing at all: it is at its
+    end), so the command runs as it is and --verbose says why."""
+    if threading.current_thread() is threading.main_thread():
+        catch_signals()  # before anything else: a Ctrl-C here is one line too
+    try:
+        environ = huge_pages_environ(os.environ, _glibc_version(), _thp_mode())
+        if environ is not None and restarts_exactly(sys.orig_argv, sys.argv, sys.modules.get("__main__")):
+            try:
+                os.execve(sys.executable, sys.orig_argv, environ)
+            except OSError:  # cannot start itself again (a frozen or vanished interpreter): run as it is
+                pass
+            note = "huge pages: not asked for (the command could not start itself again)"
+        elif environ is not None:
+            note = ("huge pages: not asked for: glibc reads GLIBC_TUNABLES only when a process starts, and this one "
+                    "was not started as `deform-surgeon` or `python -m deform_surgeon` (starting it again would run "
+                    f"its caller again); set GLIBC_TUNABLES={HUGE_PAGES} before Python starts to have them")
+        else:
+            note = huge_pages_state(os.environ, _glibc_version(), _thp_mode())
+    except BaseException as exc:
+        code = stopped_exit(exc)
+        if code is None:
+            raise
+        return code
+    return run(note)
+
+
+def restarts_exactly(orig_argv: Sequence[str], argv: Sequence[str], main_module: object) -> bool:
+    """Whether running `orig_argv` (the interpreter's own command line) again runs this command with the same
+    arguments and nothing else: the process was started as `python [options] -m deform_surgeon ARGS` or as the
+    console script `deform-surgeon ARGS` (the file Python ran as `__main__`), and ARGS are still `argv[1:]`."""
+    args = list(argv[1:])
+    if len(orig_argv) <= len(args) or list(orig_argv[len(orig_argv) - len(args):]) != args:
+        return False
+    head = list(orig_argv[:len(orig_argv) - len(args)])
+    spec = getattr(main_module, "__spec__", None)
+    if spec is not None and spec.name == f"{__package__}.__main__":
+        return head[-2:] == ["-m", __package__] or head[-1] == f"-m{__package__}"
+    file = getattr(main_module, "__file__", None)
+    return spec is None and isinstance(file, str) and os.path.basename(file) == "deform-surgeon" and \
+        head[-1] == file and head[-1] == argv[0]
+
+
+def huge_pages_state(environ: Mapping[str, str], glibc: tuple[int, int] | None, thp_mode: str | None) -> str:
+    """What --verbose says when the command does not start itself again (`huge_pages_environ` gave None)."""
+    tunables = environ.get("GLIBC_TUNABLES", "")
+    if "glibc.malloc.hugetlb" in tunables:
+        return f"huge pages: as GLIBC_TUNABLES={tunables} asks"
+    if glibc is None or glibc < (2, 35):
+        return "huge pages: not asked for (not glibc 2.35 or later)"
+    return f"huge pages: not asked for (transparent huge pages are '{thp_mode or 'not available'}', not 'madvise')"
 
 
 def huge_pages_environ(environ: Mapping[str, str], glibc: tuple[int, int] | None, thp_mode: str | None

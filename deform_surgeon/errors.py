@@ -8,12 +8,15 @@ input untouched and no output written. Raising `SurgeonError` anywhere below the
 from __future__ import annotations
 
 import functools
-import inspect
 import signal
 import sys
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from pathlib import Path
+# (`inspect` is imported where it is used: the command imports this module before its signal handlers are in place,
+# and inspect is most of its import time)
 
 
 class SurgeonError(Exception):
@@ -81,6 +84,8 @@ def api_call(fn: _F) -> _F:
     """A public API function whose user errors are `SurgeonError`s, as on the command line: arguments it does not
     take (a misspelt or unknown option) and an `OSError` about a file (permission denied, a name too long, a file
     removed under it), which would otherwise reach the user as a TypeError or a traceback."""
+    import inspect
+
     signature = inspect.signature(fn)
     takes = ", ".join(signature.parameters)
 

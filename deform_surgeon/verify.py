@@ -384,9 +384,7 @@ def _allocation(exc: BaseException) -> str | None:
     if m := re.search(r"Unable to allocate (\d+(?:\.\d*)?) ?([KMGTPE]?i?B)", text):
         return f"{m.group(1).rstrip('.')} {m.group(2)}"
     if m := re.search(r"allocate memory for requested buffer of size (\d+)", text):
-        from .budget import human
-
-        return human(int(m.group(1)))
+        return f"{int(m.group(1)):,} bytes"
     return "more memory than there is" if isinstance(exc, MemoryError) else None
 
 
