@@ -946,3 +946,79 @@ def test_verify_at_a_size_that_cannot_be_allocated_says_the_size_needs_it(tmp_pa
                            "--input-shapes (x0:1000000000,3) needs 22.4 GiB in one allocation, which failed"), line
     assert "give the size" not in line
     assert state(tmp_path) == before
+
+
+def _model_folder(d: Path) -> Path:
+    """DIR with a model, a subfolder with another, and a link to that subfolder."""
+    src = d / "src"
+    (src / "real").mkdir(parents=True)
+    copy_fixture("sum_only.onnx", src, "m.onnx")
+    copy_fixture("sum_only.onnx", src / "real", "r.onnx")
+    (src / "alias").symlink_to("real")
+    return src
+
+
+def test_batch_folder_follows_a_link_to_a_folder_inside_dir_and_refuses_others(tmp_path):
+    """A linked subfolder of DIR was neither patched nor copied nor reported. Inside DIR it is followed (its
+    models patched under the link's name); a link out of DIR, or to a folder that holds it, is one line, exit 2."""
+    src = _model_folder(tmp_path)
+    proc = run("batch", "src", "out", "--no-progress", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"^\s+alias/r\.onnx\s+ok", proc.stdout, re.M), proc.stdout
+    assert (tmp_path / "out" / "alias" / "r.onnx").is_file() and not (tmp_path / "out" / "alias").is_symlink()
+    (tmp_path / "ext").mkdir()
+    for link, target, named, problem in [
+            ("outside", "../ext", "outside", r"is a link to a folder outside DIR \(.*/ext\)"),
+            ("real/loop", "..", "alias/loop", r"is a link to .*/src, a folder that holds it")]:  # (alias first)
+        (src / link).symlink_to(target)
+        before = state(tmp_path)
+        proc = run("batch", "src", "out2", "--no-progress", cwd=tmp_path)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        line = one_error_line(proc)
+        assert line.startswith(f"src/{named}: ") and re.search(problem, line), line
+        assert state(tmp_path) == before
+        (src / link).unlink()
+
+
+def test_batch_folder_output_through_a_link_in_outdir_is_refused(tmp_path):
+    """A linked subfolder the user has in OUTDIR was followed: the outputs landed in its target, outside OUTDIR."""
+    _model_folder(tmp_path)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "out" / "real").symlink_to("../elsewhere")
+    before = state(tmp_path)
+    proc = run("batch", "src", "out", "--no-progress", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert re.match(r"out/real: leads outside OUTDIR \(out\) through a link, to .*/elsewhere",
+                    one_error_line(proc))
+    assert state(tmp_path) == before and not list((tmp_path / "elsewhere").iterdir())
+
+
+def test_batch_folder_refused_up_front_leaves_no_folders(tmp_path):
+    """A batch refused once the output folders were made (here: a file to copy onto a FIFO in OUTDIR) left them
+    behind, empty; they are taken back."""
+    src = _model_folder(tmp_path)
+    (src / "notes.txt").write_text("notes")
+    (tmp_path / "out").mkdir()
+    os.mkfifo(tmp_path / "out" / "notes.txt")
+    before = state(tmp_path)
+    proc = run("batch", "src", "out", "--no-progress", cwd=tmp_path)
+    assert proc.returncode == 2 and "is a FIFO" in one_error_line(proc), proc.stderr
+    assert set(state(tmp_path)) == set(before)  # no out/alias, no out/real (only out's mtime moved)
+
+
+def test_two_output_links_to_one_file_are_named(tmp_path):
+    """Two outputs that are links to one file: the refusal says which two, and the file they are."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("a", "b"):
+        copy_fixture("sum_only.onnx", src, f"{name}.onnx")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "x.onnx").write_bytes(b"")
+    for name in ("a", "b"):
+        (tmp_path / "out" / f"{name}.onnx").symlink_to("../x.onnx")
+    proc = run("batch", "src", "out", "--no-progress", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert re.search(r"out/b\.onnx: the output of entry 2 \(src/b\.onnx\) is also the output of entry 1 "
+                     r"\(src/a\.onnx\) \(out/b\.onnx and out/a\.onnx are both .*/x\.onnx\): one would overwrite",
+                     proc.stdout), proc.stdout
