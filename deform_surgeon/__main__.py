@@ -3,7 +3,8 @@
 Why not `cli.main` directly: the command line imports onnx, onnx-graphsurgeon and numpy before it can parse an
 argument, a second or more. Ctrl-C or SIGTERM in that time must end the command as at any other moment (one line,
 exit 130 / 143), not as a KeyboardInterrupt traceback, so the handlers are installed here first, by a module that
-imports nothing heavy (the package's `__init__` imports its API lazily).
+imports nothing heavy (the package's `__init__` imports nothing: its API is imported when first used; `errors`
+imports only the standard library's light modules), before anything else `main` does.
 
 Why the command may start itself once more (`huge_pages_environ`): ORT CPU, without an arena, takes every tensor
 of a run from glibc's malloc and gives it back when the run ends, so each of the many short ORT runs of a `patch`
@@ -13,9 +14,11 @@ large allocations with transparent huge pages (2 MiB) when told so at start-up,
 `GLIBC_TUNABLES=glibc.malloc.hugetlb=1` (glibc 2.35 and later), and only the environment can tell it: where the
 kernel gives huge pages only to memory that asks for them (`/sys/kernel/mm/transparent_hugepage/enabled` is
 `madvise`, the common default), the command sets it and replaces itself with the same command line (`os.execve`:
-the same process, nothing left behind). A `GLIBC_TUNABLES` that already names `glibc.malloc.hugetlb` is the user's
-choice and is kept (`=0` turns it off). The setting is inherited by what the command starts (batch workers, node,
-Chromium), as any environment variable.
+the same process, nothing left behind). Only where that runs this command again and nothing else
+(`restarts_exactly`): a script that sets `sys.argv` and calls `main()` would run again from its first line, so
+there the command runs without huge pages (glibc reads the setting at start-up only) and `patch --verbose` says so.
+A `GLIBC_TUNABLES` that already names `glibc.malloc.hugetlb` is the user's choice and is kept (`=0` turns it off).
+The setting is inherited by what the command starts (batch workers, node, Chromium), as any environment variable.
 """
 
 from __future__ import annotations
