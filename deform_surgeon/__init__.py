@@ -17,9 +17,11 @@ from __future__ import annotations
 import importlib
 import sys
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
 
+TYPE_CHECKING = False  # (typing is not imported: it was most of the time before the command's signal handlers)
 if TYPE_CHECKING:
+    from typing import Any
+
     from .device import DeviceProfile, resolve_profile
     from .errors import SurgeonError, VerificationError
     from .report import PatchReport

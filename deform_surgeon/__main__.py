@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
-from collections.abc import Mapping, Sequence
 
 from .errors import catch_signals, stopped_exit
+
+TYPE_CHECKING = False  # (typing and threading are not imported before the handlers: errors.py says why)
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
 
 HUGE_PAGES = "glibc.malloc.hugetlb=1"
 THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
@@ -37,8 +39,7 @@ THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
 def run(note: str | None = None) -> int:
     """The command in this process: the signal handlers first, then the command line (`note`: what --verbose says
     about huge pages)."""
-    if threading.current_thread() is threading.main_thread():
-        catch_signals()
+    _catch_signals()
     try:
         from .cli import main as cli_main
     except BaseException as exc:
@@ -55,8 +56,7 @@ def main() -> int:
     (`restarts_exactly`). Called from a script (which set `sys.argv`, `python - <<EOF`, `-c`), a start again would
     run the script again from its first line (its side effects twice; from stdin, nothing at all: it is at its
     end), so the command runs as it is and --verbose says why."""
-    if threading.current_thread() is threading.main_thread():
-        catch_signals()  # before anything else: a Ctrl-C here is one line too
+    _catch_signals()  # before anything else: a Ctrl-C here is one line too
     try:
         environ = huge_pages_environ(os.environ, _glibc_version(), _thp_mode())
         if environ is not None and restarts_exactly(sys.orig_argv, sys.argv, sys.modules.get("__main__")):
@@ -77,6 +77,15 @@ def main() -> int:
             raise
         return code
     return run(note)
+
+
+def _catch_signals() -> None:
+    """`errors.catch_signals`, where it can be: in the main thread only (a `main()` called from another thread
+    leaves signals to its caller; signal.signal raises ValueError there)."""
+    try:
+        catch_signals()
+    except ValueError:
+        pass
 
 
 def restarts_exactly(orig_argv: Sequence[str], argv: Sequence[str], main_module: object) -> bool:
