@@ -192,8 +192,8 @@ def plan_folder(folder: str, out_dir: str, cli: dict, summary: str | None = None
     if not out.parent.is_dir():
         raise SurgeonError(out, f"folder {out.parent} does not exist")
     models, others = [], []
-    for root, dirs, files in os.walk(src):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+    for root, dirs, files in os.walk(src, followlinks=True):  # links to folders: see _folder_link
+        dirs[:] = [d for d in sorted(dirs) if not d.startswith(".") and _folder_link(Path(root) / d, src)]
         for name in sorted(files):
             if not name.startswith("."):
                 (models if name.endswith(".onnx") else others).append(Path(root) / name)
@@ -219,8 +219,35 @@ def plan_folder(folder: str, out_dir: str, cli: dict, summary: str | None = None
     for folder_out in sorted({Path(e.output).parent for e in entries} | {t.parent for _, t in copies}):
         if folder_out.exists() and not folder_out.is_dir():
             raise SurgeonError(folder_out, "is not a folder, so the outputs below it cannot be written")
+        real = folder_out.resolve()  # a link the user has in OUTDIR would take the outputs below it elsewhere
+        if real != out.resolve() and out.resolve() not in real.parents:
+            raise SurgeonError(folder_out, f"leads outside OUTDIR ({out}) through a link, to {real}",
+                               "outputs are written inside OUTDIR only: remove the link or give another OUTDIR")
     _check_collisions(entries, summary, copies, make_folders=True)
     return entries, copies
+
+
+def _folder_link(path: Path, src: Path) -> bool:
+    """Whether the walk of DIR goes into `path`: yes for a folder, and for a link to a folder inside DIR (its
+    models and files are patched and copied under the link's name, as `cp -rL` would); a link to a folder outside
+    DIR, or to one that holds the link (a loop), is refused, one line: it used to be skipped without a word."""
+    if not path.is_symlink():
+        return True
+    try:
+        real = path.resolve(strict=True)
+    except (OSError, RuntimeError):  # a broken link or a loop of links: no folder, as os.walk sees it
+        return False
+    if not real.is_dir():
+        return False
+    top = src.resolve()
+    if real != top and top not in real.parents:
+        raise SurgeonError(path, f"is a link to a folder outside DIR ({real})", "batch DIR OUTDIR follows links to "
+                           "folders inside DIR only: copy the folder in, or give it as DIR")
+    holders = {p.resolve() for p in (path.parent, *path.parent.parents) if p == src or src in p.parents}
+    if real in holders:
+        raise SurgeonError(path, f"is a link to {real}, a folder that holds it: the walk would never end",
+                           "remove the link")
+    return True
 
 
 def _check_collisions(entries: list[Entry], summary: str | None = None,
@@ -238,9 +265,26 @@ def _check_collisions(entries: list[Entry], summary: str | None = None,
                 e.error = exc.one_line()
     for source, _ in copies:
         files.read(source, f"the input {source}")
-    if make_folders:
-        for folder in sorted({Path(e.output).parent for e in entries} | {t.parent for _, t in copies}):
-            folder.mkdir(parents=True, exist_ok=True)
+    created: list[Path] = []  # the folders made here, taken back if the batch is refused below
+    try:
+        if make_folders:
+            for folder in sorted({Path(e.output).parent for e in entries} | {t.parent for _, t in copies}):
+                missing = [p for p in (folder, *folder.parents) if not p.exists()]
+                folder.mkdir(parents=True, exist_ok=True)
+                created += reversed(missing)
+        _check_writes(entries, files, summary, copies)
+    except BaseException:  # a batch refused up front leaves OUTDIR as it found it (it left empty folders)
+        for folder in reversed(created):
+            try:
+                folder.rmdir()
+            except OSError:
+                pass
+        raise
+
+
+def _check_writes(entries: list[Entry], files: FilePlan, summary: str | None,
+                  copies: list[tuple[Path, Path]]) -> None:
+    """The write half of `_check_collisions`, once the output folders are there."""
     for e in entries:
         if e.error is not None:
             continue

@@ -41,6 +41,14 @@ def _keys(path: Path) -> set:
     return keys
 
 
+def _real(path: Path) -> str:
+    """The real path, or the absolute one where it cannot be resolved."""
+    try:
+        return str(path.resolve())
+    except (OSError, RuntimeError):
+        return os.path.abspath(path)
+
+
 def _kind(mode: int) -> str:
     if stat.S_ISDIR(mode):
         return "a folder"
@@ -114,8 +122,11 @@ class FilePlan:
                 raise SurgeonError(target, f"{role} would overwrite the input's data: it is {what}",
                                    "choose another name; inputs are never modified")
             if key in self.writes:
-                other, _ = self.writes[key]
-                raise SurgeonError(target, f"{role} is also {other}: one would overwrite the other",
+                other, other_target = self.writes[key]
+                both = ""
+                if os.path.abspath(other_target) != os.path.abspath(target):  # two names, one file: say which
+                    both = f" ({target} and {other_target} are both {_real(target)})"
+                raise SurgeonError(target, f"{role} is also {other}{both}: one would overwrite the other",
                                    "give each output its own name")
         folder = target.parent
         if not folder.exists():

@@ -23,6 +23,7 @@ from typing import Any
 from .. import runtimes
 from ..args import DEVICE_PROFILE
 from ..errors import SurgeonError
+from ..io_check import require_regular_input
 from ..tool import Tool
 from ..verdict import split_errors, summarize_errors
 from .server import BUNDLES, DEFAULT_RUNS, TRANSFORMERS
@@ -104,8 +105,13 @@ def run_serve(args: argparse.Namespace) -> int:
                 raise SurgeonError(m.path, problem)
         profile = None if args.device_profile in (None, ADAPTER) else resolve_profile(args.device_profile)
         image = Path(args.image).resolve() if args.image else None
-        if image is not None and not image.is_file():
-            raise SurgeonError(args.image, "no such file")
+        if image is not None:  # a FIFO or a device named as such (io_check), a folder as a folder: not "no such file"
+            picture = "give a picture file (PNG, JPEG, ...)"
+            require_regular_input(args.image, picture)
+            if image.is_dir():
+                raise SurgeonError(args.image, "is a folder, not a picture file", picture)
+            if not image.is_file():
+                raise SurgeonError(args.image, "no such file")
         for path in (args.headless, args.screenshot):
             if path and any(Path(path).resolve() == m.path for m in models):
                 raise SurgeonError(path, "output path is one of the models", "choose another name")
