@@ -89,7 +89,7 @@ def test_a_single_file_forced_over_the_limit_is_warned_about(tmp_path, monkeypat
     plain = FIXTURES / "no_deform.onnx"
     monkeypatch.setattr(write, "BROWSER_SINGLE_FILE_LIMIT", min(FIXTURE.stat().st_size, plain.stat().st_size) // 2)
     report = deform_surgeon.patch(FIXTURE, tmp_path / "one.onnx", external_data="never")
-    assert report.written and "onnxruntime-web reads a single file" in report.weights["browser_problem"]
+    assert report.written and "onnxruntime-web holds a single file twice" in report.weights["browser_problem"]
     assert report.format().count("WARNING: will not load in a browser page: one.onnx is one file of") == 1
     unchanged = deform_surgeon.patch(plain, tmp_path / "none.onnx", external_data="never")  # nothing to rewrite
     assert not unchanged.written
