@@ -48,6 +48,24 @@ export function summarizeErrors(errors, width = 240) {
   });
 }
 
+/**
+ * A session (or pipeline) made by `create()`, timed as every harness reports it: fills `result.session_ok`,
+ * `result.error` and `result.timings.session_create_s`, and says so through `progress`. Returns it, or null.
+ */
+export async function createTimed(create, result, progress) {
+  const t0 = performance.now();
+  let made = null;
+  try {
+    made = await create();
+    result.session_ok = true;
+  } catch (e) {
+    result.error = errorText(e);
+  }
+  result.timings.session_create_s = (performance.now() - t0) / 1000;
+  progress(`session ${result.session_ok ? 'created' : 'failed'} in ${result.timings.session_create_s.toFixed(2)} s`);
+  return made;
+}
+
 /** Typed array constructors per ONNX tensor type as onnxruntime-js names them. */
 const TYPED = {
   float32: Float32Array,

@@ -15,7 +15,7 @@
 // as the session returns them (the pipeline then edits the output in place), so that the caller can run ORT CPU on
 // the very input the page ran.
 
-import { bytesOfData, errorText } from '/harness_node_and_page.mjs';
+import { bytesOfData, createTimed, errorText } from '/harness_node_and_page.mjs';
 
 /** The call a user writes for this file (the dtype its name says), as the pages show it. */
 export function pipelineCall(dtype) {
@@ -91,16 +91,7 @@ export async function runTransformers(cfg, result, progress, gpuErrors) {
   result.versions['onnxruntime-web'] = tjs.env.backends.onnx.versions?.web ?? null;
   result.call = pipelineCall(cfg.userDtype);
   progress(`creating the pipeline (${result.call}, file onnx/${cfg.modelFile}.onnx)`);
-  const t0 = performance.now();
-  let pipe = null;
-  try {
-    pipe = await createPipeline(tjs, 'model', cfg.modelFile);
-    result.session_ok = true;
-  } catch (e) {
-    result.error = errorText(e);
-  }
-  result.timings.session_create_s = (performance.now() - t0) / 1000;
-  progress(`session ${result.session_ok ? 'created' : 'failed'} in ${result.timings.session_create_s.toFixed(2)} s`);
+  const pipe = await createTimed(() => createPipeline(tjs, 'model', cfg.modelFile), result, progress);
   result.gpu_errors_after_session = gpuErrors.slice();
   if (!pipe || !cfg.run) return pipe;
 
