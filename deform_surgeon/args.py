@@ -18,6 +18,7 @@ from typing import Any
 from .device import PROFILE_NAMES
 from .errors import SurgeonError
 from .input_shapes import check_input_shapes, parse_input_shapes
+from .model_io import BROWSER_SINGLE_FILE_LIMIT, EXTERNAL_DATA_CHOICES
 from .passes.registry import PASS_NAMES, check_pass_names
 from .pipeline import SUM_MODES
 from .tool import ArgGroup, Option
@@ -173,6 +174,11 @@ VERIFY = Option(("--verify",), "verify", settings=SWITCH, manifest=(bool,),
                 help="write OUT only if it is byte-identical on ORT CPU")
 COPY_UNCHANGED = Option(("--copy-unchanged",), "copy_unchanged", settings=SWITCH, manifest=(bool,),
                         help="with nothing to rewrite, still write a copy")
+EXTERNAL_DATA = Option(
+    ("--external-data",), "external_data", settings={"choices": EXTERNAL_DATA_CHOICES}, manifest=(str,),
+    help=f"where OUT's weights go: auto (default) keeps the input's external data and moves the weights of a single "
+         f"file over {BROWSER_SINGLE_FILE_LIMIT // 2**20} MiB to OUT_data, which a browser page can load; always / "
+         f"never force either form")
 STRICT = Option(("--strict",), "strict", settings=SWITCH, manifest=(bool,),
                 help="if any node is refused: write nothing and exit 3")
 VERBOSE = Option(("-v", "--verbose"), "verbose", settings=SWITCH, api="format(verbose=True)",
@@ -210,7 +216,7 @@ class WriteArgs(ArgGroup):
     """Whether and when `patch` writes its output: its switches."""
 
     title = "output"
-    options = (VERIFY, COPY_UNCHANGED, STRICT)
+    options = (VERIFY, COPY_UNCHANGED, STRICT, EXTERNAL_DATA)
 
 
 PATCH_GROUPS: tuple[type[ArgGroup], ...] = (WriteArgs, RewriteArgs, ComparisonArgs)  # patch's, and batch's

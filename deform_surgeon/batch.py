@@ -59,7 +59,7 @@ from .args import PATCH_GROUPS, manifest_options, manifest_problem, val_ranges_f
 from .budget import human
 from .errors import SurgeonError
 from .io_check import FilePlan, external_locations
-from .model_io import atomic_path, copy_atomic, external_data_path, temp_prefix
+from .model_io import atomic_path, copy_atomic, external_data_path, temp_prefix, weights_external
 
 OPTIONS = manifest_options()  # entry option (an API keyword of `patch`: args.PATCH_GROUPS) -> accepted Python types
 SWITCHES = tuple(o.dest for group in PATCH_GROUPS for o in group.options if o.switch)  # --verify: every entry
@@ -192,8 +192,8 @@ def plan_folder(folder: str, out_dir: str, cli: dict, summary: str | None = None
     if not out.parent.is_dir():
         raise SurgeonError(out, f"folder {out.parent} does not exist")
     models, others = [], []
-    for root, dirs, files in os.walk(src):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+    for root, dirs, files in os.walk(src, followlinks=True):  # links to folders: see _folder_link
+        dirs[:] = [d for d in sorted(dirs) if not d.startswith(".") and _folder_link(Path(root) / d, src)]
         for name in sorted(files):
             if not name.startswith("."):
                 (models if name.endswith(".onnx") else others).append(Path(root) / name)
@@ -219,8 +219,35 @@ def plan_folder(folder: str, out_dir: str, cli: dict, summary: str | None = None
     for folder_out in sorted({Path(e.output).parent for e in entries} | {t.parent for _, t in copies}):
         if folder_out.exists() and not folder_out.is_dir():
             raise SurgeonError(folder_out, "is not a folder, so the outputs below it cannot be written")
+        real = folder_out.resolve()  # a link the user has in OUTDIR would take the outputs below it elsewhere
+        if real != out.resolve() and out.resolve() not in real.parents:
+            raise SurgeonError(folder_out, f"leads outside OUTDIR ({out}) through a link, to {real}",
+                               "outputs are written inside OUTDIR only: remove the link or give another OUTDIR")
     _check_collisions(entries, summary, copies, make_folders=True)
     return entries, copies
+
+
+def _folder_link(path: Path, src: Path) -> bool:
+    """Whether the walk of DIR goes into `path`: yes for a folder, and for a link to a folder inside DIR (its
+    models and files are patched and copied under the link's name, as `cp -rL` would); a link to a folder outside
+    DIR, or to one that holds the link (a loop), is refused, one line: it used to be skipped without a word."""
+    if not path.is_symlink():
+        return True
+    try:
+        real = path.resolve(strict=True)
+    except (OSError, RuntimeError):  # a broken link or a loop of links: no folder, as os.walk sees it
+        return False
+    if not real.is_dir():
+        return False
+    top = src.resolve()
+    if real != top and top not in real.parents:
+        raise SurgeonError(path, f"is a link to a folder outside DIR ({real})", "batch DIR OUTDIR follows links to "
+                           "folders inside DIR only: copy the folder in, or give it as DIR")
+    holders = {p.resolve() for p in (path.parent, *path.parent.parents) if p == src or src in p.parents}
+    if real in holders:
+        raise SurgeonError(path, f"is a link to {real}, a folder that holds it: the walk would never end",
+                           "remove the link")
+    return True
 
 
 def _check_collisions(entries: list[Entry], summary: str | None = None,
@@ -238,9 +265,26 @@ def _check_collisions(entries: list[Entry], summary: str | None = None,
                 e.error = exc.one_line()
     for source, _ in copies:
         files.read(source, f"the input {source}")
-    if make_folders:
-        for folder in sorted({Path(e.output).parent for e in entries} | {t.parent for _, t in copies}):
-            folder.mkdir(parents=True, exist_ok=True)
+    created: list[Path] = []  # the folders made here, taken back if the batch is refused below
+    try:
+        if make_folders:
+            for folder in sorted({Path(e.output).parent for e in entries} | {t.parent for _, t in copies}):
+                missing = [p for p in (folder, *folder.parents) if not p.exists()]
+                folder.mkdir(parents=True, exist_ok=True)
+                created += reversed(missing)
+        _check_writes(entries, files, summary, copies)
+    except BaseException:  # a batch refused up front leaves OUTDIR as it found it (it left empty folders)
+        for folder in reversed(created):
+            try:
+                folder.rmdir()
+            except OSError:
+                pass
+        raise
+
+
+def _check_writes(entries: list[Entry], files: FilePlan, summary: str | None,
+                  copies: list[tuple[Path, Path]]) -> None:
+    """The write half of `_check_collisions`, once the output folders are there."""
     for e in entries:
         if e.error is not None:
             continue
@@ -251,7 +295,9 @@ def _check_collisions(entries: list[Entry], summary: str | None = None,
             e.error = f"{e.report}: report folder {Path(e.report).parent} does not exist or is not a folder"
             continue
         try:
-            files.write_model(e.output, e.data_files, role=f"the output of entry {e.number} ({e.input})")
+            external = weights_external(e.input, e.data_files, e.options.get("external_data") or "auto")
+            files.write_model(e.output, e.data_files, role=f"the output of entry {e.number} ({e.input})",
+                              external=external)
             if e.report:
                 files.write(f"the report of entry {e.number} ({e.input})", e.report)
         except SurgeonError as exc:
@@ -404,6 +450,62 @@ def _remove_temporaries(e: Entry) -> None:
     for target in (out, external_data_path(out, e.data_files)):
         for tmp in out.parent.glob(f"{globlib.escape(temp_prefix(target))}*.tmp*"):
             tmp.unlink(missing_ok=True)
+
+
+# ------------------------------------------------------------------------------------------ transformers.js
+TRANSFORMERS_SUBFOLDER = "onnx"  # where transformers.js fetches a model folder's files (`{subfolder}/model_fp16.onnx`)
+
+
+def data_chunks(model: Path) -> int:
+    """How many external data files of transformers.js's names (`model.onnx_data`, `model.onnx_data_1`, ...) are
+    beside `model`: the count its config gives for that file."""
+    n = 0
+    while model.with_name(f"{model.name}_data" + (f"_{n}" if n else "")).is_file():
+        n += 1
+    return n
+
+
+def _chunks_in_config(value, name: str) -> int:
+    """What transformers.js reads from `use_external_data_format` for the file `name` (`model_fp16.onnx`): a map by
+    file name (or by name without `.onnx`), else one count (true: 1) for every file; 0 for what it cannot read."""
+    if isinstance(value, dict):
+        value = next((value[k] for k in (name, name.removesuffix(".onnx")) if k in value), 0)
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def update_transformers_config(out_dir: Path, written: list[Path]) -> str | None:
+    """Make OUTDIR's config.json (a transformers.js model folder: `config.json` beside `onnx/`) say which written
+    models have external data, or transformers.js never fetches it: `transformers.js_config.use_external_data_format`
+    becomes a map from file name to its number of data files, for every model in `onnx/` (the written ones as
+    written, the others as the input's config said). Nothing else in the config changes, and a config that already
+    says the right thing is left as copied. Returns what was done, or None."""
+    config_path = out_dir / "config.json"
+    folder = out_dir / TRANSFORMERS_SUBFOLDER
+    ours = sorted(p for p in written if p.parent.resolve() == folder.resolve())
+    if not ours or not config_path.is_file():
+        return None
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return f"{config_path}: not read as JSON, so not updated: transformers.js may not fetch the external data"
+    if not isinstance(config, dict):
+        return None
+    section = config.get("transformers.js_config")
+    section = section if isinstance(section, dict) else {}
+    before = section.get("use_external_data_format")
+    wanted = {p.name: _chunks_in_config(before, p.name) for p in sorted(folder.glob("*.onnx"))}
+    wanted.update({p.name: data_chunks(p) for p in ours})
+    if all(_chunks_in_config(before, name) == n for name, n in wanted.items()):
+        return None
+    config["transformers.js_config"] = {**section, "use_external_data_format": wanted}
+    with atomic_path(config_path, suffix=".json") as tmp:
+        tmp.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+    shown = ", ".join(f"{k}: {v}" for k, v in wanted.items() if v)
+    return (f"{config_path}: transformers.js_config.use_external_data_format set to the data files written "
+            f"({shown or 'none'}), so transformers.js fetches them")
 
 
 # --------------------------------------------------------------------------------------------------- reporting
@@ -603,6 +705,11 @@ def main(manifest: str | None, globs: list[str], cli: dict, jobs: int | None, su
     write_reports(entries)
     print(variant_table(entries, manifest, jobs, seconds, len(copies)) if out_folder is not None else
           summary_table(entries, jobs, seconds))
+    if out_folder is not None:
+        note = update_transformers_config(Path(out_folder), [Path(e.output) for e in entries
+                                                              if e.result and e.result.get("written")])
+        if note:
+            print(note)
     if summary_json is not None:
         data = {"jobs": jobs, "seconds": round(seconds, 3), "exit_code": exit_code(entries),
                 "models": [entry_report(e) | {"report": e.report if e.report_written else None} for e in entries]}

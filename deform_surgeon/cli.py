@@ -61,10 +61,12 @@ class PatchTool(Tool):
 
     def run(self, args: argparse.Namespace) -> int:
         out = args.output or str(Path(args.model).with_suffix("")) + ".patched.onnx"
-        check_io([args.model], out, [("--report", args.report)])
+        check_io([args.model], out, [("--report", args.report)], external_data=args.external_data or "auto")
         report = patch(args.model, out, **self.write.parse(args), **self.rewrite.parse(args),
                        verify_options=self.comparison.for_model(args, args.model))
         print(report.format(verbose=args.verbose, cli=True))
+        if args.verbose and args.start_note:  # whether this run has glibc's huge pages (__main__.py), and why
+            print(args.start_note)
         if report.written:
             print(f"wrote {out}")
         if args.report:
@@ -319,7 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, start_note: str | None = None) -> int:
+    """The command line; `start_note` is what `__main__` tells `patch --verbose` about how the process started."""
     for stream in (sys.stdout, sys.stderr):  # a file name that is not UTF-8 is printed, not a traceback
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
@@ -328,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         previous = catch_signals()  # Ctrl-C and SIGTERM: temporaries and workers cleaned up, exit 130 / 143
     try:
         parser = build_parser()
+        parser.set_defaults(start_note=start_note)
         args = parser.parse_args(argv)
         return int(args.tool.run(args))
     except BaseException as exc:

@@ -21,6 +21,12 @@ from onnx import numpy_helper
 from .errors import SurgeonError
 
 _SPEC = re.compile(r"^(?P<name>.+):\[?(?P<dims>\d+(?:[,x]\d+)*)\]?$")
+# The largest dim taken. Why a bound: ONNX stores a dim as an int64 (a larger one ended in "ValueError: Value out
+# of range" while it was set), and the WebGPU EPs, for which a model is patched, compute shapes and indices in
+# 32-bit integers. The input's whole size is bounded too (`fixed_inputs`): its bytes must be a number ONNX Runtime
+# and numpy can hold (int64).
+MAX_DIM = 2**31 - 1
+MAX_BYTES = 2**63 - 1
 
 
 def parse_input_shapes(items: Sequence[str] | None) -> dict[str, tuple[int, ...]] | None:
@@ -33,8 +39,25 @@ def parse_input_shapes(items: Sequence[str] | None) -> dict[str, tuple[int, ...]
         m = _SPEC.match(item.replace(" ", ""))
         if not m:
             raise SurgeonError(None, f"bad --input-shape '{item}'", "write NAME:DIMS, e.g. input_image:1,3,1024,1024")
-        shapes[m.group("name")] = tuple(int(d) for d in re.split(r"[,x]", m.group("dims")))
+        name = m.group("name")
+        if name in shapes:  # the last one used to win without a word
+            raise SurgeonError(None, f"--input-shape names '{name}' twice ({name}:{_dims(shapes[name])} and '{item}')",
+                               "give each input once")
+        shapes[name] = _checked(name, tuple(int(d) for d in re.split(r"[,x]", m.group("dims"))))
     return shapes
+
+
+def _checked(name: str, dims: tuple[int, ...], option: str = "--input-shape") -> tuple[int, ...]:
+    """`dims` if each is from 1 to MAX_DIM; else a one-line SurgeonError naming the input and the dim."""
+    for d in dims:
+        if not 0 < d <= MAX_DIM:
+            raise SurgeonError(None, f"{option} {name}:{_dims(dims)}: dim {d} is not from 1 to {MAX_DIM:,}",
+                               "the WebGPU EPs index with 32-bit integers")
+    return dims
+
+
+def _dims(dims: Sequence[int]) -> str:
+    return ",".join(map(str, dims))
 
 
 def check_input_shapes(shapes: object) -> dict[str, tuple[int, ...]] | None:
@@ -45,7 +68,7 @@ def check_input_shapes(shapes: object) -> dict[str, tuple[int, ...]] | None:
             isinstance(k, str) and isinstance(v, list | tuple) and v and
             all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in v) for k, v in shapes.items()):
         raise SurgeonError(None, f"bad input shapes {shapes!r}", "give {input name: [positive dims]}")
-    return {k: tuple(v) for k, v in shapes.items()}
+    return {k: _checked(k, tuple(v), "input_shapes") for k, v in shapes.items()}
 
 
 def fixed_inputs(inputs: Sequence[onnx.ValueInfoProto], shapes: Mapping[str, Sequence[int]], path: object
@@ -65,8 +88,13 @@ def fixed_inputs(inputs: Sequence[onnx.ValueInfoProto], shapes: Mapping[str, Seq
                                f"({describe(vi)})")
         for d, want in zip(have, dims, strict=True):
             if d.HasField("dim_value") and d.dim_value != want:
-                raise SurgeonError(path, f"--input-shape {name}:{','.join(map(str, dims))} conflicts with the "
+                raise SurgeonError(path, f"--input-shape {name}:{_dims(dims)} conflicts with the "
                                    f"input's static shape {describe(vi)}")
+        elem = vi.type.tensor_type.elem_type
+        size = math.prod(dims) * (onnx.helper.tensor_dtype_to_np_dtype(elem).itemsize if elem else 1)
+        if size > MAX_BYTES:
+            raise SurgeonError(path, f"--input-shape {name}:{_dims(dims)} makes an input of {size:,} bytes, more than "
+                               f"a 64-bit size can hold ({MAX_BYTES:,})")
         out.append((vi, tuple(dims)))
     return out
 
@@ -83,7 +111,7 @@ def fix_input_shapes(model: onnx.ModelProto | Sequence[onnx.ValueInfoProto], sha
             d.ClearField("dim_param")
             d.dim_value = want
         if describe(vi) != before:
-            changed.append(f"{before} -> [{','.join(map(str, dims))}]")
+            changed.append(f"{before} -> [{_dims(dims)}]")
     return changed
 
 

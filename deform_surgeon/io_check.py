@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .errors import SurgeonError
-from .model_io import external_data_path, scan_model, user_path
+from .model_io import external_data_path, scan_model, user_path, weights_external
 
 
 def external_locations(model_path: str | Path) -> list[str]:
@@ -39,6 +39,14 @@ def _keys(path: Path) -> set:
     except (OSError, RuntimeError, ValueError):  # (ValueError: a NUL byte; load_model names the problem)
         pass
     return keys
+
+
+def _real(path: Path) -> str:
+    """The real path, or the absolute one where it cannot be resolved."""
+    try:
+        return str(path.resolve())
+    except (OSError, RuntimeError):
+        return os.path.abspath(path)
 
 
 def _kind(mode: int) -> str:
@@ -114,8 +122,11 @@ class FilePlan:
                 raise SurgeonError(target, f"{role} would overwrite the input's data: it is {what}",
                                    "choose another name; inputs are never modified")
             if key in self.writes:
-                other, _ = self.writes[key]
-                raise SurgeonError(target, f"{role} is also {other}: one would overwrite the other",
+                other, other_target = self.writes[key]
+                both = ""
+                if os.path.abspath(other_target) != os.path.abspath(target):  # two names, one file: say which
+                    both = f" ({target} and {other_target} are both {_real(target)})"
+                raise SurgeonError(target, f"{role} is also {other}{both}: one would overwrite the other",
                                    "give each output its own name")
         folder = target.parent
         if not folder.exists():
@@ -128,31 +139,33 @@ class FilePlan:
             self.writes[key] = (role, target)
         return target
 
-    def write_model(self, target: str | Path, input_data: Sequence[Path] = (), role: str = "OUT") -> None:
-        """An output model and, if its input keeps external data (`input_data`, its data files), its data file
-        (`<OUT>.data`, or `<OUT>_data` as the input's: `external_data_path`)."""
+    def write_model(self, target: str | Path, input_data: Sequence[Path] = (), role: str = "OUT",
+                    external: bool | None = None) -> None:
+        """An output model and, if it has external data (`external`; None: if its input has, `input_data` being
+        the input's data files), its data file (`<OUT>.data`, or `<OUT>_data`: `external_data_path`)."""
         target = user_path(target, role)
         if os.path.isdir(target):
             raise SurgeonError(target, "output path is a folder; give a file name such as model.patched.onnx")
         self.write(role, target)
-        if input_data:
+        if bool(input_data) if external is None else external:
             self.write(f"{role}'s external data file", external_data_path(target, input_data))
 
 
 def check_io(models: Sequence[str | Path], out: str | Path | None = None,
              others: Sequence[tuple[str, str | Path | None]] = (),
-             other_reads: Sequence[tuple[str, str | Path | None]] = ()) -> FilePlan:
+             other_reads: Sequence[tuple[str, str | Path | None]] = (), external_data: str = "auto") -> FilePlan:
     """One command's files: refuse (one line, exit 2) any write target that is an input, another write target,
-    not a regular file, or in a folder that is missing or not writable. `out` is an output model (its data file
-    is included when the first model keeps external data); `others` are (option, path) pairs such
-    as ("--report", "r.json"), None meaning not given."""
+    not a regular file, or in a folder that is missing or not writable. `out` is an output model of the first
+    model (its data file is included when it will have one: `weights_external` for `external_data`); `others`
+    are (option, path) pairs such as ("--report", "r.json"), None meaning not given."""
     plan = FilePlan()
     data = [plan.read_model(m) for m in models]
     for label, path in other_reads:
         if path is not None:
             plan.read(path, label)
     if out is not None:
-        plan.write_model(out, data[0] if data else ())
+        first = data[0] if data else ()
+        plan.write_model(out, first, external=bool(models) and weights_external(models[0], first, external_data))
     for role, path in others:
         if path is not None:
             plan.write(role, path)

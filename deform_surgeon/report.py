@@ -40,6 +40,7 @@ class PatchReport:
     note: str = ""
     webgpu: KernelReport | None = None  # the nodes without a WebGPU kernel, of the output (or the input if unchanged)
     passes: list[str] = field(default_factory=list)  # the registered passes that ran, in order (--skip-pass: not all)
+    weights: dict | None = None  # where OUT's weights go and why (surgeon._weights_form), with a browser problem
 
     @property
     def rewritten(self) -> list[Action]:
@@ -75,6 +76,7 @@ class PatchReport:
             "nodes": [a.to_dict() for a in self.actions],
             "verification": None if self.verification is None else self.verification.to_dict(),
             "webgpu": None if self.webgpu is None else self.webgpu.to_dict(),
+            "weights": self.weights,
             "note": self.note,
         }
 
@@ -89,6 +91,21 @@ class PatchReport:
         rows.append(("(all nodes)", str(sum(self.ops_before.values())), str(sum(self.ops_after.values()))))
         w = [max(len(r[i]) for r in rows) for i in range(3)]
         return "\n".join(f"  {r[0]:<{w[0]}}  {r[1]:>{w[1]}}  {r[2]:>{w[2]}}" for r in rows)
+
+    def weights_lines(self) -> list[str]:
+        """Where the written weights are (a page must be given an external data file), or why what is written (or
+        the input, left as it is) will not load in a browser page."""
+        w = self.weights
+        if not w:
+            return []
+        if w["browser_problem"]:
+            what = "" if self.written or self.output is None else " (the input, left as it is)"
+            return [f"WARNING: will not load in a browser page{what}: {w['browser_problem']}"]
+        if w["external_data"] and (self.written or self.output is None):
+            return [f"weights: external data in {w['external_data']} ({w['why']}); onnxruntime-web needs it as "
+                    f"`externalData: [{{path: '{w['external_data']}', data: URL}}]`, transformers.js when config.json "
+                    f"says so (batch of a model folder writes that)"]
+        return []
 
     def format(self, verbose: bool = False, cli: bool = False) -> str:
         """The terminal report: the op table, a per-node summary and the verdict lines. `cli`: name the command
@@ -120,6 +137,7 @@ class PatchReport:
             lines.extend(self.webgpu.lines())
         if self.verification is not None:
             lines.append(self.verification.summary())
+        lines.extend(self.weights_lines())
         if self.note:
             lines.append(self.note)
         text = "\n".join(lines)

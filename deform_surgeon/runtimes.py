@@ -41,12 +41,13 @@ SWIFTSHADER_ICD = Path("/usr/lib/chromium/vk_swiftshader_icd.json")
 CHROMIUM_LIBDIR = Path("/usr/lib/chromium")
 HARNESS_DIR = PINS_DIR  # the JS harnesses (*.mjs) ship beside the pins
 MIN_NODE_MAJOR = 20  # playwright-core 1.65 declares engines.node >= 20
-# What `setup` downloads for this package-lock.json, said before it starts: the npm tarballs of the 40 locked
-# packages (sizes from npm's cache after `npm ci`) and the folder they unpack to (`du -sb` of the install);
-# onnxruntime-node is most of it (114 MB download, 301 MB on disk). tests/test_runtimes.py checks the installed size
-# against an install of this lock, so a new lock cannot leave these numbers stale.
-DOWNLOAD_BYTES = 202_691_412
-INSTALLED_BYTES = 605_722_598
+# What `setup` downloads for this package-lock.json, said before it starts: the npm tarballs of the 49 packages it
+# installs (sizes from npm's cache after `npm ci`) and the folder they unpack to (`du -sb` of the install);
+# onnxruntime-node is most of it (114 MB download, 301 MB on disk), then transformers.js with its own
+# onnxruntime-web. tests/test_runtimes.py checks the installed size against an install of this lock, so a new lock
+# cannot leave these numbers stale.
+DOWNLOAD_BYTES = 247_034_791
+INSTALLED_BYTES = 784_283_499
 
 # What the harnesses load, relative to the runtimes folder: a folder without one of them is not an install.
 REQUIRED_FILES = (
@@ -55,6 +56,8 @@ REQUIRED_FILES = (
     "node_modules/onnxruntime-web/dist/ort.all.min.mjs",
     "node_modules/onnxruntime-node/bin/napi-v6/linux/x64/onnxruntime_binding.node",
     "node_modules/playwright-core/package.json",
+    "node_modules/@huggingface/transformers/dist/transformers.js",
+    "node_modules/@huggingface/transformers/node_modules/onnxruntime-web/dist/ort-wasm-simd-threaded.asyncify.wasm",
     "node_modules/webgpu/package.json",
 )
 

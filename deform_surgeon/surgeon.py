@@ -27,6 +27,7 @@ from .input_shapes import check_input_shapes, fix_input_shapes, impossible_resha
 from .io_check import check_io
 from .kernels import KernelReport, kernel_report
 from .model_io import (
+    EXTERNAL_DATA_CHOICES,
     TypeTable,
     Weights,
     check_external_output,
@@ -35,10 +36,13 @@ from .model_io import (
     copy_atomic,
     elem_nbytes,
     export_graph,
+    external_data_path,
     load_model,
     save_model_atomic,
+    single_file_problem,
     tidy,
     user_path,
+    weights_external,
 )
 from .ops import op_histogram
 from .passes.bands import BandOversize
@@ -281,7 +285,7 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
           max_memory: int | str | None = None, device_profile: str | Path | DeviceProfile | None = None,
           progress: Callable[[str], None] | None = None,
           input_shapes: dict[str, list[int] | tuple[int, ...]] | None = None,
-          skip_passes: list[str] | tuple[str, ...] | None = None) -> PatchReport:
+          skip_passes: list[str] | tuple[str, ...] | None = None, external_data: str | None = None) -> PatchReport:
     """Patch `model_path`; write `output_path` (atomically, and only after verification if `verify`).
 
     `input_shapes` ({input: dims}, `--input-shape`) fixes the named inputs' symbolic dims first (input_shapes.py);
@@ -292,6 +296,9 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
     blocks in row chunks, Convs in row bands, Resizes in channel groups.
     Weights are never loaded into memory as a whole (see model_io): a model with external data keeps it external,
     in the output's own `<OUT>.data` (`<OUT>_data` when the input's is so named, as transformers.js names it).
+    `external_data` ("auto", "always", "never"; `--external-data`) says where the output's weights go: by default a
+    single file too large for a browser page to load (`model_io.BROWSER_SINGLE_FILE_LIMIT`) is written with its
+    weights in `<OUT>_data`; the report's `weights` says which form was written, and why.
     `progress(stage)` is called as the work reaches each of `PATCH_STAGES`.
     `skip_passes` names passes of the registry (passes/registry.py: `PASS_NAMES`) not to run, e.g. to find which
     rewrite a failing verification comes from; the report lists the passes that ran.
@@ -309,22 +316,29 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
     output_path = None if output_path is None else user_path(output_path, "the output")
     options = _options(allow_unproven, sum_mode, max_buffer, max_memory, device_profile, input_shapes, skip_passes)
     _switches(verify=verify, copy_unchanged=copy_unchanged, strict=strict)
+    external_data = "auto" if external_data is None else external_data
+    if not isinstance(external_data, str) or external_data not in EXTERNAL_DATA_CHOICES:
+        raise SurgeonError(None, f"unknown external_data {external_data!r}",
+                           f"choose one of {', '.join(EXTERNAL_DATA_CHOICES)}")
     if progress is not None and not callable(progress):
         raise SurgeonError(None, f"progress must be a function of the stage name, or None (got {progress!r})")
     check_verify_options(verify_options)  # also used without `verify`, by the whole-model check of a split Conv
     load_model(model_path) if not os.path.isfile(model_path) else None  # a missing input is named first
     if output_path is not None:
-        check_io([model_path], output_path)
+        check_io([model_path], output_path, external_data=external_data)
     stage = progress or (lambda _: None)
     stage("prove")
     plan = SplitPlan(check_in_pass=output_path is None)  # written: each rewrite's own proof decides (below)
     lifted, memory = _lift(model_path, options, plan)
     model, weights, actions, before = lifted.model, lifted.weights, lifted.actions, lifted.ops_before
+    external = weights_external(model_path, weights.sources(), external_data)
+    as_input = None if external_data == "auto" and weights.external else False  # (None: the input's own form)
     if output_path is not None:
-        check_external_output(output_path, model_path, weights)
+        check_external_output(output_path, model_path, weights, external)
     report = PatchReport(str(model_path), None if output_path is None else str(output_path), False,
                          vars(options), before, before, actions,
                          note=_notes(memory, lifted), passes=passes_run(options))
+    report.weights = _weights_form(model_path, output_path, weights, external, external_data)
     if strict and report.refused and output_path is not None:
         report.note = f"--strict: {len(report.refused)} node(s) refused; {output_path} not written"
         return report
@@ -334,15 +348,17 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
             f" ({len(report.refused)} node(s) refused: see their reasons)" if report.refused else "")
         report.note = "; ".join(x for x in (nothing, report.note) if x)
         if output_path is not None and copy_unchanged:
-            if weights.external:  # its data must move beside the copy: same tensors, references re-pointed
+            if weights.external or external:  # its data must move beside the copy: same tensors, re-pointed
                 stage("write")
-                save_model_atomic(model, output_path, weights=weights)
+                save_model_atomic(model, output_path, weights=weights, external=as_input or external)
             else:
                 copy_atomic(model_path, output_path, check=weights.check_unchanged)
             report.written = True
             report.note += f"; wrote an unchanged copy to {output_path}"
         elif output_path is not None:
             report.note += "; no output written (--copy-unchanged writes an unchanged copy)"
+        if not report.written:  # what a page would be given is the input, as it is
+            report.weights = _weights_form(model_path, None, weights, weights.external, "auto")
         return report
 
     if output_path is not None:
@@ -366,7 +382,8 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
         after the check (and `verify_fn`) passed."""
         checking = Background(check_spliced, patched, region, output_path, weights)
         try:
-            save_model_atomic(patched, output_path, verify=verify_fn, weights=weights, check=checking.result)
+            save_model_atomic(patched, output_path, verify=verify_fn, weights=weights, check=checking.result,
+                              external=as_input or external)
         finally:
             checking.close()
 
@@ -618,6 +635,22 @@ def _symbolic_note(lifted: Lifted) -> str:
               if sampled else "no deform block has a static sampled shape")
     return (f"symbolic input dims ({'; '.join(symbolic)}): {proven}; the shape computations on the symbolic dims "
             "stay on the CPU EP; give --input-shape NAME:DIMS to patch for the size the model will get")
+
+
+def _weights_form(model_path: Path, output_path: Path | None, weights: Weights, external: bool,
+                  choice: str) -> dict:
+    """Where the output's weights go and why, and what would keep a browser page from loading what is written (or,
+    with no output, the input as it is): the report's `weights`."""
+    inputs = [model_path, *sorted(weights.sources())]
+    size = sum(os.path.getsize(p) for p in inputs)
+    if external:
+        data = external_data_path(output_path or model_path, weights.sources()).name
+        why = ("as the input's" if weights.external and choice == "auto" else "--external-data always"
+               if choice == "always" else f"one file of {size / 2**20:,.0f} MiB would not load in a browser page")
+        return {"external_data": data, "why": why, "browser_problem": None}
+    why = "--external-data never" if choice == "never" else "as the input's"
+    return {"external_data": None, "why": why,
+            "browser_problem": single_file_problem(Path(output_path or model_path).name, size)}
 
 
 def _switches(**flags: object) -> None:

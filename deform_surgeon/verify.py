@@ -284,6 +284,12 @@ def verify(original: str | Path, patched: str | Path, *, iterations: int | None 
                                                                      val_range=dict(ranges),
                                                                      input_metadata=_metadata(input_shapes)))
             except Exception as exc:
+                needs = _allocation(exc)
+                if needs is not None:  # the size, not the values: say which size needs what
+                    given = " ".join(f"{k}:{','.join(map(str, v))}" for k, v in (input_shapes or {}).items())
+                    what = f"the size given with --input-shapes ({given})" if given else "the model's size"
+                    raise SurgeonError(path, f"fails to run on ORT CPU with the seeded inputs: {what} needs {needs} "
+                                       f"in one allocation, which failed ({_one_line(exc)})") from None
                 raise SurgeonError(path, f"fails to run on ORT CPU with the seeded inputs ({_one_line(exc)})",
                                    fix) from None
             if results is None:
@@ -367,6 +373,19 @@ def _ort_source(path: str | Path) -> str | bytes:
             raise SurgeonError(path, "the path is not valid UTF-8 and the model has external data: ONNX Runtime "
                                      "cannot open it", "rename the file or its folder") from None
         return Path(path).read_bytes()
+
+
+def _allocation(exc: BaseException) -> str | None:
+    """The size of the allocation that failed, as numpy ("Unable to allocate 74.5 GiB ...") or ORT ("Failed to
+    allocate memory for requested buffer of size N") word it; None when `exc` is no failed allocation."""
+    import re
+
+    text = str(exc)
+    if m := re.search(r"Unable to allocate (\d+(?:\.\d*)?) ?([KMGTPE]?i?B)", text):
+        return f"{m.group(1).rstrip('.')} {m.group(2)}"
+    if m := re.search(r"allocate memory for requested buffer of size (\d+)", text):
+        return f"{int(m.group(1)):,} bytes"
+    return "more memory than there is" if isinstance(exc, MemoryError) else None
 
 
 def _one_line(exc: BaseException) -> str:

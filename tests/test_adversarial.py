@@ -23,7 +23,7 @@ import graphs
 import numpy as np
 import onnx
 import pytest
-from helpers import ERROR_PREFIX, FIXTURES, copy_fixture, run
+from helpers import ERROR_PREFIX, FIXTURES, copy_fixture, one_error_line, run
 from onnx import TensorProto, helper
 
 DS = [sys.executable, "-m", "deform_surgeon"]
@@ -734,8 +734,12 @@ def _signal_at_import(tmp_path: Path, argv: list, module: str, sig: int, as_impo
     (["patch", "m.onnx", "o.onnx", "--verify"], "onnxruntime", signal.SIGTERM, True, "module"),
     (["verify", "m.onnx", "m.onnx"], "polygraphy", signal.SIGINT, False, "module"),
     (["batch", "--glob", "m.onnx", "--no-progress"], "onnx", signal.SIGINT, False, "module"),
+    # the package's __init__ imported device -> runtimes -> ctypes before the handlers (issue 33): 0.18 s of start-up
+    (["patch", "m.onnx", "o.onnx"], "ctypes", signal.SIGINT, False, "module"),
+    (["patch", "m.onnx", "o.onnx"], "ctypes", signal.SIGINT, False, "script"),
+    (["patch", "m.onnx", "o.onnx"], "ctypes", signal.SIGTERM, False, "module"),
 ], ids=["patch-onnx-int", "script-onnx-int", "patch-onnx-term", "inspect-gs-int", "verify-ort-int", "verify-ort-term",
-        "verify-polygraphy-int", "batch-onnx-int"])
+        "verify-polygraphy-int", "batch-onnx-int", "patch-ctypes-int", "script-ctypes-int", "patch-ctypes-term"])
 def test_a_signal_during_start_up_is_one_line(tmp_path, argv, module, sig, as_import_error, entry):
     """Ctrl-C or SIGTERM while the command imports its libraries: exit 130 / 143 and one line, like at any other
     moment (it was a KeyboardInterrupt traceback and exit -2; in onnxruntime's import, an ImportError and exit 1)."""
@@ -857,3 +861,164 @@ def test_batch_sizes_like_the_command_line_and_bad_entries_fail_alone_while_plan
     assert re.search(r"m\.toml, \[\[model\]\] #3: option max_memory: bad size '0'", rows["3"]), proc.stdout
     assert re.search(r"m\.toml, \[\[model\]\] #4: option seed = 4294967295 should be at most", rows["4"]), proc.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b.onnx", "b.report.json", "m.onnx", "m.toml"]
+
+
+# ------------------------------------------------------------------------------------------ third round (issue 33)
+def _symbolic(d: Path, name: str = "sym.onnx", dims: int = 1) -> Path:
+    """The 4-input Sum model with its first `dims` dims symbolic."""
+    model = graphs.sum_only()
+    for vi in [*model.graph.input, *model.graph.output]:
+        for k in range(dims):
+            vi.type.tensor_type.shape.dim[k].dim_param = f"d{k}"
+    onnx.save(model, d / name)
+    return d / name
+
+
+@pytest.mark.parametrize("argv, problem", [
+    (["inspect", "sym.onnx", "--input-shapes", "x0:99999999999999999999999,3"],
+     r"^--input-shape x0:99999999999999999999999,3: dim 99999999999999999999999 is not from 1 to 2,147,483,647"),
+    (["patch", "sym.onnx", "o.onnx", "--input-shapes", "x0:2147483648,3"], r"dim 2147483648 is not from 1 to"),
+    (["inspect", "sym2.onnx", "--input-shapes", "x0:2147483647,2147483647"],
+     r"^sym2\.onnx: --input-shape x0:2147483647,2147483647 makes an input of 18,446,744,056,529,682,436 bytes, more "
+     r"than a 64-bit size can hold"),
+    (["inspect", "sym.onnx", "--input-shapes", "x0:2,3", "--input-shapes", "x1:2,3", "--input-shapes", "x0:4,3"],
+     r"^--input-shape names 'x0' twice \(x0:2,3 and 'x0:4,3'\) \(give each input once\)"),
+], ids=["huge-dim", "dim-over-int32", "size-over-int64", "repeated"])
+def test_input_shapes_out_of_range_or_repeated_are_one_line(tmp_path, argv, problem):
+    """A dim of 2^63 or more ended in "ValueError: Value out of range" (exit 1); a repeated input kept the last
+    shape without a word. Dims are from 1 to 2^31 - 1, an input's bytes fit an int64, each input is given once."""
+    _symbolic(tmp_path)
+    _symbolic(tmp_path, "sym2.onnx", dims=2)
+    before = state(tmp_path)
+    proc = run(*argv, cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert re.search(problem, one_error_line(proc)), proc.stderr
+    assert state(tmp_path) == before
+
+
+def test_input_shapes_out_of_range_through_the_api_and_a_manifest(tmp_path):
+    import deform_surgeon as ds
+
+    src = _symbolic(tmp_path)
+    with pytest.raises(ds.SurgeonError, match=r"^input_shapes x0:10{23},3: dim 10{23} is not from 1 to"):
+        ds.inspect(src, input_shapes={"x0": [10**23, 3]})
+    (tmp_path / "m.toml").write_text('[[model]]\ninput = "sym.onnx"\noutput = "a.onnx"\n'
+                                     'input_shapes = { x0 = [9223372036854775807, 3] }\n')
+    proc = run("batch", "m.toml", "--no-progress", cwd=tmp_path)
+    assert proc.returncode == 1 and "internal error" not in proc.stdout and "Traceback" not in proc.stderr
+    assert re.search(r"m\.toml, \[\[model\]\] #1: option input_shapes: input_shapes x0:9223372036854775807,3: dim "
+                     r"9223372036854775807 is not from 1 to 2,147,483,647", _summary_rows(proc.stdout)["1"])
+
+
+@pytest.mark.parametrize("value", [5, 3.5, None])
+def test_api_skip_passes_of_the_wrong_type_and_a_generator(tmp_path, value):
+    """`skip_passes=5` or `3.5` was a TypeError; a generator was consumed by the type check, so nothing was
+    skipped, silently: it is read once, and what it names is skipped."""
+    import deform_surgeon as ds
+
+    src = FIXTURES / "decoder_gathernd.onnx"
+    if value is None:
+        report = ds.inspect(src, skip_passes=(n for n in ["sum_chain", "fit"]))
+        assert "sum_chain" not in report.passes and "fit" not in report.passes and "gathernd" in report.passes
+        assert report.options["skip_passes"] == ("sum_chain", "fit")
+        return
+    problem = f"skip_passes takes a list of pass names, not {value!r}"
+    with pytest.raises(ds.SurgeonError, match=f"^{re.escape(problem)}"):
+        ds.patch(src, tmp_path / "o.onnx", skip_passes=value)
+    assert not list(tmp_path.iterdir())
+
+
+def _limit_address_space() -> None:
+    import resource
+    resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, 3 * 2**30))
+
+
+def test_verify_at_a_size_that_cannot_be_allocated_says_the_size_needs_it(tmp_path):
+    """`--verify --input-shapes` at a size whose seeded input cannot be allocated (here under a 3 GiB address-space
+    limit) told the user to give the size with --input-shapes: it says the size given needs 22.4 GiB."""
+    _symbolic(tmp_path)
+    before = state(tmp_path)
+    proc = subprocess.run([*DS, "patch", "sym.onnx", "o.onnx", "--verify", "--input-shapes", "x0:1000000000,3"],
+                          cwd=tmp_path, capture_output=True, text=True, preexec_fn=_limit_address_space)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    line = one_error_line(proc)
+    assert line.startswith("sym.onnx: fails to run on ORT CPU with the seeded inputs: the size given with "
+                           "--input-shapes (x0:1000000000,3) needs 22.4 GiB in one allocation, which failed"), line
+    assert "give the size" not in line
+    assert state(tmp_path) == before
+
+
+def _model_folder(d: Path) -> Path:
+    """DIR with a model, a subfolder with another, and a link to that subfolder."""
+    src = d / "src"
+    (src / "real").mkdir(parents=True)
+    copy_fixture("sum_only.onnx", src, "m.onnx")
+    copy_fixture("sum_only.onnx", src / "real", "r.onnx")
+    (src / "alias").symlink_to("real")
+    return src
+
+
+def test_batch_folder_follows_a_link_to_a_folder_inside_dir_and_refuses_others(tmp_path):
+    """A linked subfolder of DIR was neither patched nor copied nor reported. Inside DIR it is followed (its
+    models patched under the link's name); a link out of DIR, or to a folder that holds it, is one line, exit 2."""
+    src = _model_folder(tmp_path)
+    proc = run("batch", "src", "out", "--no-progress", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"^\s+alias/r\.onnx\s+ok", proc.stdout, re.M), proc.stdout
+    assert (tmp_path / "out" / "alias" / "r.onnx").is_file() and not (tmp_path / "out" / "alias").is_symlink()
+    (tmp_path / "ext").mkdir()
+    for link, target, named, problem in [
+            ("outside", "../ext", "outside", r"is a link to a folder outside DIR \(.*/ext\)"),
+            ("real/loop", "..", "alias/loop", r"is a link to .*/src, a folder that holds it")]:  # (alias first)
+        (src / link).symlink_to(target)
+        before = state(tmp_path)
+        proc = run("batch", "src", "out2", "--no-progress", cwd=tmp_path)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        line = one_error_line(proc)
+        assert line.startswith(f"src/{named}: ") and re.search(problem, line), line
+        assert state(tmp_path) == before
+        (src / link).unlink()
+
+
+def test_batch_folder_output_through_a_link_in_outdir_is_refused(tmp_path):
+    """A linked subfolder the user has in OUTDIR was followed: the outputs landed in its target, outside OUTDIR."""
+    _model_folder(tmp_path)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "out" / "real").symlink_to("../elsewhere")
+    before = state(tmp_path)
+    proc = run("batch", "src", "out", "--no-progress", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert re.match(r"out/real: leads outside OUTDIR \(out\) through a link, to .*/elsewhere",
+                    one_error_line(proc))
+    assert state(tmp_path) == before and not list((tmp_path / "elsewhere").iterdir())
+
+
+def test_batch_folder_refused_up_front_leaves_no_folders(tmp_path):
+    """A batch refused once the output folders were made (here: a file to copy onto a FIFO in OUTDIR) left them
+    behind, empty; they are taken back."""
+    src = _model_folder(tmp_path)
+    (src / "notes.txt").write_text("notes")
+    (tmp_path / "out").mkdir()
+    os.mkfifo(tmp_path / "out" / "notes.txt")
+    before = state(tmp_path)
+    proc = run("batch", "src", "out", "--no-progress", cwd=tmp_path)
+    assert proc.returncode == 2 and "is a FIFO" in one_error_line(proc), proc.stderr
+    assert set(state(tmp_path)) == set(before)  # no out/alias, no out/real (only out's mtime moved)
+
+
+def test_two_output_links_to_one_file_are_named(tmp_path):
+    """Two outputs that are links to one file: the refusal says which two, and the file they are."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("a", "b"):
+        copy_fixture("sum_only.onnx", src, f"{name}.onnx")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "x.onnx").write_bytes(b"")
+    for name in ("a", "b"):
+        (tmp_path / "out" / f"{name}.onnx").symlink_to("../x.onnx")
+    proc = run("batch", "src", "out", "--no-progress", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert re.search(r"out/b\.onnx: the output of entry 2 \(src/b\.onnx\) is also the output of entry 1 "
+                     r"\(src/a\.onnx\) \(out/b\.onnx and out/a\.onnx are both .*/x\.onnx\): one would overwrite",
+                     proc.stdout), proc.stdout

@@ -8,6 +8,7 @@ export is measured in docs/deformconv.md.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -82,6 +83,53 @@ def test_lowered_deform_conv_is_byte_identical_to_ort_cpu(tmp_path: Path, case: 
             assert want.dtype == got.dtype and want.shape == got.shape
             assert want.tobytes() == got.tobytes(), f"{case} seed {seed} level {level}: max |diff| " \
                                                     f"{np.abs(want - got).max()}"
+
+
+@pytest.mark.parametrize("case", ["default", "groups_and_offset_groups", "uneven_pads_5x3", "neither", "batch2"])
+def test_float16_deform_conv_is_lowered_between_casts_with_ort_cpus_bytes(tmp_path: Path, case: str) -> None:
+    """ORT CPU has a float32 DeformConv kernel only: a float16 node runs between Casts it inserts (every input to
+    float32, the output back), at every optimisation level. The lowering does the same; NaN, infinite and far
+    offsets included, the bytes are ORT's (it was refused as having "no float64")."""
+    model = deform_conv(**CASES[case], dtype=np.float16)
+    src, dst, report = patched(tmp_path, model)
+    assert [(a.pass_name, a.action) for a in report.actions] == [("deform_conv", Outcome.REWRITTEN)]
+    assert report.ops_after.get("DeformConv", 0) == 0 and report.written
+    for seed, spread in ((0, 0.5), (1, 3.0), (2, 12.0), (3, None)):
+        feeds = {k: v.astype(np.float16) for k, v in feeds_for(model, seed, spread or 3.0).items()}
+        if spread is None:
+            flat = feeds["offset"].reshape(-1)  # a view: NaN, +-inf and 6e4 pixels at every 7th offset
+            flat[::7] = np.resize(np.array([np.nan, np.inf, -np.inf, 6e4], np.float16), flat[::7].size)
+        for level in LEVELS:
+            want, got = run_cpu(src, feeds, level), run_cpu(dst, feeds, level)
+            assert want.dtype == got.dtype == np.float16 and want.tobytes() == got.tobytes(), (case, seed, level)
+
+
+@pytest.mark.parametrize("kind, argv, why", [
+    ("empty_batch", ["patch", "--verify"], r"empty input or output \(0 images, 4 input channels"),
+    ("no_channels", ["patch", "--verify"], r"empty input or output \(1 images, 0 input channels"),
+    ("huge", ["inspect"], r"its lowering would add 2\.15 GB \(2\.00 GiB\) of constants \(the sampling grid of "
+                          r"16384 x 16384 output positions\), over the 268\.4 MB \(256\.0 MiB\) one rewrite may add"),
+])
+def test_a_deform_conv_that_cannot_be_lowered_is_refused_before_anything_is_built(tmp_path: Path, kind: str,
+                                                                                   argv: list, why: str) -> None:
+    """An empty batch or no channels (valid to onnx.checker) divided by zero in the chunking; a 16384 x 16384
+    input in a 372-byte file built gigabytes of constants and ended in MemoryError: each is refused with its
+    reason, and the whole command stays small (run under a 3 GiB address-space limit; the refusal needs ~60 MB)."""
+    model = {"empty_batch": lambda: deform_conv(n=0), "no_channels": lambda: deform_conv(c=0),
+             "huge": lambda: deform_conv(c=1, m=1, h=16384, w=16384, mask=False, bias=False)}[kind]()
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, tmp_path / "m.onnx")
+    cmd = [sys.executable, "-m", "deform_surgeon", argv[0], "m.onnx", *(["out.onnx"] if argv[0] == "patch" else []),
+           *argv[1:]]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, preexec_fn=_limit_memory)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert re.search(r"refused +DeformConv +node_deform_conv2d: " + why, proc.stdout), proc.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+
+
+def _limit_memory() -> None:
+    import resource
+    resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, 3 * 2**30))
 
 
 def _with_index_outputs(path: Path) -> tuple[onnx.ModelProto, dict[str, int]]:

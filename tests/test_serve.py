@@ -558,6 +558,18 @@ def test_a_download_the_client_aborts_prints_nothing(tmp_path: Path, capsys) -> 
     assert capsys.readouterr().err == ""
 
 
+def test_serve_image_that_is_a_folder_or_a_fifo_says_so(tmp_path: Path) -> None:
+    """`serve --image` with a folder or a FIFO said "no such file"; it says what the path is (a FIFO is not
+    opened)."""
+    os.mkfifo(tmp_path / "pipe.png")
+    (tmp_path / "pictures").mkdir()
+    for name, problem in (("pipe.png", "is a FIFO, not a regular file (give a picture file (PNG, JPEG, ...))"),
+                          ("pictures", "is a folder, not a picture file (give a picture file (PNG, JPEG, ...))")):
+        r = _cli(str(ORIGINAL), "--image", str(tmp_path / name))
+        assert (r.returncode, r.stderr) == (2, f"deform-surgeon serve: error: {tmp_path / name}: {problem}\n"), \
+            r.stderr
+
+
 def test_an_output_that_differs_gets_the_bisect_command_with_the_pages_input(server) -> None:
     """The page suggests `deform-surgeon bisect` for the model, its bundle and device, fed the page's own input."""
     image = np.random.default_rng(3).standard_normal((1, 3, 64, 64)).astype(np.float32)

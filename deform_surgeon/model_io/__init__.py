@@ -26,17 +26,22 @@ from .weights import (
 )
 from .wire import ModelScan, copy_fields, scan_model
 from .write import (
+    BROWSER_SINGLE_FILE_LIMIT,
+    EXTERNAL_DATA_CHOICES,
     atomic_path,
     check_external_output,
     copy_atomic,
     external_data_path,
     save_model_atomic,
+    single_file_problem,
     temp_prefix,
+    weights_external,
 )
 
 __all__ = [
-    "STORED_WEIGHT_BYTES", "ModelScan", "TypeTable", "Weights", "atomic_path", "check_and_infer",
-    "check_external_output", "check_model", "check_spliced", "checked_types", "copy_atomic", "copy_fields",
-    "elem_nbytes", "export_graph", "external_data_path", "infer_value_types", "load_model", "save_model_atomic",
-    "path_problem", "scan_model", "skeleton_bytes", "split_weights", "temp_prefix", "tidy", "user_path",
+    "BROWSER_SINGLE_FILE_LIMIT", "EXTERNAL_DATA_CHOICES", "ModelScan", "STORED_WEIGHT_BYTES", "TypeTable", "Weights",
+    "atomic_path", "check_and_infer", "check_external_output", "check_model", "check_spliced", "checked_types",
+    "copy_atomic", "copy_fields", "elem_nbytes", "export_graph", "external_data_path", "infer_value_types",
+    "load_model", "path_problem", "save_model_atomic", "scan_model", "single_file_problem", "skeleton_bytes",
+    "split_weights", "temp_prefix", "tidy", "user_path", "weights_external",
 ]

@@ -264,11 +264,13 @@ def _header(number: int, size: int) -> bytes:
 
 @dataclass(frozen=True)
 class FileBytes:
-    """`length` bytes at `offset` of the input model file (a stored tensor's raw data): the writer copies them from
-    file to file. (Not ranges.Interval, which bounds a tensor's values.)"""
+    """`length` bytes at `offset` of the input model file (a stored tensor's raw data), or of `path` (an external
+    data file whose tensor is written into the model): the writer copies them from file to file. (Not
+    ranges.Interval, which bounds a tensor's values.)"""
 
     offset: int
     length: int
+    path: Path | None = None
 
     def __len__(self) -> int:
         return self.length

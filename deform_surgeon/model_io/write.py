@@ -6,6 +6,13 @@ record by record (wire.py), no second copy of it in memory; the stored tensors' 
 files in the kernel where it can (`os.copy_file_range`): embedded ones into the model file, external ones into the
 output's own data file (`<OUT>.data`, or `<OUT>_data` as the input's: `external_data_path`), written through a
 temporary name like the model itself.
+
+Which form the output's weights take (`weights_external`, `--external-data`): a page loads a single-file model through
+onnxruntime-web's 32-bit wasm heap, which fails past `BROWSER_SINGLE_FILE_LIMIT` (docs/browser-loading.md), while
+external data is fetched and uploaded by the WebGPU EP itself. So by default ("auto") an input stored as one file
+larger than that is written with its weights in external data, named as transformers.js fetches them
+(`<OUT>_data`); a smaller one stays one file, and an input with external data keeps it. "always" and "never" force
+either form.
 """
 
 from __future__ import annotations
@@ -28,6 +35,12 @@ from . import wire
 from .weights import Weights, external_ref, is_external
 
 _PROTOBUF_LIMIT = 2**31 - 1
+
+EXTERNAL_DATA_CHOICES = ("auto", "always", "never")
+# The largest single-file model written by default. A page's onnxruntime-web holds a single file twice in its 4 GiB
+# wasm heap, beside the constants ORT folds at session creation: the full BiRefNet 1024 (925 MiB) fails there, a
+# file of weights alone at 1920 MiB (measured in headless Chromium: docs/browser-loading.md). 1.8x below the first.
+BROWSER_SINGLE_FILE_LIMIT = 512 * 2**20
 
 
 _ALIGN_THRESHOLD, _ALIGN = 1 << 20, 1 << 16  # onnx's own layout: tensors >= 1 MiB start at 64 KiB boundaries
@@ -77,38 +90,66 @@ def save_model_atomic(
     verify: Callable[[Path], None] | None = None,
     weights: Weights | None = None,
     check: Callable[[], None] | None = None,
+    external: bool | None = None,
 ) -> None:
     """Write `model` to a temporary file, check its size, run `check()` and `verify(tmp_path)` if given (either may
     raise: the temporary file is then removed), then rename it into place.
 
     The model is written record by record (wire.py): no second copy of it is built in memory, and the bytes of
-    the stored tensors (`weights`) go from file to file. External ones are copied into `<target>.data` (or
-    `<target>_data`, the input's form) beside the output (a temporary name first, renamed just before the model), so
-    the output's references are relative to its own folder and the input's data file is never touched.
+    the stored tensors (`weights`) go from file to file. `external`: None keeps the input's form (its external
+    tensors external, its embedded ones embedded); True writes every stored initializer to the data file, False
+    every one into the model file (Constant nodes' values stay in the model, as onnx's own converter leaves them).
+    The data file, `external_data_path(target)` beside the output, gets a temporary name first and is renamed just
+    before the model, so the output's references are relative to its own folder and the input's data file is
+    never touched.
     """
     target = Path(target)
     weights = weights if weights is not None else Weights(None)
-    external = [t for t in model.graph.initializer if t.name in weights.tensors and is_external(t)]
+    stored = [t for t in model.graph.initializer if t.name in weights.tensors]
+    to_data = [t for t in stored if is_external(t)] if external is None else stored if external else []
     try:
         with ExitStack() as stack:
             tmp = stack.enter_context(atomic_path(target))
             layout: dict[str, tuple[int, int]] = {}
             data_target = external_data_path(target, weights.sources())
-            if external:  # exits first: the data file is in place before the model that names it
+            if to_data:  # exits first: the data file is in place before the model that names it
                 tmp_data = stack.enter_context(atomic_path(data_target, suffix=".data"))
-                layout = _copy_external(external, weights.base_dir, tmp_data)
-            location = tmp_data.name if external and verify is not None else data_target.name
+                layout = _copy_to_data(to_data, weights, tmp_data)
+            location = tmp_data.name if to_data and verify is not None else data_target.name
             _write_model(model, weights, layout, location, tmp, target)
             if check is not None:
                 check()
             if verify is not None:
                 verify(tmp)
-                if external:
+                if to_data:
                     _write_model(model, weights, layout, data_target.name, tmp, target)
             weights.check_unchanged()  # last: every input read (copied, verified) is the one loaded
     except OSError as exc:
         weights.check_unchanged()  # an input removed or replaced under the writer: that is the file to name
         raise SurgeonError(target, f"could not be written ({exc.strerror or exc})") from None
+
+
+def weights_external(model_path: str | Path, input_data: Iterable[str | Path], choice: str) -> bool:
+    """Whether the output of `model_path` (its external data files `input_data`) has its weights in external data,
+    for `choice` (`--external-data`, `EXTERNAL_DATA_CHOICES`): "auto" keeps an input's external data, and moves the
+    weights of a single file larger than `BROWSER_SINGLE_FILE_LIMIT` out of it (a page could not load it)."""
+    if choice != "auto":
+        return choice == "always"
+    try:
+        return bool(list(input_data)) or os.path.getsize(model_path) > BROWSER_SINGLE_FILE_LIMIT
+    except OSError:  # a missing or unreadable input: loading it names the problem
+        return False
+
+
+def single_file_problem(name: str, size: int) -> str | None:
+    """Why a page could not load a model written as one file of `size` bytes (over `BROWSER_SINGLE_FILE_LIMIT`),
+    or None."""
+    if size <= BROWSER_SINGLE_FILE_LIMIT:
+        return None
+    return (f"{name} is one file of {size / 2**20:,.0f} MiB: onnxruntime-web holds a single file twice in its 4 GiB "
+            f"wasm heap, with the constants it folds, and the full BiRefNet's 925 MiB file already fails there (over "
+            f"{BROWSER_SINGLE_FILE_LIMIT / 2**20:,.0f} MiB is not written as one file by default); with its weights "
+            f"in external data (--external-data always) a page loads it")
 
 
 def copy_atomic(src: str | Path, target: str | Path, check: Callable[[], None] | None = None) -> None:
@@ -130,18 +171,20 @@ _CHUNKED_DATA = re.compile(r"_data(_\d+)?$")
 
 def external_data_path(model_path: str | Path, input_data: Iterable[str | Path] = ()) -> Path:
     """Where the external data of an output model goes, beside it, in the form of the input's own (`input_data`,
-    its data files): `<OUT>_data` when the input's is named so (`model.onnx_data`, and `model.onnx_data_1`, ...:
-    transformers.js's form, which fetches `<name>.onnx_data` and gives ORT the bytes under that name, so a patched
-    model folder loads there unchanged), else `<OUT>.data` (onnx's and torch's form)."""
+    its data files): `<OUT>.data` when the input's is named so (onnx's and torch's form), else `<OUT>_data`
+    (`model.onnx_data`: transformers.js's form, which fetches `<name>.onnx_data` and gives ORT the bytes under that
+    name, so a patched model folder loads there unchanged; also the name of weights moved out of a single file)."""
     model_path = Path(model_path)
-    suffix = "_data" if any(_CHUNKED_DATA.search(Path(f).name) for f in input_data) else ".data"
+    names = [Path(f).name for f in input_data]
+    suffix = ".data" if names and not any(_CHUNKED_DATA.search(n) for n in names) else "_data"
     return model_path.with_name(model_path.name + suffix)
 
 
-def check_external_output(out: str | Path, model_path: str | Path, weights: Weights) -> None:
-    """Refuse an output whose data file (`<OUT>.data`, `<OUT>_data`: `external_data_path`) would overwrite the
-    input or its external data."""
-    if not weights.external:
+def check_external_output(out: str | Path, model_path: str | Path, weights: Weights, external: bool = False) -> None:
+    """Refuse an output whose data file (`<OUT>.data`, `<OUT>_data`: `external_data_path`), which it has when the
+    input has external data or `external` moves its weights there, would overwrite the input or its external
+    data."""
+    if not (weights.external or external):
         return
     data = external_data_path(out, weights.sources())
     if data.resolve() in weights.sources() | {Path(model_path).resolve()}:
@@ -160,11 +203,13 @@ def _write_model(model: onnx.ModelProto, weights: Weights, layout: dict[str, tup
     total = sum(map(len, pieces))
     if total > _PROTOBUF_LIMIT:
         raise SurgeonError(target, "patched model exceeds protobuf's 2 GB limit",
-                           "store the input's weights as external data (onnx.save(..., save_as_external_data=True))")
+                           "write its weights to external data: --external-data always")
     size = 0
     with ExitStack() as files, ThreadPoolExecutor(1) as disk:  # a write gives up the GIL: the next records are
         fh = files.enter_context(open(path, "wb", buffering=0))  # serialized while the last ones go to disk
-        source = files.enter_context(weights.open_source()) if weights.data else None
+        sources: dict[Path | None, object] = {}
+        if weights.data:
+            sources[None] = files.enter_context(weights.open_source())
         writing = None
         try:
             for data in wire.serialized(pieces):
@@ -172,7 +217,9 @@ def _write_model(model: onnx.ModelProto, weights: Weights, layout: dict[str, tup
                     writing.result()
                     writing = None
                 if isinstance(data, wire.FileBytes):
-                    _copy_range(source, data.offset, data.length, fh)
+                    if data.path not in sources:  # an external data file whose tensors go into the model
+                        sources[data.path] = files.enter_context(open(data.path, "rb", buffering=0))
+                    _copy_range(sources[data.path], data.offset, data.length, fh)
                 else:
                     writing = disk.submit(_write_all, fh, data)
                 size += len(data)
@@ -207,38 +254,70 @@ def _file_graph(graph: onnx.GraphProto, weights: Weights, layout: dict[str, tupl
             yield wire.record(wire.GRAPH_INITIALIZER, _pointed(t, location, *layout[t.name]))
         elif t.name in data:
             yield from wire.tensor_record(wire.GRAPH_INITIALIZER, t, data[t.name])
+        elif t.name in weights.tensors and is_external(t):  # into the model file: the bytes of its data file
+            path, offset, length = _external_span(t, weights.base_dir)
+            yield from wire.tensor_record(wire.GRAPH_INITIALIZER, _embedded(t), wire.FileBytes(offset, length, path))
         else:
             yield wire.record(wire.GRAPH_INITIALIZER, t)
     yield from wire.graph_rest(graph)
 
 
-def _copy_external(tensors: list[onnx.TensorProto], base_dir: Path | None, out: Path) -> dict[str, tuple[int, int]]:
-    """Copy the external data of `tensors` into `out` (in the kernel where it can); their new (offset, length)."""
-    base = base_dir if base_dir is not None else Path()
+def _copy_to_data(tensors: list[onnx.TensorProto], weights: Weights, out: Path) -> dict[str, tuple[int, int]]:
+    """Copy the bytes of the stored initializers `tensors` into the data file `out` (in the kernel where it can):
+    an external one's from its data file, an embedded one's from the input model file (or, for a model built in
+    memory, its protobuf). Their new (offset, length); one span shared by several tensors is written once."""
     layout: dict[str, tuple[int, int]] = {}
-    done: dict[tuple[Path, int, int], tuple[int, int]] = {}
+    done: dict[tuple, tuple[int, int]] = {}
     pos = 0
     with ExitStack() as files, open(out, "wb", buffering=0) as dst:
-        sources: dict[Path, object] = {}
+        sources: dict[Path | None, object] = {}
+
+        def opened(path: Path | None):
+            if path not in sources:
+                sources[path] = files.enter_context(weights.open_source() if path is None
+                                                    else open(path, "rb", buffering=0))
+            return sources[path]
+
         for t in tensors:
-            location, offset, length = external_ref(t)
-            src_path = base / location
-            if src_path not in sources:
-                sources[src_path] = files.enter_context(open(src_path, "rb", buffering=0))
-            src = sources[src_path]
-            if length is None:
-                length = os.fstat(src.fileno()).st_size - offset
-            if (src_path, offset, length) in done:
-                layout[t.name] = done[(src_path, offset, length)]
+            if is_external(t):
+                path, offset, length = _external_span(t, weights.base_dir)
+                key: tuple = (path, offset, length)
+            elif t.name in weights.data:
+                span = weights.data[t.name]
+                path, offset, length, key = None, span.offset, span.length, (None, span.offset, span.length)
+            else:  # in the protobuf of a model built in memory
+                raw = t.raw_data
+                path, offset, length, key = None, 0, len(raw), ("memory", t.name)
+            if key in done:
+                layout[t.name] = done[key]
                 continue
             if length >= _ALIGN_THRESHOLD and pos % _ALIGN:
                 pos += dst.write(b"\0" * (_ALIGN - pos % _ALIGN))
-            _copy_range(src, offset, length, dst)
-            layout[t.name] = done[(src_path, offset, length)] = (pos, length)
+            if key[0] == "memory":
+                _write_all(dst, raw)
+            else:
+                _copy_range(opened(path), offset, length, dst)
+            layout[t.name] = done[key] = (pos, length)
             pos += length
     if os.path.getsize(out) != pos:
         raise SurgeonError(out, "external data was not copied completely (disk full?)")
     return layout
+
+
+def _external_span(t: onnx.TensorProto, base_dir: Path | None) -> tuple[Path, int, int]:
+    """The file, offset and length of external tensor `t`'s bytes (a missing length: to the end of the file)."""
+    location, offset, length = external_ref(t)
+    path = (base_dir if base_dir is not None else Path()) / location
+    return path, offset, os.path.getsize(path) - offset if length is None else length
+
+
+def _embedded(t: onnx.TensorProto) -> onnx.TensorProto:
+    """A copy of external tensor `t` without its external reference (its raw data is written beside it)."""
+    out = onnx.TensorProto()
+    out.CopyFrom(t)
+    del out.external_data[:]
+    out.ClearField("data_location")
+    return out
 
 
 def _copy_range(src, offset: int, length: int, dst) -> None:

@@ -16,6 +16,9 @@ tap `k = (i, j)` and output position `p = (oy, ox)`, and what this pass builds f
     Y[g] = W[g] @ col[g]  (MLAS SGEMM, M/g x P x K)        MatMul of the same shapes: the same MLAS SGEMM
     Y += bias[m]                                          Add
 
+A float16 DeformConv is computed in float32 between Casts (every input to float32, the output back), because
+that is how ORT CPU runs it: it has a float32 kernel only and inserts those Casts itself.
+
 A NaN coordinate fails the inside test, so its sample is an outside one (weights 0, index 0), as on ORT 1.32 CPU
 (measured: NaN offsets give the bytes +inf offsets give). The gather indices never depend on that reasoning: every
 row index is built from coordinates clamped by `Where(0 <= c <= size-1, c, 0)` (NaN fails both comparisons), and
@@ -35,11 +38,17 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from ..budget import human
 from ..pipeline import Action, Context, Outcome, Pass, Refuse
 from ..ranges import gather_elements_verdict
 from .gathernd import INT32_MAX
 
 OP = "DeformConv"
+# The constants one lowering may add (its sampling grid, `grid_bytes`). Why a bound: the grid grows with the output
+# positions, not with the file, so a model of a few hundred bytes declaring a 16384 x 16384 input would otherwise
+# build (and prove, export and write) gigabytes before anything else looks at a size. 256 MiB is the largest buffer
+# a WebGPU device must offer (the spec's maxBufferSize); a grid of 256 MiB is 5,792 x 5,792 output positions.
+MAX_CONSTANT_BYTES = 256 * 2**20
 STAYS = "it stays a DeformConv, which runs on the CPU EP in onnxruntime-web (no WebGPU EP has a kernel for it)"
 
 
@@ -64,6 +73,7 @@ class DeformConvPlan:
     has_bias: bool
     has_mask: bool
     chunk_rows: int  # output rows lowered at once (all of them unless --max-buffer asks for less)
+    half: bool = False  # float16: computed in float32 between Casts, as ORT CPU runs it
 
     @property
     def taps(self) -> int:
@@ -75,7 +85,8 @@ class DeformConvPlan:
 
 
 class LowerDeformConv(Pass):
-    """Rewrite every float32 2-D DeformConv with static shapes into the sampling form (module docstring)."""
+    """Rewrite every float32 or float16 2-D DeformConv with static shapes into the sampling form (module
+    docstring)."""
 
     name = "deform_conv"
 
@@ -97,8 +108,8 @@ class LowerDeformConv(Pass):
         ins = list(node.inputs) + [gs.Variable("")] * (5 - len(node.inputs))
         x, weight, offset, bias, mask = ins[:5]
         dtype = prover.dtype(x)
-        if dtype != np.dtype(np.float32):
-            raise Refuse(f"element type {dtype} (only float32 is lowered: the WebGPU EPs have no float64)",
+        if dtype not in (np.dtype(np.float32), np.dtype(np.float16)):
+            raise Refuse(f"element type {dtype} (float32 and float16 are lowered: the WebGPU EPs have no {dtype})",
                          dtype=str(dtype))
         shapes = [prover.static_shape(t) for t in (x, weight, offset)]
         if any(s is None for s in shapes):
@@ -123,6 +134,14 @@ class LowerDeformConv(Pass):
         ow = (w + pads[1] + pads[3] - (dilations[1] * (kw - 1) + 1)) // strides[1] + 1
         if oh < 1 or ow < 1:
             raise Refuse(f"empty output ({oh} x {ow})", output_shape=[oh, ow])
+        if min(n, c, m) < 1:  # (ORT's kernel returns an empty output; a lowering would divide by zero)
+            raise Refuse(f"empty input or output ({n} images, {c} input channels, {m} output channels)",
+                         shape=[n, c, h, w], output_shape=[n, m, oh, ow])
+        constants = grid_bytes(oh, ow)
+        if constants > MAX_CONSTANT_BYTES:
+            raise Refuse(f"its lowering would add {human(constants)} of constants (the sampling grid of {oh} x {ow} "
+                         f"output positions), over the {human(MAX_CONSTANT_BYTES)} one rewrite may add",
+                         size_bytes=constants, limit_bytes=MAX_CONSTANT_BYTES)
         if tuple(oshape) != (n, og * 2 * kh * kw, oh, ow):
             raise Refuse(f"offset shape {list(oshape)} is not {[n, og * 2 * kh * kw, oh, ow]}", shape=oshape,
                          expected=[n, og * 2 * kh * kw, oh, ow])
@@ -138,7 +157,8 @@ class LowerDeformConv(Pass):
             raise Refuse(f"{n * og * h * w} sampled rows, more than an int32 index can address",
                          data_rows=n * og * h * w, max_rows=INT32_MAX + 1)
         return DeformConvPlan(n, c, h, w, m, kh, kw, oh, ow, strides, dilations, pads, group, og, has_bias, has_mask,
-                              _chunk_rows(ctx.options.max_buffer, n, c, kh * kw, oh, ow, c // group * kh * kw))
+                              _chunk_rows(ctx.options.max_buffer, n, c, kh * kw, oh, ow, c // group * kh * kw),
+                              half=dtype == np.dtype(np.float16))
 
     def rewrite(self, ctx: Context, node: gs.Node, plan: DeformConvPlan) -> Action:
         before = len(ctx.graph.nodes)
@@ -178,8 +198,14 @@ class LowerDeformConv(Pass):
         """Build the replacement, in chunks of `p.chunk_rows` output rows; return its Gathers (whose indices the
         caller proves)."""
         ins = list(node.inputs) + [gs.Variable("")] * (5 - len(node.inputs))
+        if p.half:  # ORT CPU has a float32 kernel only: its graph casts every input to float32 and the output back
+            ins = [t if t.name == "" else b.op("Cast", [t], f"input{i}_float32", to=onnx.TensorProto.FLOAT)
+                   for i, t in enumerate(ins)]
         x, weight, offset, bias, mask = ins[:5]
         og, cg = p.offset_group, p.c // p.offset_group
+        final = out
+        if p.half:
+            out = b.ctx.var(f"{b.name}/output_float32", np.float32, None)
 
         # the image as rows of channels: row (n*og + g)*H*W + y*W + x holds X[n, g*cg:(g+1)*cg, y, x]
         grouped = b.op("Reshape", [x, b.i64([p.n, og, cg, p.h * p.w])], "image_grouped")
@@ -223,6 +249,8 @@ class LowerDeformConv(Pass):
             b.op("Add", [y, bias_col], "bias", into=out)
         else:
             b.op("Reshape", [prod, b.i64([p.n, p.m, p.oh, p.ow])], "output", into=out)
+        if p.half:
+            b.op("Cast", [out], "output_float16", into=final, to=onnx.TensorProto.FLOAT16)
         return gathers
 
     @staticmethod
@@ -291,6 +319,13 @@ class LowerDeformConv(Pass):
         # im2col layout [N, C*kH*kW, P] (row c*K + k), by group
         col = b.op("Transpose", [total], "col_channels_first", perm=[0, 1, 4, 2, 3])
         return b.op("Reshape", [col, b.i64([p.n, p.group, (p.c // p.group) * k, pts])], "col"), gathers
+
+
+def grid_bytes(oh: int, ow: int) -> int:
+    """The bytes of the constants a lowering materialises that grow with its output: the float32 grid of the
+    output positions per axis (`_sample`'s `grid_h` / `grid_w` operands, [1, points] each, over all chunks). The
+    rest (per-tap grids, shapes, offset starts) is a few numbers per tap or image."""
+    return 2 * 4 * oh * ow
 
 
 def _chunk_rows(max_buffer: int | None, n: int, c: int, taps: int, oh: int, ow: int, kdim: int) -> int:

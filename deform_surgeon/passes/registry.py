@@ -68,9 +68,13 @@ def check_pass_names(names: Iterable[str] | None, option: str = "skip_passes") -
     known names) for a name the registry does not hold or a value that is not a list of names."""
     if names is None:
         return ()
-    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+    # read once, here: a generator checked and then read again would be empty (nothing skipped, silently), and a
+    # number is no list (TypeError: 'int' object is not iterable)
+    listed = list(names) if isinstance(names, Iterable) and not isinstance(names, str | bytes) else None
+    if listed is None or not all(isinstance(n, str) for n in listed):
         raise SurgeonError(None, f"{option} takes a list of pass names, not {names!r}",
                            f"known passes: {', '.join(PASS_NAMES)}")
+    names = listed
     unknown = [n for n in names if n not in PASS_NAMES]
     if unknown:
         raise SurgeonError(None, f"unknown pass {', '.join(repr(n) for n in unknown)} in {option}",

@@ -5,6 +5,8 @@
 //          [--limits '{"maxStorageBuffersPerShaderStage": 8, ...}']  (the device profile to apply)
 //          [--jsep-debug 0|1]  (default 1 for the JSEP bundles jsep/all: ort.env.debug = true)
 //          [--watch-stdin]     (stop everything when stdin closes: the Python caller died)
+//        --bundle transformers --folder DIR --model-file NAME --dtype D
+//                              (transformers.js's pipeline on the model folder DIR: config.json, onnx/NAME.onnx)
 //
 // Why this shape: the console of the page carries ORT's verbose log (as messages of type `error`), so every
 // console message is forwarded unchanged to stderr, one line per line, for the Python parser; progress goes to
@@ -19,6 +21,7 @@ import { fileURLToPath } from 'node:url';
 
 import {
   errorText,
+  chromiumPeakMemory,
   launchChromium,
   newResult,
   parseArgs,
@@ -64,7 +67,7 @@ function serveFile(res, file) {
   });
 }
 
-function startServer({ model, ortDist, io, external }) {
+function startServer({ model, ortDist, io, external, folder, transformersDist }) {
   const modelDir = path.dirname(path.resolve(model));
   const externalSet = new Set(external);
   const server = http.createServer((req, res) => {
@@ -90,6 +93,15 @@ function startServer({ model, ortDist, io, external }) {
     if (p === '/browser_page.mjs') return serveFile(res, path.join(HERE, 'browser_page.mjs'));
     if (p === '/harness_node_and_page.mjs') return serveFile(res, path.join(HERE, 'harness_node_and_page.mjs'));
     if (p === '/browser_device.mjs') return serveFile(res, path.join(HERE, 'browser_device.mjs'));
+    if (p === '/transformers_page.mjs') return serveFile(res, path.join(HERE, 'transformers_page.mjs'));
+    if (p.startsWith('/transformers/') && transformersDist) {
+      const f = inside(transformersDist, p.slice('/transformers/'.length));
+      return f ? serveFile(res, f) : res.writeHead(403).end();
+    }
+    if (p.startsWith('/models/model/') && folder) { // the model folder, as transformers.js's localModelPath
+      const f = inside(folder, p.slice('/models/model/'.length));
+      return f ? serveFile(res, f) : res.writeHead(403).end();
+    }
     if (p === '/model.onnx') return serveFile(res, path.resolve(model));
     if (p === '/favicon.ico') return res.writeHead(204).end();
     if (p.startsWith('/ort/')) {
@@ -120,7 +132,10 @@ async function main() {
   const bundle = BUNDLES[bundleName];
   if (!bundle) throw new Error(`unknown --bundle ${bundleName} (webgpu|jsep|all)`);
   // onnxruntime-web's "exports" hide package.json and dist/, so locate it on disk in the runtimes folder.
-  const ortWebDir = path.join(RUNTIMES_DIR, 'node_modules', 'onnxruntime-web');
+  const transformersDir = path.join(RUNTIMES_DIR, 'node_modules', '@huggingface', 'transformers');
+  const ortWebDir = bundleName === 'transformers' // transformers.js bundles its own onnxruntime-web (its wasm here)
+    ? path.join(transformersDir, 'node_modules', 'onnxruntime-web')
+    : path.join(RUNTIMES_DIR, 'node_modules', 'onnxruntime-web');
   const ortDist = path.join(ortWebDir, 'dist');
   const ortWebVersion = JSON.parse(fs.readFileSync(path.join(ortWebDir, 'package.json'), 'utf8')).version;
   const external = args.external ? JSON.parse(args.external) : [];
@@ -188,7 +203,17 @@ async function main() {
 
   try {
     progress('starting local HTTP server on 127.0.0.1');
-    server = await startServer({ model: args.model, ortDist, io, external });
+    const tjs = bundleName === 'transformers';
+    if (tjs && !args.folder) throw new Error('--bundle transformers needs --folder');
+    server = await startServer({
+      model: args.model, ortDist, io, external,
+      folder: tjs ? path.resolve(args.folder) : null,
+      transformersDist: tjs ? path.join(transformersDir, 'dist') : null,
+    });
+    if (tjs) {
+      const pkg = JSON.parse(fs.readFileSync(path.join(transformersDir, 'package.json'), 'utf8'));
+      result.versions['transformers.js'] = pkg.version;
+    }
     const origin = `http://127.0.0.1:${server.address().port}`;
 
     let userDataDir = args['user-data-dir'];
@@ -238,9 +263,12 @@ async function main() {
       // The device profile: the page requests its device with these limits and reports them as the adapter's.
       limits: args.limits ? JSON.parse(args.limits) : null,
       externalData: external,
-      inputs: args.run ? readInputsMeta(io) : [],
+      inputs: args.run && bundleName !== 'transformers' ? readInputsMeta(io) : [],
+      modelFile: args['model-file'],
+      userDtype: args.dtype,
     };
     const r = await page.evaluate((c) => window.runHarness(c), cfg);
+    result.peak_rss_mib = chromiumPeakMemory(userDataDir); // before the browser closes: its processes' peaks
     const consoleGpuErrors = result.gpu_errors;
     const before = { versions: result.versions, timings: result.timings, adapter_note: result.adapter_note };
     Object.assign(result, r);

@@ -3,7 +3,7 @@
 // The WebGPU device hooks (uncaptured errors, device profile) are in browser_device.mjs, shared with `serve`'s page.
 
 import { adapterInfo, applyProfile, gpuErrors, hookDevices } from '/browser_device.mjs';
-import { errorText, runOnce } from '/harness_node_and_page.mjs';
+import { createTimed, errorText, runOnce } from '/harness_node_and_page.mjs';
 
 window.__gpuErrors = gpuErrors;
 
@@ -29,6 +29,18 @@ window.runHarness = async function runHarness(cfg) {
   }
   hookDevices(); // after applyProfile: every device the page creates reports its errors
 
+  if (cfg.bundle === 'transformers') {
+    const { runTransformers } = await import('/transformers_page.mjs');
+    const pipe = await runTransformers(cfg, result, progress, gpuErrors);
+    result.gpu_errors = gpuErrors.slice();
+    try {
+      await pipe?.dispose();
+    } catch {
+      // release errors do not change the measurement
+    }
+    return result;
+  }
+
   progress(`importing /ort/${cfg.bundleFile}`);
   const ort = await import(`/ort/${cfg.bundleFile}`);
   result.versions['onnxruntime-web'] = ort.env.versions ? ort.env.versions.web || ort.env.versions.common : null;
@@ -49,16 +61,7 @@ window.runHarness = async function runHarness(cfg) {
     options.externalData = cfg.externalData.map((p) => ({ path: p, data: `/external/${encodeURI(p)}` }));
   }
   progress(`creating session (${cfg.bundle} bundle)`);
-  const t0 = performance.now();
-  let session = null;
-  try {
-    session = await ort.InferenceSession.create(model, options);
-    result.session_ok = true;
-  } catch (e) {
-    result.error = errorText(e);
-  }
-  result.timings.session_create_s = (performance.now() - t0) / 1000;
-  progress(`session ${result.session_ok ? 'created' : 'failed'} in ${result.timings.session_create_s.toFixed(2)} s`);
+  const session = await createTimed(() => ort.InferenceSession.create(model, options), result, progress);
   result.gpu_errors_after_session = gpuErrors.slice();
 
   if (session && cfg.run) {

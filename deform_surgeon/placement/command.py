@@ -24,7 +24,7 @@ from ..blocks import OUTSIDE, count_per_block
 from ..tool import Tool
 from ..verdict import bisect_hint, combine, judge_outputs, split_errors, summarize_errors
 from .result import Placement
-from .runner import BUNDLES, DEFAULT_TIMEOUT, RUNTIMES, SetupMissing, measure_placement
+from .runner import BUNDLES, DEFAULT_TIMEOUT, RUNTIMES, ModelFolder, SetupMissing, measure_placement
 
 
 class PlacementTool(Tool):
@@ -55,7 +55,8 @@ class PlacementTool(Tool):
             choices=BUNDLES,
             default="webgpu",
             help="browser only: webgpu = ort.webgpu.min.mjs (native EP), jsep = ort.min.mjs, "
-            "all = ort.all.min.mjs (default: webgpu)",
+            "all = ort.all.min.mjs, transformers = transformers.js's pipeline('background-removal') on a model "
+            "folder (MODEL: the folder, or a file in its onnx/; default: webgpu)",
         )
         p.add_argument("--json", metavar="FILE", help="write the Placement JSON (with --compare: both) to FILE")
         p.add_argument(
@@ -113,6 +114,12 @@ def run_placement_command(args: argparse.Namespace) -> int:
         _err("missing MODEL (or --compare ORIGINAL PATCHED)")
         return 2
     models = list(args.compare) if args.compare else [args.model]
+    if args.runtime == "browser" and args.bundle == "transformers":  # a model folder: the file its pipeline loads
+        try:
+            models = [str(ModelFolder.of(m).model) for m in models]
+        except (FileNotFoundError, ValueError) as e:
+            _err(str(e))
+            return 2
     for m in models:
         if not Path(m).is_file():
             _err(f"model file not found: {m}")
@@ -256,6 +263,8 @@ def format_placement(p: Placement) -> str:
     if p.error:
         lines += _error_lines("error:  ", p.error)
     lines.append(_adapter_line(p.adapter))
+    if p.peak_rss_mib:  # the renderer holds the page's JS and wasm heaps; the GPU process what WebGPU uploads
+        lines.append("memory:  peak RSS " + ", ".join(f"{k} {v:,.0f} MiB" for k, v in sorted(p.peak_rss_mib.items())))
     lines += _profile_lines(p)
     if p.placement_logged:
         per = ", ".join(f"{ep} {n}" for ep, n in p.nodes_by_provider.items())
@@ -285,6 +294,12 @@ def format_placement(p: Placement) -> str:
         for name, v in judge_outputs(r.get("outputs") or {}, same_runtime=False).items():
             o = r["outputs"][name]
             lines.append(f"  {name} ({o.get('dtype')} {o.get('shape')}): {v.text}")
+        if r.get("mask"):
+            m = r["mask"]
+            said = ("not compared (the picture's size is not the output's)" if m["max_level_diff"] is None else
+                    f"at most {m['max_level_diff']} level(s) of 255 from the mask of ORT CPU's output "
+                    f"({m['differing_pixels']} pixel(s) differ)")
+            lines.append(f"  pipeline's mask (alpha, {m['shape']}): {said}")
     for n in p.notes:
         lines.append(f"note:    {n}")
     return "\n".join(lines)

@@ -109,3 +109,50 @@ export function watchParent(onGone) {
   process.stdin.on('data', () => {});
   process.stdin.resume();
 }
+
+/**
+ * Peak resident memory (VmHWM, MiB) of the Chromium started with `userDataDir`, by process type (`browser`,
+ * `renderer`: the page, its JS and wasm heaps; `gpu-process`: where Dawn holds what the WebGPU EP uploads; others
+ * summed under their type). Read from /proc while the browser still runs: on a machine without /proc, {}.
+ */
+export function chromiumPeakMemory(userDataDir) {
+  const procs = new Map(); // pid -> {ppid, cmd}
+  let entries = [];
+  try {
+    entries = fs.readdirSync('/proc').filter((d) => /^\d+$/.test(d));
+  } catch {
+    return {};
+  }
+  for (const pid of entries) {
+    try {
+      const cmd = fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0').join(' ');
+      const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
+      const ppid = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
+      procs.set(Number(pid), { ppid, cmd });
+    } catch {
+      // gone meanwhile
+    }
+  }
+  const ours = new Set([...procs].filter(([, p]) => p.cmd.includes(userDataDir) && !p.cmd.includes('--type='))
+    .map(([pid]) => pid));
+  for (let grew = true; grew;) {
+    grew = false;
+    for (const [pid, p] of procs) {
+      if (!ours.has(pid) && ours.has(p.ppid)) {
+        ours.add(pid);
+        grew = true;
+      }
+    }
+  }
+  const out = {};
+  for (const pid of ours) {
+    const type = (/--type=([\w-]+)/.exec(procs.get(pid).cmd) || [null, 'browser'])[1];
+    try {
+      const kb = Number(/VmHWM:\s+(\d+)/.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'))[1]);
+      out[type] = Math.round(((out[type] || 0) + kb / 1024) * 10) / 10;
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return out;
+}

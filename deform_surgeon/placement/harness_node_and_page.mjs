@@ -10,6 +10,8 @@ export const BUNDLES = {
   webgpu: { file: 'ort.webgpu.min.mjs', debug: false, ep: 'native C++ WebGpuExecutionProvider (asyncify wasm)' },
   jsep: { file: 'ort.min.mjs', debug: true, ep: 'JsExecutionProvider (JSEP)' },
   all: { file: 'ort.all.min.mjs', debug: true, ep: 'JSEP, plus webgl/wasm' },
+  // transformers.js's pipeline over the onnxruntime-web it bundles (its `onnxruntime-web/webgpu`: the native EP)
+  transformers: { file: 'transformers.js', debug: false, ep: 'native WebGpuExecutionProvider, through transformers.js' },
 };
 
 export function errorText(e) {
@@ -44,6 +46,24 @@ export function summarizeErrors(errors, width = 240) {
     if (line.length > width) line = `${line.slice(0, width)}…`;
     return n > 1 ? `${line} (x${n})` : line;
   });
+}
+
+/**
+ * A session (or pipeline) made by `create()`, timed as every harness reports it: fills `result.session_ok`,
+ * `result.error` and `result.timings.session_create_s`, and says so through `progress`. Returns it, or null.
+ */
+export async function createTimed(create, result, progress) {
+  const t0 = performance.now();
+  let made = null;
+  try {
+    made = await create();
+    result.session_ok = true;
+  } catch (e) {
+    result.error = errorText(e);
+  }
+  result.timings.session_create_s = (performance.now() - t0) / 1000;
+  progress(`session ${result.session_ok ? 'created' : 'failed'} in ${result.timings.session_create_s.toFixed(2)} s`);
+  return made;
 }
 
 /** Typed array constructors per ONNX tensor type as onnxruntime-js names them. */

@@ -39,6 +39,7 @@ class Placement:
     device_profile: dict[str, Any] | None = None  # {name, source, limits} the model was checked against
     applied_limits: dict[str, int] | None = None  # what the browser page requested its device with (None: node)
     limit_violations: list[dict[str, Any]] = field(default_factory=list)  # nodes / tensors beyond the profile
+    peak_rss_mib: dict[str, float] = field(default_factory=dict)  # browser: Chromium's processes by type (VmHWM)
 
     @property
     def ok(self) -> bool:

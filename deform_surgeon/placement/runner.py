@@ -29,6 +29,7 @@ from .. import runtimes
 from ..device import DeviceProfile, resolve_profile
 from ..ops import op_histogram
 from ..runtimes import harness_env, missing_setup
+from ..sample_image import png, scene
 from .logparse import CPU_EP, parse_ort_log
 from .result import Placement
 
@@ -38,7 +39,10 @@ SWIFTSHADER_ICD = runtimes.SWIFTSHADER_ICD
 SETUP_COMMAND = runtimes.SETUP_COMMAND
 
 RUNTIMES = ("node", "browser")
-BUNDLES = ("webgpu", "jsep", "all")
+BUNDLES = ("webgpu", "jsep", "all", "transformers")
+# transformers.js's file name suffix per dtype (`onnx/model{suffix}.onnx`), as its pipeline picks the file
+TRANSFORMERS_DTYPES = {"": "fp32", "_fp16": "fp16", "_quantized": "q8", "_int8": "int8", "_uint8": "uint8",
+                       "_q4": "q4", "_q4f16": "q4f16", "_bnb4": "bnb4"}
 DEFAULT_TIMEOUT = 600.0
 DEFAULT_INT_RANGE = (0, 4)
 
@@ -70,6 +74,36 @@ class SetupMissing(RuntimeError):
 
 
 # --------------------------------------------------------------------------------------------------- model io
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFolder:
+    """A transformers.js model folder (config.json beside onnx/) and the one file of it a pipeline loads."""
+
+    root: Path
+    model: Path  # root/onnx/<name><suffix>.onnx
+
+    @property
+    def file_name(self) -> str:  # transformers.js's `model_file_name` (the file's stem)
+        return self.model.stem
+
+    @property
+    def dtype(self) -> str:  # the `dtype:` a user writes to get this file ("fp32" for one it does not name)
+        stem = self.model.stem
+        return next((d for suffix, d in TRANSFORMERS_DTYPES.items() if suffix and stem.endswith(suffix)), "fp32")
+
+    @classmethod
+    def of(cls, path: str | os.PathLike[str]) -> ModelFolder:
+        """The folder of `path`: a model folder (its onnx/model.onnx), or a file in a model folder's onnx/."""
+        p = Path(path)
+        model = p / "onnx" / "model.onnx" if p.is_dir() else p
+        root = model.parent.parent
+        if model.parent.name != "onnx" or not (root / "config.json").is_file():
+            raise ValueError(f"{path}: not in a transformers.js model folder (config.json beside onnx/, the model in "
+                             "onnx/, as `batch DIR OUTDIR` writes it); --bundle transformers loads such a folder")
+        if not model.is_file():
+            raise FileNotFoundError(f"model file not found: {model}")
+        return cls(root, model)
 
 
 def _load_model_header(model_path: Path) -> Any:
@@ -347,12 +381,14 @@ def measure_placement(
     """
     t_start = time.monotonic()
     model = Path(model_path)
-    if not model.is_file():
-        raise FileNotFoundError(f"model file not found: {model}")
     if runtime not in RUNTIMES:
         raise ValueError(f"runtime must be one of {RUNTIMES}, not {runtime!r}")
     if runtime == "browser" and bundle not in BUNDLES:
         raise ValueError(f"bundle must be one of {BUNDLES}, not {bundle!r}")
+    folder = ModelFolder.of(model) if runtime == "browser" and bundle == "transformers" else None
+    model = folder.model if folder is not None else model
+    if not model.is_file():
+        raise FileNotFoundError(f"model file not found: {model}")
     if runtime == "node":
         bundle = None
     try:
@@ -373,7 +409,9 @@ def measure_placement(
     try:
         io_dir = tmp / "io"
         io_dir.mkdir()
-        if run:
+        if run and folder is not None:  # transformers.js preprocesses a picture of the model's input size
+            (io_dir / "image.png").write_bytes(png(scene(*_image_size(header))))
+        elif run:
             if feeds is None:
                 feeds, in_notes = make_inputs(header, seed=seed, int_range=int_range)
                 notes += in_notes
@@ -386,6 +424,8 @@ def measure_placement(
             cmd += ["--bundle", str(bundle), "--chromium", str(CHROMIUM), "--user-data-dir",
                     str(tmp / "chromium-profile"), "--external", json.dumps(external_data_files(header)),
                     "--jsep-debug", "1" if jsep_debug else "0", "--limits", json.dumps(profile.limits)]
+        if folder is not None:
+            cmd += ["--folder", str(folder.root.resolve()), "--model-file", folder.file_name, "--dtype", folder.dtype]
         if run:
             cmd += ["--io", str(io_dir), "--run"]
         cmd.append("--watch-stdin")
@@ -431,7 +471,11 @@ def measure_placement(
         if run:
             # a run that outlived the timeout failed, even if its result landed while the harness was being stopped
             raw_run = None if fail else raw.get("run")
+            if folder is not None and raw_run is not None and raw_run.get("ok"):
+                feeds = {name: _read_tensor(io_dir, o) for name, o in (raw_run.get("feeds") or {}).items()}
             run_info = _finish_run(raw_run, io_dir, model, feeds or {}, session_ok, error, seed)
+            if folder is not None and run_info.get("outputs"):
+                run_info["mask"] = _judge_mask(raw_run, io_dir, model, feeds or {})
 
         timings = {k: float(v) for k, v in (raw.get("timings") or {}).items()}
         timings["total_s"] = time.monotonic() - t_start
@@ -455,6 +499,7 @@ def measure_placement(
             device_profile=profile.to_dict(),
             applied_limits=raw.get("applied_limits"),
             limit_violations=violations,
+            peak_rss_mib={str(k): float(v) for k, v in (raw.get("peak_rss_mib") or {}).items()},
         )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -507,16 +552,7 @@ def _finish_run(
         return info
     gpu_errors = list(raw_run.get("gpu_errors") or [])
     info["gpu_errors"] = gpu_errors
-    got: dict[str, np.ndarray | None] = {}
-    for name, o in (raw_run.get("outputs") or {}).items():
-        f = io_dir / o["file"]
-        dtype = JS_DTYPES.get(o["dtype"])
-        if dtype is None or not f.exists():
-            got[name] = None
-            continue
-        got[name] = (
-            np.frombuffer(f.read_bytes(), dtype=dtype.newbyteorder("<")).astype(dtype).reshape(o["dims"])
-        )
+    got = {name: _read_tensor(io_dir, o) for name, o in (raw_run.get("outputs") or {}).items()}
     ok = bool(raw_run.get("ok"))
     error = raw_run.get("error")
     if ok and gpu_errors:
@@ -538,8 +574,51 @@ def _finish_run(
     return info
 
 
+def _read_tensor(io_dir: Path, o: dict[str, Any]) -> np.ndarray | None:
+    """A tensor a harness uploaded ({file, dtype, dims}), or None if it is missing or of an unknown type."""
+    f = io_dir / o["file"]
+    dtype = JS_DTYPES.get(o["dtype"])
+    if dtype is None or not f.exists():
+        return None
+    return np.frombuffer(f.read_bytes(), dtype=dtype.newbyteorder("<")).astype(dtype).reshape(o["dims"])
+
+
+def _image_size(model: Any) -> tuple[int, int]:
+    """(height, width) of the picture for a model whose one input is an image [N, C, H, W] (unknown dims: 512)."""
+    dims = [d.dim_value if d.HasField("dim_value") else 0 for d in model.graph.input[0].type.tensor_type.shape.dim]
+    h, w = (dims[-2:] if len(dims) == 4 else [0, 0])
+    return h or 512, w or 512
+
+
+def expected_mask(logits: np.ndarray) -> np.ndarray:
+    """The mask transformers.js's image-segmentation pipeline makes of a model output [1, 1, H, W] (when the
+    picture has the model's size, so that no resize is involved): a sigmoid unless every value is within [0, 1]
+    already, times 255, cut to uint8 (a typed array's conversion truncates)."""
+    item = logits[0, 0].astype(np.float32)
+    if np.any((item < -1e-5) | (item > 1 + 1e-5)):
+        item = (1 / (1 + np.exp(-item.astype(np.float64)))).astype(np.float32)
+    return np.trunc((item * np.float32(255)).astype(np.float32)).astype(np.int64) % 256
+
+
+def _judge_mask(raw_run: dict[str, Any], io_dir: Path, model: Path, feeds: dict[str, np.ndarray]
+                ) -> dict[str, Any] | None:
+    """The pipeline's mask (the returned picture's alpha) against the one ORT CPU's output gives: the largest
+    difference in levels of 255 (a GPU difference in the output may move a level by one)."""
+    m = raw_run.get("mask")
+    if not m or not (io_dir / m["file"]).exists():
+        return None
+    got = np.frombuffer((io_dir / m["file"]).read_bytes(), dtype=np.uint8).reshape(m["dims"]).astype(np.int64)
+    ref = next(iter(reference_outputs(model, feeds).values()))
+    if ref.ndim != 4 or list(ref.shape[2:]) != list(got.shape):
+        return {"shape": list(got.shape), "max_level_diff": None}
+    diff = np.abs(got - expected_mask(ref))
+    return {"shape": list(got.shape), "max_level_diff": int(diff.max()),
+            "differing_pixels": int(np.count_nonzero(diff))}
+
+
 __all__ = [
     "CPU_EP",
+    "ModelFolder",
     "SetupMissing",
     "compare_outputs",
     "make_inputs",

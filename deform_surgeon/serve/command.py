@@ -23,9 +23,10 @@ from typing import Any
 from .. import runtimes
 from ..args import DEVICE_PROFILE
 from ..errors import SurgeonError
+from ..io_check import require_regular_input
 from ..tool import Tool
 from ..verdict import split_errors, summarize_errors
-from .server import BUNDLES, DEFAULT_RUNS
+from .server import BUNDLES, DEFAULT_RUNS, TRANSFORMERS
 
 HEADLESS_TIMEOUT = 600.0
 
@@ -39,7 +40,8 @@ class ServeTool(Tool):
                    "CPU. Needs `deform-surgeon setup` (and a browser with WebGPU).")
 
     def add_args(self, p: argparse.ArgumentParser) -> None:
-        p.add_argument("original", metavar="ORIGINAL", help="the model as exported")
+        p.add_argument("original", metavar="ORIGINAL", help="the model as exported (a .onnx file, or a transformers.js "
+                       "model folder: config.json beside onnx/, whose onnx/model.onnx it runs)")
         p.add_argument("patched", metavar="PATCHED", nargs="?", default=None, help="its patched version (optional)")
         p.add_argument("--port", type=_port, default=0, help="port on 127.0.0.1 (default 0: a free port, printed)")
         DEVICE_PROFILE.add_to(
@@ -55,11 +57,13 @@ class ServeTool(Tool):
         p.add_argument("--image", metavar="FILE", default=None,
                        help="the picture the page starts with (default: a bundled sample); the page has a picker")
         p.add_argument("--open", action="store_true", help="open the page in the default browser")
-        p.add_argument("--bundle", choices=BUNDLES, default=None,
+        p.add_argument("--bundle", choices=(*BUNDLES, TRANSFORMERS), default=None,
                        help="bundle the page starts with (the page has a picker): webgpu = "
                             "`import 'onnxruntime-web/webgpu'` (default; what transformers.js imports), jsep = "
                             "`import 'onnxruntime-web'`, where the original model's deformable convolutions fail: "
-                            "the bug the patch fixes")
+                            "the bug the patch fixes; transformers = transformers.js's "
+                            "pipeline('background-removal', MODEL, {device: 'webgpu', dtype}) on the model folders "
+                            "(only when both models are in one: what `batch DIR OUTDIR` writes)")
         g = p.add_argument_group("headless (CI): run the page in headless Chromium on this machine and exit")
         g.add_argument("--headless", metavar="RESULT.json", help="write the page's result JSON here")
         g.add_argument("--screenshot", metavar="PAGE.png", help="with --headless: also save a screenshot of the page")
@@ -101,8 +105,13 @@ def run_serve(args: argparse.Namespace) -> int:
                 raise SurgeonError(m.path, problem)
         profile = None if args.device_profile in (None, ADAPTER) else resolve_profile(args.device_profile)
         image = Path(args.image).resolve() if args.image else None
-        if image is not None and not image.is_file():
-            raise SurgeonError(args.image, "no such file")
+        if image is not None:  # a FIFO or a device named as such (io_check), a folder as a folder: not "no such file"
+            picture = "give a picture file (PNG, JPEG, ...)"
+            require_regular_input(args.image, picture)
+            if image.is_dir():
+                raise SurgeonError(args.image, "is a folder, not a picture file", picture)
+            if not image.is_file():
+                raise SurgeonError(args.image, "no such file")
         for path in (args.headless, args.screenshot):
             if path and any(Path(path).resolve() == m.path for m in models):
                 raise SurgeonError(path, "output path is one of the models", "choose another name")
@@ -118,6 +127,10 @@ def run_serve(args: argparse.Namespace) -> int:
         app = ServeApp(models, profile, runs=args.runs, image=image)
     except RuntimeError as e:
         return _err(str(e))
+    outside = [m for m in models if m.folder is None]
+    if args.bundle == TRANSFORMERS and outside:
+        return _err(f"{outside[0].path}: --bundle transformers runs model folders (config.json beside onnx/), and "
+                    "this model is in none: give the folders, e.g. as `batch DIR OUTDIR` writes them")
     try:
         server = make_server(app, args.port)
     except OSError as e:

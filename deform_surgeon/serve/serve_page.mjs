@@ -12,10 +12,11 @@
 // bars filled with the ImageNet mean, which normalises to 0), and each model's mask is cut back out of the letterbox
 // and shown at the picture's own size, with a cutout (the picture, the mask as its alpha), each downloadable as PNG.
 //
-// URL parameters: bundle=webgpu|jsep, runs=N, autorun=1 (run at once; `serve --headless` uses it).
+// URL parameters: bundle=webgpu|jsep|transformers (model folders only), runs=N, autorun=1 (run at once; `serve --headless` uses it).
 
 import { adapterInfo, applyProfile, gpuErrors, hookDevices } from '/browser_device.mjs';
 import { BUNDLES, bytesOfData, errorText, splitErrors, summarizeErrors } from '/harness_node_and_page.mjs';
+import { alphaOf, createPipeline, loadTransformers, observe, pipelineCall } from '/transformers_page.mjs';
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
@@ -24,6 +25,7 @@ const STD = [0.229, 0.224, 0.225];
 const BUNDLE_LABELS = {
   webgpu: "import 'onnxruntime-web/webgpu' (native EP, ort.webgpu.min.mjs; what transformers.js uses)",
   jsep: "import 'onnxruntime-web' (JSEP, ort.min.mjs)",
+  transformers: "transformers.js: pipeline('background-removal', MODEL, {device: 'webgpu', dtype}) on the model folder",
 };
 // The bars of a letterboxed picture: the ImageNet mean, 0 after normalisation.
 const FILL = MEAN.map((m) => Math.round(255 * m));
@@ -256,17 +258,117 @@ function inputTensor(ort, input, im, W, H, normalize) {
   return new ort.Tensor('float32', data, dims);
 }
 
-async function runModel(ort, m, tensor, runs) {
-  const e = { label: m.label, file: m.name, ok: false, error: null, fetch_s: null, session_create_s: null,
+/** A model's entry in the table and the results JSON, before anything is known. */
+function newEntry(m) {
+  return { label: m.label, file: m.name, ok: false, error: null, fetch_s: null, session_create_s: null,
     first_run_ms: null, runs_ms: [], min_ms: null, median_ms: null, placement: null, gpu_errors: [], outputs: [],
     vs_cpu: null, max_abs_diff_vs_cpu: null, within_tolerance: null, verdict_vs_cpu: null, vs_original: null,
     identical_to_original: null, verdict_vs_original: null, cpu_reference_s: null, display: null,
     bisect_command: (m.bisect || {})[state.bundle] || null };
+}
+
+/** The warm runs' times of `e.runs_ms`: their minimum and median. */
+function timeStats(e) {
+  const sorted = [...e.runs_ms].sort((a, b) => a - b);
+  e.min_ms = sorted[0];
+  e.median_ms = sorted.length % 2 ? sorted[(sorted.length - 1) / 2]
+    : (sorted[sorted.length / 2 - 1] + sorted[sorted.length / 2]) / 2;
+}
+
+/**
+ * The server's verdicts on one run: the outputs `outs` (tensors by name, in `names` order) for the input `tensor`
+ * (`inputName`) against ORT CPU's for that input, and against the original's; fills `e` and judges it.
+ */
+async function judgeOnServer(e, m, inputName, tensor, outs, names) {
+  e.outputs = names.map((n) => ({ name: n, dtype: outs[n].type, dims: Array.from(outs[n].dims) }));
+  progress(`${m.label}: ORT CPU reference on the server`);
+  const layout = { input: { name: inputName, dtype: tensor.type, dims: Array.from(tensor.dims) }, outputs: e.outputs,
+    bundle: state.bundle };
+  const body = new Blob([bytesOfData(tensor.data), ...names.map((n) => bytesOfData(outs[n].data))]);
+  const c = await (await fetch(`/compare/${m.label}`, { method: 'POST', body,
+    headers: { 'X-Layout': encodeURIComponent(JSON.stringify(layout)) } })).json();
+  if (c.error) throw new Error(`comparison on the server failed: ${c.error}`);
+  e.vs_cpu = c.vs_cpu;
+  e.cpu_reference_s = c.cpu_run_s;
+  e.within_tolerance = c.within_tolerance;
+  e.verdict_vs_cpu = c.verdict_vs_cpu;
+  if (c.bisect_command) e.bisect_command = c.bisect_command; // with the page's own input
+  const diffs = Object.values(c.vs_cpu).map((x) => x.max_abs_diff);
+  e.max_abs_diff_vs_cpu = diffs.includes(null) ? null : Math.max(...diffs);
+  if (c.vs_original) {
+    e.vs_original = c.vs_original;
+    e.identical_to_original = c.identical_to_original;
+    e.verdict_vs_original = c.verdict_vs_original;
+  }
+  e.ok = e.gpu_errors.length === 0 && c.within_tolerance;
+  if (e.gpu_errors.length) e.error = `${UNCAPTURED} (session.run() resolved anyway): ${e.gpu_errors[0]}`;
+  else if (!c.within_tolerance) e.error = `outputs vs ORT CPU: ${c.verdict_vs_cpu.text}`;
+}
+
+/** Posts the log lines ORT printed while a session was created to the server's parser: the placement. */
+async function parseLines(lines) {
+  return (await fetchOk('/logparse', { method: 'POST', body: lines.join('\n') })).json();
+}
+
+/**
+ * One model through transformers.js, as a page that uses it runs it: `pipeline('background-removal', MODEL,
+ * {device: 'webgpu', dtype})` on its folder (transformers_page.mjs), then `pipe(image)`: the pipeline preprocesses
+ * the picture itself (no letterbox) and returns the picture with the mask as its alpha, at the picture's size. The
+ * session's input and outputs are observed and judged on the server like the other bundles' runs.
+ */
+async function runPipeline(tjs, m, imageUrl, runs) {
+  const e = newEntry(m);
+  e.call = pipelineCall(m.folder.dtype);
+  const before = gpuErrors.length;
+  let pipe = null;
+  let cut = null;
+  try {
+    progress(`${m.label}: ${e.call}, file onnx/${m.folder.file}.onnx`);
+    logSink.lines = [];
+    const t1 = performance.now();
+    try {
+      pipe = await createPipeline(tjs, m.folder.id, m.folder.file);
+      e.session_create_s = (performance.now() - t1) / 1000; // the model's download included: the pipeline does it
+    } finally {
+      e.placement = await parseLines(logSink.lines).catch(() => null);
+      logSink.lines = null;
+    }
+    const seen = observe(pipe);
+    const image = await tjs.RawImage.fromURL(imageUrl);
+    tjs.env.backends.onnx.setLogLevel(30); // the verbose log is for placement; runs are timed without it
+    progress(`${m.label}: first run`);
+    let t = performance.now();
+    cut = await pipe(image);
+    e.first_run_ms = performance.now() - t;
+    for (let i = 0; i < runs; i++) {
+      progress(`${m.label}: warm run ${i + 1}/${runs}`);
+      t = performance.now();
+      cut = await pipe(image);
+      e.runs_ms.push(performance.now() - t);
+    }
+    timeStats(e);
+    await sleep(200); // queued uncaptured-error events arrive before the run is judged
+    e.gpu_errors = gpuErrors.slice(before);
+    const [inputName, tensor] = Object.entries(seen.feeds)[0];
+    await judgeOnServer(e, m, inputName, tensor, seen.outputs, Object.keys(seen.outputs));
+  } catch (err) {
+    e.error = errorText(err);
+    e.gpu_errors = gpuErrors.slice(before);
+  } finally {
+    if (pipe) await pipe.dispose().catch(() => {});
+    tjs.env.backends.onnx.setLogLevel(10); // the next session's placement log
+  }
+  e.display = cut ? "the pipeline's mask (the returned picture's alpha)" : null;
+  return { entry: e, cut };
+}
+
+async function runModel(ort, m, tensor, runs) {
+  const e = newEntry(m);
   const before = gpuErrors.length;
   let session = null;
   let outs = null;
   let lines = null;
-  const parseLog = async () => (await fetchOk('/logparse', { method: 'POST', body: lines.join('\n') })).json();
+  const parseLog = () => parseLines(lines);
   try {
     progress(`${m.label}: fetching ${m.name}`);
     const t0 = performance.now();
@@ -304,35 +406,10 @@ async function runModel(ort, m, tensor, runs) {
       e.runs_ms.push(performance.now() - t);
     }
     ort.env.debug = debug;
-    const sorted = [...e.runs_ms].sort((a, b) => a - b);
-    e.min_ms = sorted[0];
-    e.median_ms = sorted.length % 2 ? sorted[(sorted.length - 1) / 2]
-      : (sorted[sorted.length / 2 - 1] + sorted[sorted.length / 2]) / 2;
+    timeStats(e);
     await sleep(200); // queued uncaptured-error events arrive before the run is judged
     e.gpu_errors = gpuErrors.slice(before);
-    e.outputs = session.outputNames.map((n) => ({ name: n, dtype: outs[n].type, dims: Array.from(outs[n].dims) }));
-    progress(`${m.label}: ORT CPU reference on the server`);
-    const layout = { input: { name: session.inputNames[0], dtype: tensor.type, dims: Array.from(tensor.dims) },
-      outputs: e.outputs, bundle: state.bundle };
-    const body = new Blob([bytesOfData(tensor.data), ...session.outputNames.map((n) => bytesOfData(outs[n].data))]);
-    const c = await (await fetch(`/compare/${m.label}`, { method: 'POST', body,
-      headers: { 'X-Layout': encodeURIComponent(JSON.stringify(layout)) } })).json();
-    if (c.error) throw new Error(`comparison on the server failed: ${c.error}`);
-    e.vs_cpu = c.vs_cpu;
-    e.cpu_reference_s = c.cpu_run_s;
-    e.within_tolerance = c.within_tolerance;
-    e.verdict_vs_cpu = c.verdict_vs_cpu;
-    if (c.bisect_command) e.bisect_command = c.bisect_command; // with the page's own input
-    const diffs = Object.values(c.vs_cpu).map((x) => x.max_abs_diff);
-    e.max_abs_diff_vs_cpu = diffs.includes(null) ? null : Math.max(...diffs);
-    if (c.vs_original) {
-      e.vs_original = c.vs_original;
-      e.identical_to_original = c.identical_to_original;
-      e.verdict_vs_original = c.verdict_vs_original;
-    }
-    e.ok = e.gpu_errors.length === 0 && c.within_tolerance;
-    if (e.gpu_errors.length) e.error = `${UNCAPTURED} (session.run() resolved anyway): ${e.gpu_errors[0]}`;
-    else if (!c.within_tolerance) e.error = `outputs vs ORT CPU: ${c.verdict_vs_cpu.text}`;
+    await judgeOnServer(e, m, session.inputNames[0], tensor, outs, session.outputNames);
   } catch (err) {
     e.error = errorText(err);
     e.gpu_errors = gpuErrors.slice(before);
@@ -464,6 +541,13 @@ async function main() {
     $('jsep-note').hidden = false;
     $('jsep-note').textContent = JSEP_NOTE;
   }
+  if (bundle === 'transformers') { // the call a user writes, and the folder each model is loaded from
+    $('jsep-note').hidden = false;
+    $('jsep-note').textContent = 'transformers.js, as your page calls it: '
+      + config.models.map((m) => `${m.label}: const pipe = await ${pipelineCall(m.folder.dtype)} `
+        + `with MODEL the folder ${m.folder.root} (file onnx/${m.folder.file}.onnx); `
+        + 'const cutout = await pipe(image)').join('. ');
+  }
   const input = config.models[0].inputs[0];
   for (const [id, d] of [['height', input.dims[2]], ['width', input.dims[3]]]) {
     $(id).value = d ?? 1024;
@@ -493,8 +577,12 @@ async function main() {
   showAdapter(probe.adapter, probe.error, config.profile, applied);
 
   let ort = null;
+  let tjs = null;
   if (!probe.adapter) {
     state.canRun = `no WebGPU adapter (${probe.error})`;
+  } else if (bundle === 'transformers') {
+    progress('importing /transformers/transformers.js');
+    tjs = await loadTransformers('/ort-transformers/');
   } else {
     progress(`importing /ort/${BUNDLES[bundle].file}`);
     ort = await import(`/ort/${BUNDLES[bundle].file}`);
@@ -565,11 +653,33 @@ async function main() {
     const img = state.image;
     const lb = showInput();
     clearFigures();
-    const tensor = inputTensor(ort, input, lb.pixels, W, H, $('normalize').checked);
+    const tensor = tjs ? null : inputTensor(ort, input, lb.pixels, W, H, $('normalize').checked);
     const { naturalWidth: iw, naturalHeight: ih } = img;
     const stem = state.imageName.replace(/\.[^.]*$/, '').replace(/[^\w.-]+/g, '_') || 'image';
     const entries = blank.map((b) => ({ ...b }));
+    if (tjs) {
+      $('letterbox').textContent = `transformers.js preprocesses ${state.imageName} (${iw}×${ih}) itself, as its `
+        + "preprocessor_config.json says; the masks and cutouts below are the pipeline's, at the image's own size.";
+    }
     for (const [k, m] of config.models.entries()) {
+      if (tjs) {
+        const { entry, cut } = await runPipeline(tjs, m, img.src, runs);
+        entries[k] = { ...entry, ran: true, image_outputs: [] };
+        if (cut) {
+          const alpha = alphaOf(cut);
+          figure(`${m.label}-mask`, greyCanvas(Float32Array.from(alpha, (v) => v / 255), cut.width, cut.height),
+            `${m.label}: the pipeline's mask, ${cut.width}×${cut.height}`, `${stem}.${m.label}.mask.png`);
+          const shown = canvasOf(cut.width, cut.height); // (toCanvas() may be an OffscreenCanvas: not on the page)
+          shown.getContext('2d').drawImage(cut.toCanvas(), 0, 0);
+          figure(`${m.label}-cutout`, shown, `${m.label}: the pipeline's cutout (its returned picture)`,
+            `${stem}.${m.label}.cutout.png`);
+          entries[k].image_outputs.push({ kind: 'mask', width: cut.width, height: cut.height,
+            file: `${stem}.${m.label}.mask.png` }, { kind: 'cutout', width: cut.width, height: cut.height,
+            file: `${stem}.${m.label}.cutout.png` });
+        }
+        showTable(entries);
+        continue;
+      }
       const { entry, picture: pic } = await runModel(ort, m, tensor, runs);
       entries[k] = { ...entry, ran: true, image_outputs: [] };
       if (pic) {
@@ -606,13 +716,15 @@ async function main() {
       bundle,
       bundle_file: BUNDLES[bundle].file,
       ort_env_debug: { session_and_first_run: Boolean(BUNDLES[bundle].debug), timed_runs: false },
-      versions: { ...config.versions, 'onnxruntime-web (page)': ort.env.versions ? ort.env.versions.web : null,
-        browser: navigator.userAgent },
+      versions: { ...config.versions, 'onnxruntime-web (page)': tjs ? tjs.env.backends.onnx.versions?.web ?? null
+        : ort.env.versions ? ort.env.versions.web : null, ...(tjs ? { 'transformers.js': tjs.env.version } : {}),
+      browser: navigator.userAgent },
       image: { name: state.imageName, width: iw, height: ih, normalize: $('normalize').checked
         ? { mean: MEAN, std: STD } : null,
       letterbox: { into: [H, W], x: lb.rect.x, y: lb.rect.y, width: lb.rect.w, height: lb.rect.h,
         scale: lb.rect.scale, fill_rgb: FILL } },
-      input: { name: input.name, dtype: tensor.type, dims: Array.from(tensor.dims) },
+      input: tjs ? { name: input.name, preprocessed_by: 'transformers.js' }
+        : { name: input.name, dtype: tensor.type, dims: Array.from(tensor.dims) },
       runs,
       tolerance: config.tolerance,
       models: entries,

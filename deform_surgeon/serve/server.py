@@ -35,7 +35,7 @@ from .. import __version__, runtimes
 from ..device import ADAPTER, DeviceProfile
 from ..errors import SurgeonError
 from ..placement.logparse import parse_ort_log
-from ..placement.runner import JS_DTYPES, compare_outputs, external_data_files
+from ..placement.runner import JS_DTYPES, ModelFolder, compare_outputs, external_data_files
 from ..verdict import GPU_TOLERANCE, bisect_hint, combine, judge_outputs
 
 HERE = Path(__file__).resolve().parent
@@ -47,6 +47,7 @@ PAGE_FILES = {
     "/sample.png": HERE / "sample.png",
     "/browser_device.mjs": PLACEMENT_DIR / "browser_device.mjs",
     "/harness_node_and_page.mjs": PLACEMENT_DIR / "harness_node_and_page.mjs",
+    "/transformers_page.mjs": PLACEMENT_DIR / "transformers_page.mjs",
 }
 MIME = {".html": "text/html; charset=utf-8", ".mjs": "text/javascript; charset=utf-8",
         ".js": "text/javascript; charset=utf-8", ".wasm": "application/wasm", ".json": "application/json",
@@ -54,6 +55,8 @@ MIME = {".html": "text/html; charset=utf-8", ".mjs": "text/javascript; charset=u
 # `import 'onnxruntime-web/webgpu'` first: what transformers.js and most pages import today; then the default
 # `import 'onnxruntime-web'` (JSEP), where the original model's rank-5 GatherND fails to compile.
 BUNDLES = ("webgpu", "jsep")
+# and, when every model is in a transformers.js model folder, transformers.js's own pipeline over that folder
+TRANSFORMERS = "transformers"
 # Warm runs per model when `serve --runs` is not given: a hardware GPU gets 5 (a median means something); a software
 # adapter emulates the GPU on the CPU, where 5 runs of a 64x64 model took 114 s and say nothing about a GPU.
 DEFAULT_RUNS = {"hardware": 5, "software": 1}
@@ -69,6 +72,7 @@ class ServedModel:
     external: list[str]
     inputs: list[dict[str, Any]]
     outputs: list[dict[str, Any]]
+    folder: ModelFolder | None = None  # the transformers.js model folder it is in, if it is in one
     _session: Any = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -81,6 +85,11 @@ class ServedModel:
         from ..model_io import load_model, user_path
 
         p = user_path(path, f"the {label} model")
+        if p.is_dir():  # a transformers.js model folder: its onnx/model.onnx
+            try:
+                p = ModelFolder.of(p).model
+            except (FileNotFoundError, ValueError) as e:
+                raise SurgeonError(path, str(e).removeprefix(f"{path}: ")) from None
         require_regular_input(p)  # a FIFO would block forever
         if not os.path.isfile(p):
             load_model(p)  # names a missing file, a folder, one out of reach
@@ -98,7 +107,11 @@ class ServedModel:
 
         inputs = [describe(vi) for vi in model.graph.input if vi.name not in inits]
         outputs = [describe(vi) for vi in model.graph.output]
-        return cls(label, p.resolve(), external_data_files(model), inputs, outputs)
+        try:
+            folder = ModelFolder.of(p.resolve())
+        except (FileNotFoundError, ValueError):
+            folder = None
+        return cls(label, p.resolve(), external_data_files(model), inputs, outputs, folder)
 
     def image_input_problem(self) -> str | None:
         """None when the model has one image input (N x 3 x H x W, float32 or float16), else what it has."""
@@ -123,9 +136,11 @@ class ServedModel:
         return {n: np.asarray(v) for n, v in zip(names, values, strict=True)}
 
     def to_config(self) -> dict[str, Any]:
+        folder = None if self.folder is None else {  # served at /models/<label>/ for transformers.js
+            "id": self.label, "file": self.folder.file_name, "dtype": self.folder.dtype, "root": str(self.folder.root)}
         return {"label": self.label, "name": self.path.name, "url": f"/model/{self.label}.onnx",
                 "external": [{"path": e, "url": f"/external/{self.label}/{e}"} for e in self.external],
-                "inputs": self.inputs, "outputs": self.outputs}
+                "inputs": self.inputs, "outputs": self.outputs, "folder": folder}
 
 
 class ServeApp:
@@ -147,6 +162,10 @@ class ServeApp:
                 raise RuntimeError(f"onnxruntime-web is not installed; run `{runtimes.SETUP_COMMAND}`")
             ort_web = runtimes.node_modules() / "onnxruntime-web"
         self.ort_dist = ort_web / "dist"
+        transformers = runtimes.node_modules() / "@huggingface" / "transformers"
+        self.transformers_dist = transformers / "dist"  # and the onnxruntime-web it bundles, whose wasm it loads:
+        self.transformers_ort_dist = transformers / "node_modules" / "onnxruntime-web" / "dist"
+        self.bundles = (*BUNDLES, TRANSFORMERS) if all(m.folder for m in models) else BUNDLES
         try:
             web_version = json.loads((ort_web / "package.json").read_text())["version"]
         except (OSError, ValueError, KeyError):
@@ -164,7 +183,7 @@ class ServeApp:
             profile = self.profile.to_dict()
         return {"models": [{**m.to_config(), "bisect": self.bisect_commands(m)} for m in self.models.values()],
                 "profile": profile,
-                "bundles": list(BUNDLES), "default_bundle": BUNDLES[0], "runs": self.runs,
+                "bundles": list(self.bundles), "default_bundle": BUNDLES[0], "runs": self.runs,
                 "default_runs": DEFAULT_RUNS, "tolerance": GPU_TOLERANCE, "versions": self.versions,
                 "image": {"url": "/image", "name": self.image.name} if self.image else
                 {"url": "/sample.png", "name": "sample.png (bundled)"}, "notes": self.notes}
@@ -180,7 +199,7 @@ class ServeApp:
         """Per bundle, the `deform-surgeon bisect` command that finds where this model goes wrong on the page's
         runtime and device (seeded inputs; `inputs`: the page's own, saved by `compare`)."""
         return {b: bisect_hint(str(m.path), "browser", b, seed=0, inputs=inputs, device_profile=self._profile_arg())
-                for b in BUNDLES}
+                for b in self.bundles}
 
     def logparse(self, text: str) -> dict[str, Any]:
         s = parse_ort_log(text.splitlines())
@@ -204,7 +223,7 @@ class ServeApp:
         verdict = combine(judge_outputs(out["vs_cpu"], same_runtime=False).values())
         out["verdict_vs_cpu"] = verdict.to_dict() if verdict else None
         out["within_tolerance"] = bool(verdict and verdict.passed)
-        if not out["within_tolerance"] and layout.get("bundle") in BUNDLES:
+        if not out["within_tolerance"] and layout.get("bundle") in self.bundles:
             out["bisect_command"] = self.bisect_commands(model, str(_save_input(feeds, key)))[layout["bundle"]]
         with self._lock:
             self._last[label] = (key, got)
@@ -318,11 +337,18 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send(HTTPStatus.FORBIDDEN)
             file = _inside(model.path.parent, rel)
             return self._file(file) if file else self._send(HTTPStatus.FORBIDDEN)
-        if path.startswith("/ort/"):
-            name = path[len("/ort/"):]
-            if "/" in name or name.startswith("."):
-                return self._send(HTTPStatus.FORBIDDEN)
-            return self._file(app.ort_dist / name)
+        for prefix, dist in (("/ort/", app.ort_dist), ("/transformers/", app.transformers_dist),
+                             ("/ort-transformers/", app.transformers_ort_dist)):
+            if path.startswith(prefix):
+                name = path[len(prefix):]
+                if "/" in name or name.startswith("."):
+                    return self._send(HTTPStatus.FORBIDDEN)
+                return self._file(dist / name)
+        if path.startswith("/models/"):  # a transformers.js model folder, by its model's label
+            label, _, rel = path[len("/models/"):].partition("/")
+            model = app.models.get(label)
+            file = _inside(model.folder.root, rel) if model and model.folder else None
+            return self._file(file) if file else self._send(HTTPStatus.NOT_FOUND)
         return self._send(HTTPStatus.NOT_FOUND)
 
     def do_POST(self) -> None:  # noqa: N802

@@ -1,0 +1,189 @@
+"""Where the output's weights go (`--external-data`): a single file too large for a browser page is written with its
+initializers in `<OUT>_data`, either form can be forced, the bytes and the outputs stay the same, the report says
+where and why, and `batch DIR OUTDIR` makes the folder's config.json tell transformers.js to fetch the data file.
+
+`BROWSER_SINGLE_FILE_LIMIT` is lowered in-process for the "auto" tests (the fixtures are small); the CLI tests use
+"always" and "never", which do not depend on it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from helpers import FIXTURES, assert_bytes_equal, one_error_line, run_ort
+
+import deform_surgeon
+from deform_surgeon import SurgeonError
+from deform_surgeon.model_io import write
+
+FIXTURE = FIXTURES / "decoder_gathernd.onnx"
+
+
+def _locations(path: Path) -> set[str]:
+    m = onnx.load(path, load_external_data=False)
+    return {e.value for t in m.graph.initializer for e in t.external_data if e.key == "location"}
+
+
+def _same_outputs(a: Path, b: Path) -> None:
+    model = onnx.load(a, load_external_data=False)
+    feed = {i.name: np.random.default_rng(5).random([d.dim_value for d in i.type.tensor_type.shape.dim],
+                                                     dtype=np.float32) for i in model.graph.input}
+    assert_bytes_equal(run_ort(str(a), feed), run_ort(str(b), feed))
+
+
+def _initializer_bytes(path: Path) -> dict[str, bytes]:
+    m = onnx.load(path)  # external data read in
+    return {t.name: onnx.numpy_helper.to_array(t).tobytes() for t in m.graph.initializer}
+
+
+def test_always_moves_every_stored_initializer_to_out_data(tmp_path):
+    out = tmp_path / "model.onnx"
+    report = deform_surgeon.patch(FIXTURE, out, external_data="always", verify=True)
+    assert report.written and report.verification.identical
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx", "model.onnx_data"]
+    assert _locations(out) == {"model.onnx_data"}  # relative to OUT's own folder: the folder can be moved
+    assert report.weights == {"external_data": "model.onnx_data", "why": "--external-data always",
+                              "browser_problem": None}
+    assert any(line.startswith("weights: external data in model.onnx_data") for line in report.weights_lines())
+    assert out.stat().st_size < FIXTURE.stat().st_size / 1.5  # the weights left the model file
+    _same_outputs(FIXTURE, out)
+
+
+def test_never_embeds_external_data_again_byte_for_byte(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    onnx.save(onnx.load(FIXTURE), src / "model.onnx", save_as_external_data=True, location="model.onnx.data",
+              size_threshold=0)
+    out = tmp_path / "single.onnx"
+    report = deform_surgeon.patch(src / "model.onnx", out, external_data="never", copy_unchanged=True)
+    assert report.written and report.weights["external_data"] is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["single.onnx", "src"]
+    assert _locations(out) == set()
+    patched_in_place = tmp_path / "kept.onnx"
+    deform_surgeon.patch(src / "model.onnx", patched_in_place)  # auto keeps the input's form
+    assert _locations(patched_in_place) == {"kept.onnx.data"}
+    assert _initializer_bytes(out) == _initializer_bytes(patched_in_place)
+    _same_outputs(src / "model.onnx", out)
+
+
+def test_auto_moves_a_single_file_over_the_limit_and_keeps_a_smaller_one(tmp_path, monkeypatch):
+    small = tmp_path / "small.onnx"
+    deform_surgeon.patch(FIXTURE, small)
+    assert _locations(small) == set()  # under the limit: one file, as before
+    monkeypatch.setattr(write, "BROWSER_SINGLE_FILE_LIMIT", FIXTURE.stat().st_size // 2)
+    big = tmp_path / "big.onnx"
+    report = deform_surgeon.patch(FIXTURE, big)
+    assert _locations(big) == {"big.onnx_data"}
+    assert report.weights["why"].startswith("one file of")
+    assert report.weights["why"].endswith("would not load in a browser page")
+    _same_outputs(FIXTURE, big)
+
+
+def test_a_single_file_forced_over_the_limit_is_warned_about(tmp_path, monkeypatch):
+    plain = FIXTURES / "no_deform.onnx"
+    monkeypatch.setattr(write, "BROWSER_SINGLE_FILE_LIMIT", min(FIXTURE.stat().st_size, plain.stat().st_size) // 2)
+    report = deform_surgeon.patch(FIXTURE, tmp_path / "one.onnx", external_data="never")
+    assert report.written and "onnxruntime-web holds a single file twice" in report.weights["browser_problem"]
+    assert report.format().count("WARNING: will not load in a browser page: one.onnx is one file of") == 1
+    unchanged = deform_surgeon.patch(plain, tmp_path / "none.onnx", external_data="never")  # nothing to rewrite
+    assert not unchanged.written
+    assert ("WARNING: will not load in a browser page (the input, left as it is): no_deform.onnx is one file of"
+            in unchanged.format())
+
+
+def test_json_report_carries_the_form(tmp_path):
+    report = json.loads(deform_surgeon.patch(FIXTURE, tmp_path / "m.onnx", external_data="always").to_json())
+    assert report["weights"]["external_data"] == "m.onnx_data"
+
+
+@pytest.mark.parametrize("value", ["sometimes", 1, True])
+def test_a_bad_choice_is_refused_before_any_work(tmp_path, value):
+    with pytest.raises(SurgeonError, match="external_data"):
+        deform_surgeon.patch(FIXTURE, tmp_path / "x.onnx", external_data=value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_always_and_a_data_file_that_would_overwrite_the_input(tmp_path):
+    cmd = [sys.executable, "-m", "deform_surgeon", "patch"]
+    proc = subprocess.run([*cmd, FIXTURE, tmp_path / "o.onnx", "--external-data", "always"], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "weights: external data in o.onnx_data (--external-data always)" in proc.stdout
+    # OUT's data file would be the input itself: refused before any work, the input untouched
+    victim = tmp_path / "m.onnx_data"
+    victim.write_bytes(FIXTURE.read_bytes())
+    before = victim.read_bytes()
+    proc = subprocess.run([*cmd, victim, tmp_path / "m.onnx", "--external-data", "always"], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 2
+    assert one_error_line(proc).startswith(f"{tmp_path / 'm.onnx_data'}: ")
+    assert victim.read_bytes() == before and not (tmp_path / "m.onnx").exists()
+    bad = subprocess.run([*cmd, FIXTURE, tmp_path / "p.onnx", "--external-data", "maybe"], capture_output=True,
+                         text=True, timeout=600)
+    assert bad.returncode == 2 and "invalid choice: 'maybe'" in bad.stderr
+
+
+# ------------------------------------------------------------------------------------ batch DIR OUTDIR's config
+def _folder(root: Path, config: dict, files=("model.onnx", "model_fp16.onnx")) -> Path:
+    (root / "onnx").mkdir(parents=True)
+    for name in files:
+        source = FIXTURES / ("decoder_gathernd_fp16.onnx" if "fp16" in name else "decoder_gathernd.onnx")
+        (root / "onnx" / name).write_bytes(source.read_bytes())
+    (root / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return root
+
+
+def _batch(src: Path, out: Path, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "deform_surgeon", "batch", src, out, "--no-progress", *args],
+                          capture_output=True, text=True, timeout=900)
+
+
+def test_batch_tells_transformers_js_to_fetch_the_data_files(tmp_path):
+    config = {"model_type": "birefnet", "transformers.js_config": {"device": "webgpu"}, "id2label": {"0": "x"}}
+    src = _folder(tmp_path / "in", config)
+    proc = _batch(src, tmp_path / "out", "--external-data", "always")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert written["transformers.js_config"] == {"device": "webgpu", "use_external_data_format": {
+        "model.onnx": 1, "model_fp16.onnx": 1}}
+    assert {k: v for k, v in written.items() if k != "transformers.js_config"} == {
+        k: v for k, v in config.items() if k != "transformers.js_config"}  # the rest of the config as it was
+    assert "use_external_data_format set to the data files written (model.onnx: 1, model_fp16.onnx: 1)" in proc.stdout
+    assert (tmp_path / "out" / "onnx" / "model_fp16.onnx_data").is_file()
+    assert json.loads((src / "config.json").read_text()) == config  # the input folder untouched
+
+
+def test_batch_leaves_a_config_that_already_says_the_right_thing_as_copied(tmp_path):
+    src = _folder(tmp_path / "in", {"model_type": "birefnet"})
+    proc = _batch(src, tmp_path / "out")  # small files: one file each, as the input
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (tmp_path / "out" / "config.json").read_bytes() == (src / "config.json").read_bytes()
+    assert "use_external_data_format" not in proc.stdout
+
+
+def test_batch_undoes_a_config_whose_data_files_are_gone(tmp_path):
+    """A config saying every file has external data (`true`), for outputs written as one file each: transformers.js
+    would fetch `model.onnx_data` that does not exist; the map says 0 for each."""
+    src = _folder(tmp_path / "in", {"model_type": "birefnet",
+                                    "transformers.js_config": {"use_external_data_format": True}}, ("model.onnx",))
+    proc = _batch(src, tmp_path / "out", "--external-data", "never")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert written["transformers.js_config"]["use_external_data_format"] == {"model.onnx": 0}
+
+
+def test_data_chunks_counts_transformers_js_names(tmp_path):
+    from deform_surgeon.batch import data_chunks
+
+    model = tmp_path / "model.onnx"
+    model.write_bytes(b"")
+    assert data_chunks(model) == 0
+    for name in ("model.onnx_data", "model.onnx_data_1", "model.onnx_data_3"):
+        (tmp_path / name).write_bytes(b"")
+    assert data_chunks(model) == 2  # _3 without _2 is not one of transformers.js's chunks
