@@ -180,7 +180,8 @@ EXTERNAL_DATA = Option(
          f"file over {BROWSER_SINGLE_FILE_LIMIT // 2**20} MiB to OUT_data, which a browser page can load; always / "
          f"never force either form")
 STRICT = Option(("--strict",), "strict", settings=SWITCH, manifest=(bool,),
-                help="if any node is refused: write nothing and exit 3")
+                help="if any node is refused or any tensor stays over the device profile: write nothing (exit 3 "
+                     "either way)")
 VERBOSE = Option(("-v", "--verbose"), "verbose", settings=SWITCH, api="format(verbose=True)",
                  help="list every rewritten node")
 

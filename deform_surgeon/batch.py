@@ -5,8 +5,9 @@ its own entry and nothing else; a fresh process also returns a large model's mem
 come from a fork server that has already imported the package, so starting one costs milliseconds.
 
 Every entry ends in one of: `ok` (written; with --verify, verified), `unchanged` (nothing to rewrite),
-`refused` (some node was refused; written unless strict), `failed` (bad input, verification failed, worker
-died; nothing written). Exit code: 0 if every entry is ok or unchanged, 3 if some were refused and none failed,
+`refused` (some node was refused, or some tensor stays over the device profile; written unless strict: the word
+and exit code `patch` gives the same file), `failed` (bad input, verification failed, worker died; nothing
+written). Exit code: 0 if every entry is ok or unchanged, 3 if some were refused and none failed,
 1 if any failed, 2 if the batch itself cannot start (manifest missing or malformed, no models).
 
 Manifest (paths relative to the manifest's folder)::
@@ -60,6 +61,7 @@ from .budget import human
 from .errors import SurgeonError
 from .io_check import FilePlan, external_locations
 from .model_io import atomic_path, copy_atomic, external_data_path, temp_prefix, weights_external
+from .report import FINDING_EXIT, OK, REFUSED, UNCHANGED
 
 OPTIONS = manifest_options()  # entry option (an API keyword of `patch`: args.PATCH_GROUPS) -> accepted Python types
 SWITCHES = tuple(o.dest for group in PATCH_GROUPS for o in group.options if o.switch)  # --verify: every entry
@@ -67,7 +69,7 @@ ENTRY_KEYS = {"input", "glob", "output", "report", *OPTIONS}
 DEFAULT_KEYS = {"out_dir", "report_dir", *OPTIONS}
 STAGE_FRACTION = {"queued": 0.0, "start": 0.02, "prove": 0.05, "export": 0.55, "write": 0.7, "verify": 0.8}
 
-OK, UNCHANGED, REFUSED, FAILED = "ok", "unchanged", "refused", "failed"
+FAILED = "failed"  # (ok, unchanged, refused: the patch report's own words, report.py)
 
 
 @dataclass
@@ -431,14 +433,9 @@ def _handle(msg, by_number: dict[int, Entry], running: dict, progress: Progress 
 def _finish(e: Entry, result: dict | None, error: str | None, t0: float) -> None:
     e.seconds = time.perf_counter() - t0
     e.result, e.error = result, error
-    if error is not None:
-        e.status = FAILED
-    elif result["summary"]["refused"]:
-        e.status = REFUSED
-    elif result["summary"]["rewritten"] + result["summary"]["rewritten_unproven"] == 0:
-        e.status = UNCHANGED  # with copy_unchanged, an exact copy was written
-    else:
-        e.status = OK
+    # the report's own word (PatchReport.status), the one `patch` exits by; unchanged: with copy_unchanged, an
+    # exact copy was written
+    e.status = FAILED if error is not None else result["status"]
     e.stage = "done"
 
 
@@ -605,7 +602,7 @@ def exit_code(entries: list[Entry]) -> int:
     if any(e.status == FAILED for e in entries):
         return 1
     if any(e.status == REFUSED for e in entries):
-        return 3
+        return FINDING_EXIT
     return 0
 
 

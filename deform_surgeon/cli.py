@@ -5,7 +5,9 @@ the API's keywords; `TOOLS` lists every command, and one whose module cannot be 
 says in one line what to install (`MissingTool`). docs/architecture.md, "Commands", says how to add one.
 
 Exit codes: 0 success; 1 verification failed (patched outputs differ) or a runtime check failed;
-2 bad input (one line on stderr naming the file and the problem); 3 `--strict` and some node was refused.
+2 bad input (one line on stderr naming the file and the problem); 3 a finding: some node was refused or some tensor
+stays over the device profile (`patch`, `batch`: the report's status `refused`, the model written unless
+`--strict`; `inspect --strict`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from .device import PROFILE_NAMES, resolve_profile
 from .errors import SIGNALLED, SurgeonError, catch_signals, stopped_exit
 from .io_check import check_io
 from .model_io import atomic_path, check_model, load_model
+from .report import FINDING_EXIT, REFUSED
 from .surgeon import inspect, patch
 from .tool import Tool
 from .verify import verify
@@ -72,7 +75,10 @@ class PatchTool(Tool):
         if args.report:
             _write_text(args.report, report.to_json())
             print(f"report: {args.report}")
-        return 3 if (args.strict and report.refused) else 0
+        if report.status == REFUSED:  # the word and exit code `batch` gives the same file
+            print(f"refused: {report.findings}" + ("" if args.strict else f"; {out} written all the same"))
+            return FINDING_EXIT
+        return 0
 
 
 class InspectTool(Tool):
@@ -86,7 +92,7 @@ class InspectTool(Tool):
     def add_args(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("model")
         parser.add_argument("--json", metavar="FILE", help="write the report as JSON")
-        STRICT.add_to(parser, help="exit 3 if any node would be refused")
+        STRICT.add_to(parser, help="exit 3 if any node would be refused or any tensor stay over the device profile")
         VERBOSE.add_to(parser)
 
     def run(self, args: argparse.Namespace) -> int:
@@ -95,7 +101,7 @@ class InspectTool(Tool):
         print(report.format(verbose=args.verbose, cli=True))
         if args.json:
             _write_text(args.json, report.to_json())
-        return 3 if (args.strict and report.refused) else 0
+        return FINDING_EXIT if (args.strict and report.status == REFUSED) else 0
 
 
 class VerifyTool(Tool):
@@ -136,7 +142,8 @@ class BatchTool(Tool):
 
     def subscribe(self) -> list:
         self.write = WriteArgs(helps={"verify": "keep each output only if byte-identical on ORT CPU",
-                                      "strict": "write nothing for a model with a refused node"})
+                                      "strict": "write nothing for a model with a refused node or a tensor over "
+                                                "the device profile"})
         self.rewrite, self.comparison = RewriteArgs(), ComparisonArgs()
         return [self.write, self.rewrite, self.comparison]
 

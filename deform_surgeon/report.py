@@ -14,6 +14,11 @@ from .verify import VerifyResult
 REPORT_VERSION = 1
 _ALWAYS_SHOWN = ("GatherND", "GatherElements", "Sum", "Gather")
 
+# What a patch came to, in one word (batch's summary table shows it per model). `refused` is a finding: some node was
+# left unchanged, or some tensor of the model stays over the device profile, so the model does not run wholly on
+# the GPU of the profile (a refused node runs on the CPU EP; a tensor over the binding size fails when it runs).
+OK, UNCHANGED, REFUSED = "ok", "unchanged", "refused"
+FINDING_EXIT = 3  # `patch` and `batch` exit with it on a finding (the model written unless --strict)
 
 # The reasons and notes name options as the command line spells them; an API user reads the keywords instead. The
 # flags and their keywords are the argument groups' own (args.API_NAMES), longest first ("--input-shapes" whole)
@@ -41,6 +46,7 @@ class PatchReport:
     webgpu: KernelReport | None = None  # the nodes without a WebGPU kernel, of the output (or the input if unchanged)
     passes: list[str] = field(default_factory=list)  # the registered passes that ran, in order (--skip-pass: not all)
     weights: dict | None = None  # where OUT's weights go and why (surgeon._weights_form), with a browser problem
+    stays_over: list[str] = field(default_factory=list)  # tensors the output still makes over the profile's binding
 
     @property
     def rewritten(self) -> list[Action]:
@@ -58,6 +64,23 @@ class PatchReport:
     def changed(self) -> bool:
         return bool(self.rewritten)
 
+    @property
+    def status(self) -> str:
+        """The one word for what this patch came to: `refused` on a finding (`findings`), else `unchanged` when
+        nothing was rewritten, else `ok`. Why here: `patch` and `batch` used to judge the same file apart (exit 0
+        with a note, and "refused" with exit 3); `patch`'s exit code and `batch`'s status (read from the JSON's
+        `status`, which its workers send) both come from this."""
+        if self.findings:
+            return REFUSED
+        return OK if self.changed else UNCHANGED
+
+    @property
+    def findings(self) -> str:
+        """What makes the status `refused`, counted ("" when nothing does): what `--strict` refuses to write."""
+        parts = [f"{len(self.refused)} node(s) refused" if self.refused else "",
+                 f"{len(self.stays_over)} tensor(s) over the device profile" if self.stays_over else ""]
+        return ", ".join(p for p in parts if p)
+
     def to_dict(self) -> dict:
         return {
             "version": REPORT_VERSION,
@@ -73,6 +96,8 @@ class PatchReport:
                 "rewritten_unproven": len(self.unproven),
                 "refused": len(self.refused),
             },
+            "status": self.status,
+            "stays_over": self.stays_over,
             "nodes": [a.to_dict() for a in self.actions],
             "verification": None if self.verification is None else self.verification.to_dict(),
             "webgpu": None if self.webgpu is None else self.webgpu.to_dict(),

@@ -271,10 +271,11 @@ def inspect(model_path: str | Path, *, allow_unproven: bool = False, sum_mode: s
     model_path = user_path(model_path, "the model")
     options = _options(allow_unproven, sum_mode, max_buffer, max_memory, device_profile, input_shapes, skip_passes)
     lifted, memory = _lift(model_path, options, SplitPlan())
-    note = "; ".join(x for x in ("inspect: dry run, nothing written", _notes(memory, lifted)) if x)
-    return PatchReport(str(model_path), None, False, vars(options), lifted.ops_before,
-                       op_histogram(lifted.patched()[0]), lifted.actions, note=note,
-                       webgpu=lifted.kernels(patched=True), passes=passes_run(options))
+    report = PatchReport(str(model_path), None, False, vars(options), lifted.ops_before,
+                         op_histogram(lifted.patched()[0]), lifted.actions,
+                         webgpu=lifted.kernels(patched=True), passes=passes_run(options))
+    _annotate(report, lifted, "inspect: dry run, nothing written", memory)
+    return report
 
 
 @api_call
@@ -304,7 +305,8 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
     rewrite a failing verification comes from; the report lists the passes that ran.
 
     With nothing to rewrite, nothing is written unless `copy_unchanged` (then an exact copy of the input).
-    With `strict`, nothing is written if any node was refused.
+    With `strict`, nothing is written on a finding: a node refused, or a tensor staying over the device profile
+    (`PatchReport.findings`; the report's `status` is then `refused` either way).
     A rewrite that is not exact by construction (`Action.needs_verify`: a split Conv, a band, a channel group) is
     written only once shown exact on its own (`_prove_locally`, passes/local_proof.py); one that is not is undone
     (the report says why) and the rest is written. One without such a proof is written only after the whole
@@ -336,11 +338,11 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
     if output_path is not None:
         check_external_output(output_path, model_path, weights, external)
     report = PatchReport(str(model_path), None if output_path is None else str(output_path), False,
-                         vars(options), before, before, actions,
-                         note=_notes(memory, lifted), passes=passes_run(options))
+                         vars(options), before, before, actions, passes=passes_run(options))
+    _annotate(report, lifted, memory)
     report.weights = _weights_form(model_path, output_path, weights, external, external_data)
-    if strict and report.refused and output_path is not None:
-        report.note = f"--strict: {len(report.refused)} node(s) refused; {output_path} not written"
+    if strict and report.findings and output_path is not None:
+        _strict_note(report)
         return report
     if not report.changed:
         report.webgpu = lifted.kernels(patched=False)
@@ -365,9 +367,9 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
         lifted, memory = _prove_locally(model_path, options, plan, lifted, memory)
         model, weights = lifted.model, lifted.weights
         report.actions = lifted.actions
-        report.note = _notes(memory, lifted)
-        if strict and report.refused:  # a rewrite its proof undid is refused now
-            report.note = f"--strict: {len(report.refused)} node(s) refused; {output_path} not written"
+        _annotate(report, lifted, memory)
+        if strict and report.findings:  # a rewrite its proof undid is refused now
+            _strict_note(report)
             return report
     stage("export")
     patched, region = lifted.patched()
@@ -442,8 +444,11 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
         report.webgpu = lifted.kernels(patched=True)
         kinds = ", ".join(f"{sum(a.pass_name == k for a in unproven)} {k}" for k in sorted({a.pass_name for a in
                                                                                               unproven}))
-        report.note = "; ".join(x for x in (f"{len(unproven)} rewrite(s) undone ({kinds}): not shown exact on the "
-                                            "whole model (see their lines)", _notes(memory, lifted)) if x)
+        _annotate(report, lifted, f"{len(unproven)} rewrite(s) undone ({kinds}): not shown exact on the whole model "
+                                  "(see their lines)", memory)
+        if strict and report.findings:  # the rewrites undone are refused now
+            _strict_note(report)
+            return report
         _write(patched, region, _verify if verify else None)
     report.written = True
     return report
@@ -587,25 +592,40 @@ class _Unshown(Exception):
     """Why the whole-model check of a split Conv failed, from `_verify` to the fallback that undoes the split."""
 
 
-def _notes(memory: str, lifted: Lifted) -> str:
-    """The report's note: the --max-memory line, what stays over the device profile, the symbolic-dims line."""
-    return "; ".join(x for x in (memory, _over_profile_note(lifted), _symbolic_note(lifted)) if x)
+def _annotate(report: PatchReport, lifted: Lifted, *lines: str) -> None:
+    """The report's note (`lines`, the --max-memory line among them, then what stays over the device profile and the
+    symbolic-dims line) and its `stays_over`, from the same lift: the status (`PatchReport.status`, a tensor over
+    the profile is a finding) and the note that names those tensors never tell two lifts apart."""
+    left = _stays_over(lifted)
+    report.stays_over = [o for _, o, _, _ in left]
+    report.note = "; ".join(x for x in (*lines, _over_profile_note(lifted, left), _symbolic_note(lifted)) if x)
 
 
-def _over_profile_note(lifted: Lifted) -> str:
-    """The original model's tensors over the profile's buffer size that the patched model still makes ("" when
-    none), those of a size shape inference does not know included where they are over it even at their smallest
-    (`_over_limit`). Why: the passes fit deform blocks, decoder Convs and Resizes, token-major MatMul chains
-    and wide nodes, each where its shapes are known; anything else is left as it is, and a plain `patch`, which
-    fits the profile by default, must say so rather than let the user find it out when the GPU refuses the
-    buffer."""
+def _strict_note(report: PatchReport) -> None:
+    """`--strict` and a finding: what was found, that nothing is written, then the rest of the note (the tensors
+    over the profile are named only there)."""
+    report.note = "; ".join(x for x in (f"--strict: {report.findings}; {report.output} not written", report.note)
+                            if x)
+
+
+def _stays_over(lifted: Lifted) -> list[tuple[int, str, onnx.NodeProto, bool]]:
+    """The original model's tensors over the profile's buffer size that the patched model still makes, largest
+    first, as (bytes, name, producer, size unknown), those of a size shape inference does not know included where
+    they are over it even at their smallest (`_over_limit`). Why: the passes fit deform blocks, decoder Convs and
+    Resizes, token-major MatMul chains and wide nodes, each where its shapes are known; anything else is left as it
+    is, and a plain `patch`, which fits the profile by default, must say so (and exit as for a refused node, see
+    `PatchReport.status`) rather than let the user find it out when the GPU refuses the buffer."""
     over, smallest = lifted.oversize, lifted.over_at_smallest
     if not over and not smallest:
-        return ""
+        return []
     whole, _ = lifted.patched()
-    left = sorted((((elem_nbytes(*lifted.types[o]) or 0) if o in over else smallest[o], o, n, o in smallest)
+    return sorted((((elem_nbytes(*lifted.types[o]) or 0) if o in over else smallest[o], o, n, o in smallest)
                    for n in whole.graph.node for o in n.output if o in over or o in smallest),
                   key=lambda x: (-x[0], x[1]))
+
+
+def _over_profile_note(lifted: Lifted, left: list[tuple[int, str, onnx.NodeProto, bool]]) -> str:
+    """The note naming what `_stays_over` found ("" when nothing)."""
     if not left:
         return ""
     ops = Counter(n.op_type for _, _, n, _ in left).most_common()

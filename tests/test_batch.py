@@ -153,6 +153,46 @@ def test_globs_refusals_and_strict(tmp_path):
     assert not (tmp_path / "out" / "refused.patched.onnx").exists()
 
 
+def _sum_over_the_profile() -> onnx.ModelProto:
+    """A 3-input Sum of a 16,384 B tensor: `sum_chain` rewrites it, no pass computes its output in parts and nothing
+    is refused; patched with --max-buffer 10KiB, a model that is written and stays over the profile (as HR 2048's
+    Resize, Add and Concat outputs stay over spec-default)."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Sum", ["x", "x", "x"], ["y"], name="sum3")], "sum",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 64])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_model_written_over_the_profile_is_refused_by_patch_and_batch_alike(tmp_path):
+    """One verdict for one outcome: a model written with tensors still over the device profile is a finding, as a
+    refused node is: `patch` and `batch` both say `refused` and exit 3, and write it unless --strict."""
+    (tmp_path / "models").mkdir()
+    onnx.save(_sum_over_the_profile(), tmp_path / "models" / "sum.onnx")
+    patch = [sys.executable, "-m", "deform_surgeon", "patch", "models/sum.onnx", "sum.out.onnx", "--max-buffer",
+             "10KiB", "--report", "r.json"]
+    proc = subprocess.run(patch, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "refused: 1 tensor(s) over the device profile; sum.out.onnx written all the same" in proc.stdout
+    assert "STAYS OVER the device profile: 1 tensor(s)" in proc.stdout and (tmp_path / "sum.out.onnx").exists()
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["status"] == "refused" and report["stays_over"] == ["y"] and report["written"]
+    assert report["summary"] == {"rewritten": 1, "rewritten_unproven": 0, "refused": 0}
+
+    (tmp_path / "out").mkdir()
+    proc = batch("--glob", "models/*.onnx", "--out-dir", "out", "--max-buffer", "10KiB", "--no-progress",
+                 cwd=tmp_path)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert summary_rows(proc)["1"].split()[1] == "refused", proc.stdout
+    assert (tmp_path / "out" / "sum.patched.onnx").exists()
+
+    strict = subprocess.run([*patch[:5], "strict.onnx", *patch[6:], "--strict"], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=600)
+    assert strict.returncode == 3 and not (tmp_path / "strict.onnx").exists(), strict.stdout + strict.stderr
+    assert "--strict: 1 tensor(s) over the device profile; strict.onnx not written; STAYS OVER" in strict.stdout
+
+
 @pytest.mark.parametrize("setup, args, named, problem", [
     (None, ["nothing.toml"], "nothing.toml", r"no such file"),
     ("[[model]\ninput = 1", ["bad.toml"], "bad.toml", r"not a valid TOML manifest"),
