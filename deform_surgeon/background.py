@@ -9,7 +9,9 @@ the caller's to remove).
 `Background(fn, *args).result()` returns what `fn(*args)` returned, or raises the `SurgeonError` it raised (its file
 and problem kept). Where a child cannot help or cannot be had (one core, not Linux, a daemonic batch worker that
 may not have children, a child that died), `fn` runs in the caller when the result is asked for: the same
-answer, later.
+answer, later. `Background(fn, *args, retry=False)` raises `ChildDied` instead when the child died without an
+answer: for work that is in a child because of its memory (verify.py runs each model so), a child the system
+killed for its memory must not be run again in the caller.
 """
 
 from __future__ import annotations
@@ -31,13 +33,24 @@ def _can_fork() -> bool:
             and not multiprocessing.current_process().daemon)
 
 
+class ChildDied(Exception):
+    """The child ended without an answer (a signal: the kernel's OOM killer sends SIGKILL), with `retry=False`."""
+
+    def __init__(self, exitcode: int | None) -> None:
+        self.exitcode = exitcode
+        how = (f"was killed by signal {-exitcode}" if exitcode is not None and exitcode < 0 else
+               f"ended with exit code {exitcode}")
+        super().__init__(f"its process {how} before it answered")
+
+
 class Background:
     """`fn(*args)` computed in a forked child (see the module docstring)."""
 
-    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
-        self._fn, self._args = fn, args
+    def __init__(self, fn: Callable[..., Any], *args: Any, retry: bool = True) -> None:
+        self._fn, self._args, self._retry = fn, args, retry
         self._proc = self._conn = None
         self._answered = False
+        self.exitcode: int | None = None
         if _can_fork():
             sys.stdout.flush()  # the child flushes its copy of these buffers when it ends: they must be empty
             sys.stderr.flush()
@@ -59,10 +72,12 @@ class Background:
         try:
             kind, value = self._conn.recv()
             self._answered = True  # (the child is ending on its own now: it is not stopped)
-        except EOFError:  # the child died without an answer: ask here
-            kind, value = "retry", None
+        except EOFError:  # the child died without an answer: ask here (unless told not to)
+            kind, value = "died", None
         finally:
             self.close()
+        if kind == "died" and not self._retry:
+            raise ChildDied(self.exitcode)
         if kind == "ok":
             return value
         if kind == "error":
@@ -78,6 +93,7 @@ class Background:
             self._proc.terminate()
         self._conn.close()
         self._proc.join()
+        self.exitcode = self._proc.exitcode
         self._proc = None
 
 

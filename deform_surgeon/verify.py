@@ -4,6 +4,10 @@ Why both: polygraphy's `--atol 0 --rtol 0` fails on two identical NaNs, passes `
 output that one model lacks. The byte comparison (same output names, dtypes, shapes and bytes, NaN-aware because
 identical NaN bits are equal bytes) is the verdict; polygraphy drives the runs (seeded inputs with explicit value
 ranges, both sessions at the same graph optimisation level) and its own verdict is reported beside it.
+
+The two models run one after the other, each in its own forked process, their outputs saved to files, so that the
+peak is the larger model's and not the sum (a process that has run one large session keeps much of its memory;
+docs/verify.md); the result reports each run's peak RSS.
 """
 
 from __future__ import annotations
@@ -11,10 +15,13 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .background import Background, ChildDied
 from .errors import SurgeonError, api_call
 from .verdict import BYTE_IDENTICAL, Verdict, judge
 
@@ -62,6 +69,9 @@ class VerifyResult:
     outputs_compared: list[str] = field(default_factory=list)
     max_abs_diff: dict[str, float] = field(default_factory=dict)
     mismatch: Mismatch | None = None
+    # peak RSS in bytes of each model's run ("original", "patched": each in its own process where it can fork, else
+    # this process's peak so far) and of the calling process, the comparison done ("caller")
+    peak_rss: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -73,8 +83,20 @@ class VerifyResult:
             return (f"verify: PASSED: {len(self.outputs_compared)} output(s) {Verdict(BYTE_IDENTICAL, 0.0, 0.0).text} "
                     f"on {self.iterations} "
                     f"seeded input(s) (seed {self.seed}, ORT CPU, opt level '{self.opt_level}'; "
-                    f"polygraphy atol=0 rtol=0: {'passed' if self.polygraphy_passed else 'failed (NaNs)'})")
-        return f"verify: FAILED: {self.mismatch.text() if self.mismatch else 'outputs differ'}"
+                    f"polygraphy atol=0 rtol=0: {'passed' if self.polygraphy_passed else 'failed (NaNs)'})"
+                    f"{self.peak_text()}")
+        return f"verify: FAILED: {self.mismatch.text() if self.mismatch else 'outputs differ'}{self.peak_text()}"
+
+    def peak_text(self) -> str:
+        """"; peak RSS 7.90 GB (the original's run; the patched's 2.41 GB, the caller's 0.31 GB)": what the machine
+        needed, the models run one after the other (the caller's: the process that compared them, a `patch` that
+        asked for the comparison included)."""
+        if not self.peak_rss:
+            return ""
+        top = max(self.peak_rss, key=self.peak_rss.get)
+        rest = ", ".join(f"the {k}'s {self.peak_rss[k] / 1e9:.2f} GB" for k in self.peak_rss if k != top)
+        what = "the caller" if top == "caller" else f"the {top}'s run"
+        return f"; peak RSS {self.peak_rss[top] / 1e9:.2f} GB ({what}{'; ' + rest if rest else ''})"
 
 
 def _ort_level(name: str):
@@ -221,8 +243,7 @@ def verify(original: str | Path, patched: str | Path, *, iterations: int | None 
 
     `threads`: ORT intra-op threads per session (None: ORT's default, one per core); `batch` gives each of its
     parallel workers its share of the cores."""
-    from polygraphy.backend.onnxrt import OnnxrtRunner
-    from polygraphy.comparator import Comparator, DataLoader
+    from polygraphy.comparator import Comparator, DataLoader, IterationResult, RunResults
     from polygraphy.comparator.compare import SimpleCompareFunc
     from polygraphy.logger import G_LOGGER
 
@@ -273,39 +294,110 @@ def verify(original: str | Path, patched: str | Path, *, iterations: int | None 
             options.graph_optimization_level = level
             if threads is not None:
                 options.intra_op_num_threads = threads
+            # (the source is made here, in the run's own process: the fixed original's bytes are not held beside
+            # the other model's run)
             source = _ort_source(path) if not (input_shapes and path == original) else _fixed(original, input_shapes)
-            return lambda: onnxruntime.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+            return onnxruntime.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 
-        runners = [OnnxrtRunner(session(original), name="original"), OnnxrtRunner(session(patched), name="patched")]
-        results = None
-        for runner, path in zip(runners, (original, patched), strict=True):
-            try:  # one runner at a time, so a model that cannot run is named
-                ran = Comparator.run([runner], data_loader=DataLoader(seed=seed, iterations=iterations,
-                                                                     val_range=dict(ranges),
-                                                                     input_metadata=_metadata(input_shapes)))
-            except Exception as exc:
-                needs = _allocation(exc)
-                if needs is not None:  # the size, not the values: say which size needs what
-                    given = " ".join(f"{k}:{','.join(map(str, v))}" for k, v in (input_shapes or {}).items())
-                    what = f"the size given with --input-shapes ({given})" if given else "the model's size"
-                    raise SurgeonError(path, f"fails to run on ORT CPU with the seeded inputs: {what} needs {needs} "
-                                       f"in one allocation, which failed ({_one_line(exc)})") from None
-                raise SurgeonError(path, f"fails to run on ORT CPU with the seeded inputs ({_one_line(exc)})",
-                                   fix) from None
-            if results is None:
-                results = ran
-            else:
-                results.lst.extend(ran.lst)
-        accuracy = Comparator.compare_accuracy(
-            results, compare_func=SimpleCompareFunc(atol=0.0, rtol=0.0, check_shapes=True))
-        result.polygraphy_passed = bool(accuracy)
+        def failure(path: str | Path, exc: BaseException) -> SurgeonError:
+            """The one line for a model that cannot run on the seeded inputs (in the run's own process)."""
+            needs = _allocation(exc)
+            if needs is not None:  # the size, not the values: say which size needs what
+                given = " ".join(f"{k}:{','.join(map(str, v))}" for k, v in (input_shapes or {}).items())
+                what = f"the size given with --input-shapes ({given})" if given else "the model's size"
+                return SurgeonError(path, f"fails to run on ORT CPU with the seeded inputs: {what} needs {needs} in "
+                                    f"one allocation, which failed ({_one_line(exc)})")
+            return SurgeonError(path, f"fails to run on ORT CPU with the seeded inputs ({_one_line(exc)})", fix)
+
+        def loader():
+            return DataLoader(seed=seed, iterations=iterations, val_range=dict(ranges),
+                              input_metadata=_metadata(input_shapes))
+
+        with tempfile.TemporaryDirectory(prefix="deform-surgeon-verify-") as folder:
+            results = RunResults()
+            for name, path in (("original", original), ("patched", patched)):
+                # one model after the other, each in its own forked process (background.py) whose memory is all
+                # given back when it ends: the peak is the larger model's, not the sum (issue 34: HR 2048's
+                # original alone peaks at 17.4 GB); its outputs come back through files in `folder`
+                try:
+                    saved, peak = Background(_run_one, name, path, session, loader, folder, failure,
+                                             retry=False).result()
+                except ChildDied as died:  # (not run again here: the system killed it, most likely for memory)
+                    raise SurgeonError(path, f"fails to run on ORT CPU with the seeded inputs: {died}",
+                                       "most likely out of memory: the run of one model needs what one ORT CPU "
+                                       "inference of it needs") from None
+                results.append((name, [IterationResult(outputs=_load_outputs(files), runner_name=name)
+                                       for files in saved]))
+                result.peak_rss[name] = peak
+            accuracy = Comparator.compare_accuracy(
+                results, compare_func=SimpleCompareFunc(atol=0.0, rtol=0.0, check_shapes=True))
+            result.polygraphy_passed = bool(accuracy)
+            (_, orig_iters), (_, patch_iters) = results[0], results[1]
+            result.mismatch = compare_bytes(orig_iters, patch_iters, result)
+            del results, orig_iters, patch_iters  # (the outputs map files of `folder`, removed now)
+            result.peak_rss["caller"] = _peak_rss()
     finally:
         G_LOGGER.module_severity = old
 
-    (_, orig_iters), (_, patch_iters) = results[0], results[1]
-    result.mismatch = compare_bytes(orig_iters, patch_iters, result)
     result.identical = result.mismatch is None
     return result
+
+
+def _peak_rss() -> int:
+    """This process's peak resident set so far, in bytes (Linux reports KiB; macOS bytes)."""
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+def _run_one(name: str, path: str | Path, session: Callable[[str | Path], object], loader: Callable[[], object],
+             folder: str, failure: Callable[[str | Path, BaseException], SurgeonError]
+             ) -> tuple[list[list[tuple[str, str]]], int]:
+    """Run one model on the seeded inputs (polygraphy's Comparator, as before) and save every iteration's outputs
+    as .npy files in `folder`; returns their names per iteration and the peak RSS of the run's process. Meant for
+    a forked child (see `verify`): what it allocates goes back to the system when it ends."""
+    import gc
+
+    import numpy as np
+    from polygraphy.backend.onnxrt import OnnxrtRunner
+    from polygraphy.comparator import Comparator
+
+    collecting = gc.isenabled()
+    gc.disable()  # in a child, its Python objects are the parent's pages: a collection would touch (copy) them all
+    try:
+        ran = Comparator.run([OnnxrtRunner(lambda: session(path), name=name)], data_loader=loader())
+    except Exception as exc:
+        raise failure(path, exc) from None
+    finally:
+        if collecting:
+            gc.enable()
+    saved = []
+    for it, iteration in enumerate(ran[0][1]):
+        files = []
+        for k, (out, value) in enumerate(iteration.items()):
+            file = os.path.join(folder, f"{name}.{it}.{k}.npy")
+            np.save(file, np.asarray(value), allow_pickle=True)
+            files.append((out, file))
+        saved.append(files)
+    return saved, _peak_rss()
+
+
+def _load_outputs(files: list[tuple[str, str]]) -> dict:
+    """One iteration's outputs as `_run_one` saved them, mapped from their files rather than read into memory (an
+    output that cannot be mapped, of Python objects, is read)."""
+    from collections import OrderedDict
+
+    import numpy as np
+
+    out = OrderedDict()
+    for name, file in files:
+        try:
+            out[name] = np.load(file, mmap_mode="r")
+        except ValueError:
+            out[name] = np.load(file, allow_pickle=True)
+    return out
 
 
 def compare_bytes(orig_iters, patch_iters, result: VerifyResult) -> Mismatch | None:

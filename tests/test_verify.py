@@ -7,6 +7,7 @@ gets wrong (identical NaNs fail it, -0.0 vs +0.0 passes it), which is why `verif
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -83,21 +84,88 @@ def test_exporter_fixture_and_its_patch_pass(tmp_path):
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_threads_sets_the_sessions_intra_op_threads(tmp_path, threads, monkeypatch):
-    """batch gives each worker its share of the cores; the sessions verify builds must get it."""
+    """batch gives each worker its share of the cores; the sessions verify builds must get it. (Each session is
+    made in its own forked process: the spy writes down what it saw in a file.)"""
     import onnxruntime
 
-    made = []
+    made = tmp_path / "made.txt"
     real = onnxruntime.InferenceSession
 
     def spy(path, options=None, **kwargs):
-        made.append(options.intra_op_num_threads)
+        with open(made, "a") as f:
+            f.write(f"{options.intra_op_num_threads}\n")
         return real(path, options, **kwargs)
 
     monkeypatch.setattr(onnxruntime, "InferenceSession", spy)
     c = np.full((2, 3), ONE, np.float32)
     a = constant_output(tmp_path, "a", c)
     assert verify(a, a, threads=threads).identical
-    assert made == [threads, threads]
+    assert made.read_text().split() == [str(threads), str(threads)]
+
+
+def test_the_models_run_one_after_the_other_each_in_its_own_process(tmp_path, monkeypatch):
+    """Issue 34: the original's session and outputs are gone before the patched model's session is made, so the
+    peak is the larger model's, not the sum. Each run is a forked process (where the machine can fork) reaped before
+    the next starts; the result reports each run's peak RSS and the caller's."""
+    import onnxruntime
+
+    from deform_surgeon.background import _can_fork
+
+    made = tmp_path / "made.txt"
+    real = onnxruntime.InferenceSession
+
+    def alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def spy(path, options=None, **kwargs):
+        earlier = [int(line.split()[0]) for line in made.read_text().splitlines()] if made.exists() else []
+        with open(made, "a") as f:  # this session's process, and whether the earlier run's still exists
+            f.write(f"{os.getpid()} {int(any(alive(p) for p in earlier if p != os.getpid()))}\n")
+        return real(path, options, **kwargs)
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", spy)
+    a = constant_output(tmp_path, "a", np.full((2, 3), ONE, np.float32))
+    result = verify(a, a, iterations=2)
+    assert result.identical and set(result.peak_rss) == {"original", "patched", "caller"}
+    assert all(v > 0 for v in result.peak_rss.values())
+    assert "; peak RSS " in result.summary() and result.to_dict()["peak_rss"] == result.peak_rss
+    (first, _), (second, earlier_alive) = (map(int, line.split()) for line in made.read_text().splitlines())
+    if _can_fork():
+        assert os.getpid() not in (first, second) and first != second
+        assert earlier_alive == 0  # the original's process had ended (and been reaped) before the patched one ran
+
+
+def test_a_run_the_system_kills_is_named_and_not_run_again_here(tmp_path, monkeypatch):
+    """A model's run whose process is killed (the OOM killer's SIGKILL, here sent by the run to itself) is one
+    line naming that model, and is not run again in the caller, where it would take the caller's memory too."""
+    import importlib
+    import signal
+
+    from deform_surgeon.background import _can_fork
+
+    verify_module = importlib.import_module("deform_surgeon.verify")  # (the package's `verify` is the function)
+
+    if not _can_fork():
+        pytest.skip("the runs are made in the caller here: nothing to kill")
+    caller = os.getpid()
+    real = verify_module._run_one
+
+    def killed(name, *args):
+        if name == "patched" and os.getpid() != caller:
+            os.kill(os.getpid(), signal.SIGKILL)
+        assert os.getpid() != caller, "run again in the caller"
+        return real(name, *args)
+
+    monkeypatch.setattr(verify_module, "_run_one", killed)
+    a = constant_output(tmp_path, "a", np.full((2, 3), ONE, np.float32))
+    b = constant_output(tmp_path, "b", np.full((2, 3), ONE, np.float32))
+    with pytest.raises(SurgeonError) as exc:
+        verify(a, b)
+    assert exc.value.path == str(b) and "killed by signal 9" in exc.value.problem, exc.value.one_line()
 
 
 def test_one_ulp_fails_and_is_located(tmp_path):
