@@ -6,10 +6,12 @@ defaults, which a device is guaranteed to offer, are 256 MiB and 128 MiB; real a
 limits come from a device profile, see device.py). With a profile's `maxStorageBuffersPerShaderStage`, the nodes
 whose kernels bind more storage buffers than that are listed too: those fail at run time on such a device.
 
-Sizes come from the shapes ONNX shape inference can tell from the graph (static shapes only); a tensor whose
-shape is not known is counted as unknown, never guessed. Each large tensor is named with the node that produces
-it and the deformable-conv block it belongs to (the Conv that consumes the block's sampling, as exported by
-deform-conv2d-onnx-exporter), because that is where the split pass (`patch --max-buffer`) can act.
+Sizes come from the type table `patch` reads (model_io's `check_and_infer`: one strict shape inference with data
+propagation that is also the checker's, the Swin blocks' pads to whole windows evaluated; static shapes only), so
+`budget` sees every size `patch` sees; a tensor whose shape is not known is counted as unknown, never guessed.
+Each large tensor is named with the node that produces it and the deformable-conv block it belongs to (the Conv
+that consumes the block's sampling, as exported by deform-conv2d-onnx-exporter), because that is where the split
+pass (`patch --max-buffer`) can act.
 
 The peak is an estimate of the activations alive at once when the nodes run in a depth-first order (a post-order
 walk back from the graph outputs, a node's inputs lowest index first: a split block then runs chunk after chunk;
@@ -36,7 +38,7 @@ from .blocks import deform_blocks
 from .device import SPEC_DEFAULT_LIMITS
 from .device import storage_buffers as bindings
 from .errors import SurgeonError
-from .model_io import Weights, check_model, infer_value_types, load_model
+from .model_io import TypeTable, Weights, check_and_infer, infer_value_types, load_model
 
 SPEC_MAX_BUFFER = SPEC_DEFAULT_LIMITS["maxBufferSize"]
 SPEC_MAX_BINDING = SPEC_DEFAULT_LIMITS["maxStorageBufferBindingSize"]
@@ -225,67 +227,31 @@ class BudgetReport:
 
 def analyze(model_or_path: onnx.ModelProto | str | Path, max_buffer: int = SPEC_MAX_BUFFER,
             max_binding: int = SPEC_MAX_BINDING, limits_source: str = "WebGPU spec defaults",
-            top: int = 10, storage_buffers: int | None = None, weights: Weights | None = None) -> BudgetReport:
+            top: int = 10, storage_buffers: int | None = None, weights: Weights | None = None,
+            types: TypeTable | None = None) -> BudgetReport:
     """The budget report of a model (a path, or a ModelProto and, if it was loaded by `load_model`, its stored
     tensors); with `storage_buffers`, also every node whose kernel binds more storage buffers than that
-    (`device.storage_buffers`)."""
+    (`device.storage_buffers`). A path is checked and typed as `patch` does it (`check_and_infer`: one inference for
+    both); an in-memory model is typed by `types` when given (a table of that very model), else inferred."""
     if isinstance(model_or_path, onnx.ModelProto):
         model, name = model_or_path, "(in memory)"
+        types = infer_value_types(model, weights) if types is None else types
     else:
         model, weights = load_model(model_or_path)
-        check_model(model, model_or_path, weights)
+        types = check_and_infer(model, model_or_path, weights) if types is None else types
         name = str(model_or_path)
-    types = infer_value_types(model, weights)
     graph = model.graph
     nodes = list(graph.node)
     blocks = deform_blocks(model)
-    inits = {i.name for i in graph.initializer}
-    consts = {o for n in nodes if n.op_type == "Constant" for o in n.output}
     order = execution_order(model)
-    step = {k: s for s, k in enumerate(order)}
-    producer = {o: (step[k], n) for k, n in enumerate(nodes) for o in n.output if o}
-    last_use: dict[str, int] = {}
-    for k, n in enumerate(nodes):
-        for i in n.input:
-            if i:
-                last_use[i] = max(last_use.get(i, -1), step[k])
-    for o in graph.output:
-        last_use[o.name] = len(nodes)
 
     report = BudgetReport(name, max_buffer, max_binding, limits_source)
     report.blocks = len(set(blocks.values()))
-    sizes: list[TensorSize] = []
-    intervals: list[tuple[int, int, TensorSize]] = []
-    names = [i.name for i in graph.input] + [o for n in nodes for o in n.output if o] + list(inits)
-    seen: set[str] = set()
-    for t in names:
-        if t in seen:
-            continue
-        seen.add(t)
-        info = types.get(t)
-        size = _size(info)
-        if size is None:
-            if t not in consts:
-                report.tensors_unknown += 1
-                if len(report.unknown_examples) < 5:
-                    report.unknown_examples.append(t)
-            continue
-        nbytes, dtype, shape = size
-        if t in inits:
-            where, kind, block = "initializer", "initializer", None
-        elif t in producer:
-            _, node = producer[t]
-            where = f"{node.op_type} '{node.name}'"
-            kind = "constant" if t in consts else "activation"
-            block = blocks.get(node.name or node.output[0])
-        else:
-            where, kind, block = "graph input", "input", None
-        ts = TensorSize(t, nbytes, dtype, shape, where, block, kind)
-        sizes.append(ts)
-        if kind in ("activation", "input"):
-            start = producer[t][0] if t in producer else -1
-            intervals.append((start, last_use.get(t, start), ts))
+    sizes, unknown = sized_tensors(model, types, blocks)
+    report.tensors_unknown, report.unknown_examples = len(unknown), unknown[:5]
     report.tensors_known = len(sizes)
+    live_ones = [t for t in sizes if t.kind in ("activation", "input")]  # what the peak counts
+    intervals = _in_order(nodes, graph, live_ones, order)
     if storage_buffers is not None:
         report.storage_buffers = storage_buffers
         wide = [NodeBuffers(n.name or n.output[0], n.op_type, count, storage_buffers,
@@ -297,8 +263,8 @@ def analyze(model_or_path: onnx.ModelProto | str | Path, max_buffer: int = SPEC_
     report.over_binding = [s for s in sizes if max_binding < s.nbytes <= max_buffer]
     report.largest = sizes[:top]
     report.peak_bytes, peak_at, live = _peak(intervals)
-    report.peak_file_bytes = _peak(_in_order(nodes, graph, intervals, range(len(nodes))))[0]
-    report.peak_ort_bytes = _peak(_in_order(nodes, graph, intervals, execution_order(model, highest_first=True)))[0]
+    report.peak_file_bytes = _peak(_in_order(nodes, graph, live_ones, range(len(nodes))))[0]
+    report.peak_ort_bytes = _peak(_in_order(nodes, graph, live_ones, execution_order(model, highest_first=True)))[0]
     if peak_at is not None:
         report.peak_node = ("(graph inputs)" if peak_at < 0 else
                             f"{nodes[order[peak_at]].op_type} '{nodes[order[peak_at]].name}' (step {peak_at} of "
@@ -379,10 +345,47 @@ def _size(info) -> tuple[int, str, list[int]] | None:
     return int(math.prod(shape)) * dtype.itemsize, str(dtype), [int(d) for d in shape]
 
 
-def _in_order(nodes: list, graph: onnx.GraphProto, intervals: list[tuple[int, int, TensorSize]],
-              order) -> list[tuple[int, int, TensorSize]]:
-    """`intervals` again with the steps of another node order (node indices in the order they run): each tensor
-    from its producer's step to its last reader's."""
+def sized_tensors(model: onnx.ModelProto, types: TypeTable, blocks: dict[str, str] | None = None
+                  ) -> tuple[list[TensorSize], list[str]]:
+    """The tensors of `model` (graph inputs, node outputs, initializers) whose size `types` tells, each named by
+    its producer and deform block (`blocks`: node -> block), and the names of those whose size it does not tell
+    (Constant outputs aside), in the graph's order. Why one function: `budget`'s count of tensors of unknown size
+    is this over the table it reads, and tests/test_budget.py checks it over `patch`'s type table the same way."""
+    graph = model.graph
+    nodes = list(graph.node)
+    producer = {o: n for n in nodes for o in n.output if o}
+    inits = {i.name for i in graph.initializer}
+    consts = {o for n in nodes if n.op_type == "Constant" for o in n.output}
+    sizes: list[TensorSize] = []
+    unknown: list[str] = []
+    seen: set[str] = set()
+    for t in [i.name for i in graph.input] + [o for n in nodes for o in n.output if o] + list(inits):
+        if t in seen:
+            continue
+        seen.add(t)
+        size = _size(types.get(t))
+        if size is None:
+            if t not in consts:
+                unknown.append(t)
+            continue
+        if t in inits:
+            where, kind, block = "initializer", "initializer", None
+        elif t in producer:
+            node = producer[t]
+            where = f"{node.op_type} '{node.name}'"
+            kind = "constant" if t in consts else "activation"
+            block = (blocks or {}).get(node.name or node.output[0])
+        else:
+            where, kind, block = "graph input", "input", None
+        sizes.append(TensorSize(t, *size, where, block, kind))
+    return sizes, unknown
+
+
+def _in_order(nodes: list, graph: onnx.GraphProto, tensors: list[TensorSize], order
+              ) -> list[tuple[int, int, TensorSize]]:
+    """The one tensor-lifetime walk: each of `tensors` with the steps of a node order (node indices in the order
+    they run), from its producer's step (-1: a graph input) to its last reader's (past the last node: a graph
+    output). The peak in budget's order, the file's and ORT's are this walk over three orders."""
     step = [0] * len(nodes)
     for s, k in enumerate(order):
         step[k] = s
@@ -394,7 +397,7 @@ def _in_order(nodes: list, graph: onnx.GraphProto, intervals: list[tuple[int, in
                 last[i] = max(last.get(i, -1), step[k])
     for o in graph.output:
         last[o.name] = len(nodes)
-    return [(made.get(t.name, -1), last.get(t.name, made.get(t.name, -1)), t) for _, _, t in intervals]
+    return [(made.get(t.name, -1), last.get(t.name, made.get(t.name, -1)), t) for t in tensors]
 
 
 def _peak(intervals: list[tuple[int, int, TensorSize]]) -> tuple[int, int | None, list[TensorSize]]:

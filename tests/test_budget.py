@@ -137,9 +137,10 @@ def test_cli_bad_input(tmp_path, capsys):
 def test_patch_cli_takes_max_buffer(tmp_path, capsys):
     out = tmp_path / "p.onnx"
     assert main(["patch", str(FIXTURES / "decoder_gathernd.onnx"), str(out), "--max-buffer", "60000",
-                 "--report", str(tmp_path / "r.json")]) == 0
+                 "--report", str(tmp_path / "r.json")]) == 3  # tensors outside the block stay over 60,000 B
     text = capsys.readouterr().out
     assert "split: 1 node(s) rewritten" in text and "split into 4 chunks" in text
+    assert "refused: 7 tensor(s) over the device profile" in text and out.exists()
     doc = json.loads((tmp_path / "r.json").read_text())
     assert doc["options"]["max_buffer"] == 60000
     assert any(n["pass_name"] == "split" and n["details"]["chunks"] == 4 for n in doc["nodes"])
@@ -258,3 +259,41 @@ def test_orts_default_order_is_the_walk_taking_the_highest_index_first(name, tmp
         assert json.loads(report.to_json())["peak"]["ort_order_bytes"] == report.peak_ort_bytes
         assert f"in ORT's default order (the same walk, inputs highest index first): {report.peak_ort_bytes:,} B" \
             in report.format()
+
+
+@pytest.mark.parametrize("symbolic", [False, True], ids=["static", "symbolic-height"])
+def test_budget_sees_the_sizes_patch_sees(tmp_path, symbolic):
+    """Issue 34: `budget` reads the type table `patch` reads (one strict inference, the Swin pads to whole windows
+    evaluated), so its count of tensors of unknown size is what `patch`'s type table leaves unknown: none on the
+    Swin pad replica, where plain ONNX inference loses the Pad's output and the MatMul after it; with a symbolic
+    height (the pads are then not static), the same tensors for both."""
+    import graphs
+
+    from deform_surgeon.budget import sized_tensors
+    from deform_surgeon.model_io import TypeTable
+    from deform_surgeon.surgeon import _options, _run
+
+    model = graphs.swin_pad(size=10, window=7)
+    if symbolic:
+        model.graph.input[0].type.tensor_type.shape.dim[1].dim_param = "height"
+    path = tmp_path / "swin_pad.onnx"
+    onnx.save(model, path)
+    patch_types = _run(path, _options(False, None)).types  # what `patch` proves and fits with
+    patch_unknown = sized_tensors(model, patch_types)[1]
+    report = analyze(path)
+    assert report.tensors_unknown == len(patch_unknown) and report.unknown_examples == patch_unknown[:5]
+    plain = sized_tensors(model, TypeTable(onnx.shape_inference.infer_shapes(model, data_prop=True).graph))[1]
+    if symbolic:
+        assert {"padded", "y"} <= set(patch_unknown)
+    else:
+        assert patch_unknown == [] and {"padded", "y"} <= set(plain)  # what budget reported before
+        assert next(t for t in report.largest if t.name == "y").shape == [1, 14, 14, 8]
+
+
+def test_the_three_peaks_are_one_walk_over_three_orders():
+    """The peak in budget's order, in the file's and in ORT's come from one tensor-lifetime walk (`_in_order`) over
+    three node orders: on a model already in budget's order, the file's peak is budget's."""
+    model = onnx.load(FIXTURES / "decoder_gathernd.onnx")
+    write_in_execution_order(model)
+    report = analyze(model)
+    assert report.peak_file_bytes == report.peak_bytes > 0 and report.peak_ort_bytes > 0
