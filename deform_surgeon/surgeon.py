@@ -271,10 +271,10 @@ def inspect(model_path: str | Path, *, allow_unproven: bool = False, sum_mode: s
     model_path = user_path(model_path, "the model")
     options = _options(allow_unproven, sum_mode, max_buffer, max_memory, device_profile, input_shapes, skip_passes)
     lifted, memory = _lift(model_path, options, SplitPlan())
-    report = PatchReport(str(model_path), None, False, vars(options), lifted.ops_before,
-                         op_histogram(lifted.patched()[0]), lifted.actions,
-                         webgpu=lifted.kernels(patched=True), passes=passes_run(options))
-    _annotate(report, lifted, "inspect: dry run, nothing written", memory)
+    report = PatchReport(str(model_path), None, False, vars(options), lifted.ops_before, {}, lifted.actions,
+                         passes=passes_run(options))
+    _annotate(report, lifted, "inspect: dry run, nothing written", memory)  # (before the splice changes the model)
+    report.ops_after, report.webgpu = op_histogram(lifted.patched()[0]), lifted.kernels(patched=True)
     return report
 
 
