@@ -76,7 +76,7 @@ class PatchTool(Tool):
             _write_text(args.report, report.to_json())
             print(f"report: {args.report}")
         if report.status == REFUSED:  # the word and exit code `batch` gives the same file
-            print(f"refused: {report.findings}" + ("" if args.strict else f"; {out} written all the same"))
+            print(f"refused: {report.findings}" + (f"; {out} written all the same" if report.written else ""))
             return FINDING_EXIT
         return 0
 

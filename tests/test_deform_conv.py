@@ -122,7 +122,8 @@ def test_a_deform_conv_that_cannot_be_lowered_is_refused_before_anything_is_buil
     cmd = [sys.executable, "-m", "deform_surgeon", argv[0], "m.onnx", *(["out.onnx"] if argv[0] == "patch" else []),
            *argv[1:]]
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, preexec_fn=_limit_memory)
-    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    code = 3 if argv[0] == "patch" else 0  # patch: a refused node is a finding; inspect: only with --strict
+    assert proc.returncode == code and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert re.search(r"refused +DeformConv +node_deform_conv2d: " + why, proc.stdout), proc.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
 
@@ -221,7 +222,8 @@ def test_what_cannot_be_lowered_is_named_with_the_reason(tmp_path: Path, kind: s
     onnx.save(model, src)
     proc = subprocess.run([sys.executable, "-m", "deform_surgeon", "patch", str(src), str(tmp_path / "out.onnx"),
                            "--report", str(tmp_path / "r.json")], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 3, proc.stderr  # the node refused: a finding (exit 3, as batch's "refused")
+    assert "refused: 1 node(s) refused" in proc.stdout and "written all the same" not in proc.stdout
     assert "refused            DeformConv     node_deform_conv2d: " in proc.stdout
     assert why in proc.stdout and "runs on the CPU EP in onnxruntime-web" in proc.stdout
     assert "nothing to rewrite" in proc.stdout and "(1 node(s) refused: see their reasons)" in proc.stdout
