@@ -473,9 +473,8 @@ def measure_placement(
             raw_run = None if fail else raw.get("run")
             if folder is not None and raw_run is not None and raw_run.get("ok"):
                 feeds = {name: _read_tensor(io_dir, o) for name, o in (raw_run.get("feeds") or {}).items()}
-            run_info = _finish_run(raw_run, io_dir, model, feeds or {}, session_ok, error, seed)
-            if folder is not None and run_info.get("outputs"):
-                run_info["mask"] = _judge_mask(raw_run, io_dir, model, feeds or {})
+            run_info = _finish_run(raw_run, io_dir, model, feeds or {}, session_ok, error, seed,
+                                   judge_mask=folder is not None)
 
         timings = {k: float(v) for k, v in (raw.get("timings") or {}).items()}
         timings["total_s"] = time.monotonic() - t_start
@@ -532,8 +531,10 @@ def _finish_run(
     session_ok: bool,
     session_error: str | None,
     seed: int,
+    judge_mask: bool = False,
 ) -> dict[str, Any]:
-    """Turns the harness's run report into the Placement ``run`` entry, comparing with ORT CPU."""
+    """Turns the harness's run report into the Placement ``run`` entry, comparing with ORT CPU (and, with
+    ``judge_mask``, the pipeline's mask with the one ORT CPU's output gives: `_judge_mask`)."""
     info: dict[str, Any] = {
         "ok": False,
         "error": None,
@@ -566,6 +567,8 @@ def _finish_run(
     if ref is not None and raw_run.get("ok"):
         info["outputs"] = compare_outputs(got, ref)
         info["identical"] = all(v["identical"] for v in info["outputs"].values())
+        if judge_mask:
+            info["mask"] = _judge_mask(raw_run, io_dir, next(iter(ref.values())))
     elif ref is None and ok:
         ok = False
         error = f"reference run on ORT CPU failed: {info['reference_error']}"
@@ -600,15 +603,13 @@ def expected_mask(logits: np.ndarray) -> np.ndarray:
     return np.trunc((item * np.float32(255)).astype(np.float32)).astype(np.int64) % 256
 
 
-def _judge_mask(raw_run: dict[str, Any], io_dir: Path, model: Path, feeds: dict[str, np.ndarray]
-                ) -> dict[str, Any] | None:
+def _judge_mask(raw_run: dict[str, Any], io_dir: Path, ref: np.ndarray) -> dict[str, Any] | None:
     """The pipeline's mask (the returned picture's alpha) against the one ORT CPU's output gives: the largest
     difference in levels of 255 (a GPU difference in the output may move a level by one)."""
     m = raw_run.get("mask")
     if not m or not (io_dir / m["file"]).exists():
         return None
     got = np.frombuffer((io_dir / m["file"]).read_bytes(), dtype=np.uint8).reshape(m["dims"]).astype(np.int64)
-    ref = next(iter(reference_outputs(model, feeds).values()))
     if ref.ndim != 4 or list(ref.shape[2:]) != list(got.shape):
         return {"shape": list(got.shape), "max_level_diff": None}
     diff = np.abs(got - expected_mask(ref))
