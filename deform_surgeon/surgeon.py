@@ -392,8 +392,12 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
     def _verify(tmp: Path, whole_check: bool = False) -> None:
         stage("verify")
         runs = [verify_options or {}] if verify else [{**(verify_options or {}), "iterations": 1}]
-        if whole_check and (runs[0].get("opt_level") or "all") != "all":  # what ORT runs by default
-            runs.append({**runs[0], "opt_level": "all", "iterations": 1})
+        if whole_check:  # what ORT runs by default, and the levels a rewrite asks for (a float16 split: both)
+            asked = [lvl for a in report.actions if a.needs_verify and a.action == Outcome.REWRITTEN
+                     for lvl in a.details.get("verify_levels", ())]
+            for level in dict.fromkeys(["all", *asked]):
+                if all((r.get("opt_level") or "all") != level for r in runs):
+                    runs.append({**runs[0], "opt_level": level, "iterations": 1})
         for kwargs in runs:
             try:
                 result = verify_models(model_path, tmp, **kwargs, input_shapes=options.input_shapes)
@@ -406,7 +410,8 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
                 problem = f"the patched model {exc.problem}, where the original runs; not written"
                 raise VerificationError(output_path, problem) from (
                     _Unshown(f"it could not be run: {exc.problem}") if whole_check else None)
-            report.verification = result if verify else None
+            if kwargs is runs[0]:  # the comparison the user asked for (the others only show rewrites exact)
+                report.verification = result if verify else None
             if not result.identical:
                 weights.check_unchanged()
                 found = result.mismatch.text() if result.mismatch else "outputs differ"

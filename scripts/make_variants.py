@@ -16,7 +16,8 @@ transformers.js's conversion script makes them (docs/variants.md):
 
     python scripts/make_variants.py EXPORT.onnx OUT_DIR [--only fp16,q4]
 
-Needs onnxruntime, onnxslim and onnxconverter-common (the `test` extras). Models over 2 GB are not handled.
+Needs onnxruntime, onnxslim, onnxconverter-common and onnx-ir (the `test` extras; onnxruntime's MatMulNBitsQuantizer
+imports onnx_ir). Models over 2 GB are not handled.
 """
 
 from __future__ import annotations

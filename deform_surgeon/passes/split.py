@@ -35,6 +35,17 @@ tail only, while ORT optimises the whole graph (fusions, NCHWc layout): the acti
 initializers torch's exporter shared; the prover reads constants through them, so the tail includes the
 BatchNorm and each chunk fuses as the whole did.
 
+Float16 blocks (transformers.js's fp16 and q4f16 files): ORT CPU has no float16 kernel for most of the block's ops
+(Mul, Add, Sub, Conv, BatchNormalization, Relu, Pad); it runs them in float32 behind Casts and drops the Casts
+between two of them, so most of the block's float16 tensors are float32 values never rounded to float16. An op
+the split inserts that has a float16 kernel (Slice, Concat) would round such a value where the whole block does
+not (measured: 4.9e-4 on decoder_gathernd_fp16). So in a float16 block the rows of the weights and mask are cut by
+Pads with negative pads (no float16 CPU kernel: ORT runs them in float32 like their neighbours), and a join of the
+Conv's tail is followed by a Pad with zero pads, so that ORT runs the Concat in float32 too (`_join`). Where ORT
+rounds depends on the graph, not on values, but a local proof of the region cannot show it (its inputs would be
+float16 graph inputs, rounded already): the split is `needs_verify` with levels disable and all, written only
+once the whole patched model is byte-identical at both, and the block is kept whole otherwise (docs/variants.md).
+
 Chunks for `--max-memory`: `patch` measures the peak of live tensors of the whole patched model (budget) and asks
 this pass, through `SplitPlan.min_chunks`, for more chunks of the block holding it; the Conv is then split too,
 as its joined input would be as large as what the chunks avoid.
@@ -65,6 +76,13 @@ from ..ops import ELEMENTWISE_NARY, ELEMENTWISE_UNARY, SHAPE_OPS
 from ..pipeline import Action, Context, Outcome, Pass, Refuse
 from ..shapes import Shapes
 from .local_proof import LocalProof, record
+
+# A float16 block is shown exact by the whole patched model at both levels (see `SplitBlocks._slice`)
+FLOAT16_LEVELS = ("disable", "all")
+FLOAT16_NOTE = ("; a float16 block: its row cuts of the tensors ORT CPU computes in float32 are Pads, which have no "
+                "float16 CPU kernel either, so ORT runs them in float32 too and rounds where it rounded the whole "
+                "block (a Slice would round there), so the split is written only once the whole model is shown "
+                "byte-identical on ORT CPU at levels disable and all")
 
 
 @dataclass(frozen=True)
@@ -219,6 +237,7 @@ class ChunkPlan:
 
     counts: list[int]  # output rows per chunk
     sizes: list[tuple[int, gs.Tensor]]  # the bytes of every tensor of the block
+    float16: bool = False  # a float16 block: cut where ORT CPU rounds as it did (`SplitBlocks._slice`)
 
 
 class SplitBlocks(Pass):
@@ -229,6 +248,7 @@ class SplitBlocks(Pass):
 
     def __init__(self, plan: SplitPlan | None = None) -> None:
         self.plan = plan if plan is not None else SplitPlan()
+        self.float16 = False  # the block being rewritten is float16 (set by `rewrite`)
 
     def matches(self, ctx: Context) -> Iterator[BlockMatch]:
         """The blocks over the limit (or asked for chunks), each sized just before its turn."""
@@ -303,11 +323,10 @@ class SplitBlocks(Pass):
         half = sorted({str(shapes.dtype(t)) for n in block.nodes for t in [*n.inputs, *n.outputs]
                        if shapes.dtype(t) is not None and np.dtype(shapes.dtype(t)).kind == "f"
                        and np.dtype(shapes.dtype(t)).itemsize < 4})
-        if half:
-            raise Refuse(f"{'/'.join(half)} block: ORT CPU computes a float16 elementwise chain in float32 up to "
-                         "the next op that has a float16 kernel, and the row slices would add such ops inside the "
-                         "chain, changing where it rounds (measured: 4.9e-4 on decoder_gathernd_fp16), so the split "
-                         "would not be exact on ORT CPU", dtype=half)
+        if any(d != "float16" for d in half):
+            raise Refuse(f"{'/'.join(half)} block: where ORT CPU rounds such a chain was not measured", dtype=half)
+        if half and (why := self.plan.keep_whole.get(block.conv.name)) is not None:
+            raise why  # the whole model was not byte-identical with the float16 split: the block stays whole
         region = [o for n in block.nodes for o in n.outputs]
         sizes = []
         for t in region:
@@ -322,7 +341,7 @@ class SplitBlocks(Pass):
                          tensor=t.name, row_bytes=size // h, rows=h)
         n = max(math.ceil(h / fit), min(want, h))
         base, extra = divmod(h, n)
-        return ChunkPlan([base + (1 if c < extra else 0) for c in range(n)], sizes)
+        return ChunkPlan([base + (1 if c < extra else 0) for c in range(n)], sizes, bool(half))
 
     # -- the rewrite -------------------------------------------------------------------------------------------
     def rewrite(self, ctx: Context, match: BlockMatch, plan: ChunkPlan) -> Action:
@@ -335,6 +354,7 @@ class SplitBlocks(Pass):
 
         first = len(ctx.graph.nodes)
         self.memo.clear()  # shared by the chunks of this block only
+        self.float16 = plan.float16  # read by `_slice` and `_join`
         chunks = []
         r0 = 0
         for c, rows in enumerate(counts):
@@ -355,21 +375,23 @@ class SplitBlocks(Pass):
                     self.plan.checked[key] = (self._conv_split_refusal(ctx, block, tail, shapes, counts)
                                               if self.plan.check_in_pass else None)
                 why_whole = self.plan.checked[key]
-        needs_verify = why_whole is None
+        needs_verify = why_whole is None or plan.float16
         if why_whole is None:
             end = (tail[-1] if tail else conv).outputs[0]
-            proof = record(ctx, shapes, [conv, *tail], [end])
-            r0, kh = 0, shapes.shape(sink)[2] // h
-            for chunk, rows in zip(chunks, counts, strict=True):
-                proof.parts_inputs[chunk.name] = (sink.name, 2, r0 * kh, (r0 + rows) * kh)
-                r0 += rows
-            self.plan.proofs[conv.name] = proof
+            proof = None if plan.float16 else record(ctx, shapes, [conv, *tail], [end])
+            if proof is not None:  # a float16 block has none: only the whole model shows where ORT CPU rounds
+                r0, kh = 0, shapes.shape(sink)[2] // h
+                for chunk, rows in zip(chunks, counts, strict=True):
+                    proof.parts_inputs[chunk.name] = (sink.name, 2, r0 * kh, (r0 + rows) * kh)
+                    r0 += rows
+                self.plan.proofs[conv.name] = proof
             joined = [self._chunk_tail(ctx, conv, tail, shapes, c, chunk, rows)
                       for c, (chunk, rows) in enumerate(zip(chunks, counts, strict=True))]
             for node in [conv, *tail]:
                 node.outputs.clear()
-            ctx.node("Concat", f"{conv.name}/split/join", joined, [end], {"axis": 2})
-            proof.taken(ctx, shapes)
+            self._join(ctx, f"{conv.name}/split/join", joined, end, shapes)
+            if proof is not None:
+                proof.taken(ctx, shapes)
             carried = "".join(f" -> {node.op}" for node in tail)
             because = "would be over the limit" if over else "would hold the whole block again (--max-memory)"
             verdict = (f"the Conv{carried} is split into the same chunks (its input '{sink.name}', "
@@ -378,7 +400,8 @@ class SplitBlocks(Pass):
                        "shown exact in their company")
         else:
             sink.inputs[0].outputs.clear()
-            ctx.node("Concat", f"{conv.name}/split/join", chunks, [sink], {"axis": 2})
+            ctx.node("Concat", f"{conv.name}/split/join", chunks, [sink], {"axis": 2})  # (float16: the chunks
+            # end in a Reshape, which has a float16 kernel: the sink is rounded to float16 as in the whole block)
             verdict = (f"Conv input '{sink.name}' ({human(sink_size)}) stays whole"
                        + (", within the limit" if not over else " and REMAINS OVER the limit")
                        + (f": {why_whole}" if why_whole else ""))
@@ -391,6 +414,8 @@ class SplitBlocks(Pass):
                    "conv_input_bytes": sink_size, "conv_split": why_whole is None,
                    "carried": [node.op for node in tail] if why_whole is None else [],
                    "over_limit": why_whole is not None and over}
+        if plan.float16:
+            details.update(float16=True, verify_levels=list(FLOAT16_LEVELS))
         if want > 1:
             details["asked_chunks"] = want
         if isinstance(why_whole, Refuse):
@@ -401,9 +426,25 @@ class SplitBlocks(Pass):
                   f"output rows (of {h}) along the sampling points ({len(block.seeds)} gathers, {len(block.nodes)} "
                   f"nodes per chunk): largest tensor {human(before_size)} ('{before_name}') -> "
                   f"{human(after_size)} per chunk, limit {shown}{asked}; "
-                  f"{verdict}")
+                  f"{verdict}" + (FLOAT16_NOTE if plan.float16 else ""))
         return Action(self.name, block.conv.name, block.conv.op, Outcome.REWRITTEN, reason, new_nodes, needs_verify,
                       details=details)
+
+    def _join(self, ctx: Context, base: str, parts: list[gs.Tensor], end: gs.Tensor, shapes: Shapes) -> None:
+        """`end` = the Concat of the chunks' tails on the rows.
+
+        In a float16 block the Concat is followed by a Pad with zero pads (a copy): ORT CPU runs a float16 node
+        that has a float16 kernel (Concat has) in float32 only when every neighbour runs in float32 (its
+        InsertCastTransformer's isolated-node rule); the tail's last op (a Relu) has no float16 kernel, and nor has
+        the Pad, so the Concat runs in float32 and the tail's values reach their reader unrounded, as they did
+        from the whole tail. Without the Pad the Concat would round them, and so would a channel Concat reading it."""
+        if not self.float16:
+            ctx.node("Concat", base, parts, [end], {"axis": 2})
+            return
+        joined = ctx.var(f"{end.name}/joined", shapes.dtype(end), shapes.shape(end))
+        ctx.node("Concat", base, parts, [joined], {"axis": 2})
+        rank = len(shapes.shape(end))
+        ctx.node("Pad", f"{base}/copy", [joined, ctx.const(f"{base}/no_pads", np.zeros(2 * rank, np.int64))], [end])
 
     def _chunk_tail(self, ctx: Context, conv: gs.Node, tail: list[gs.Node], shapes: Shapes, c: int,
                     chunk: gs.Tensor, rows: int) -> gs.Tensor:
@@ -437,8 +478,10 @@ class SplitBlocks(Pass):
         xs, dtype = shapes.shape(x), shapes.dtype(x)
         end = (tail[-1] if tail else conv).outputs[0]
         out_shape = shapes.shape(end) or shapes.shape(conv.outputs[0])
-        if out_shape is None or len(out_shape) != 4 or out_shape[2] != block.rows or dtype != np.float32:
+        if out_shape is None or len(out_shape) != 4 or out_shape[2] != block.rows or \
+                dtype not in (np.float32, np.float16):
             return Refuse("the Conv output's shape or type is not known statically")
+        elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
         helper, consts, inits = onnx.helper, {}, []
 
         def const_name(t: gs.Tensor) -> str | None:
@@ -485,10 +528,10 @@ class SplitBlocks(Pass):
             r0 += rows
         nodes.append(helper.make_node("Concat", parts, ["split"], axis=2))
         model = helper.make_model(helper.make_graph(
-            nodes, "conv_split_check", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, xs)],
-            [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, out_shape) for n in (whole[1], "split")],
+            nodes, "conv_split_check", [helper.make_tensor_value_info("x", elem, xs)],
+            [helper.make_tensor_value_info(n, elem, out_shape) for n in (whole[1], "split")],
             inits), opset_imports=[helper.make_opsetid("", 17)])
-        feed = {"x": np.random.default_rng(0).standard_normal(xs, dtype=np.float32)}
+        feed = {"x": np.random.default_rng(0).standard_normal(xs, dtype=np.float32).astype(dtype)}
         for level in ("disable", "all"):
             a, b = ctx.ort_cpu(model, feed, level)
             if a.tobytes() != b.tobytes():
@@ -554,7 +597,16 @@ class SplitBlocks(Pass):
             axis = rows.axis + 1
         part_shape = split[:axis] + (r1 - r0,) + split[axis + 1:] if src is not t else chunk
         part = ctx.var(base, dtype, part_shape)
-        if dtype is not None and np.dtype(dtype).kind == "f":
+        if self.float16 and dtype is not None and np.dtype(dtype) == np.float16:
+            # ORT CPU computes most of a float16 block in float32 (its ops have no float16 CPU kernel: it casts
+            # around them and drops the casts between two of them), so the weights and mask are float32 values
+            # that are never rounded to float16. A Slice has a float16 kernel: ORT would round its input to
+            # float16, which the whole block does not. A Pad with negative pads cuts the same rows and has no
+            # float16 CPU kernel, so ORT runs it in float32 like its neighbours (measured: docs/variants.md)
+            pads = np.zeros(2 * len(part_shape), np.int64)
+            pads[axis], pads[len(part_shape) + axis] = -r0, -(h - r1)
+            ctx.node("Pad", base, [src, ctx.const(f"{base}/pads", pads)], [part])
+        elif dtype is not None and np.dtype(dtype).kind == "f":
             # float Slice has a kernel on both WebGPU EPs; the native EP's Slice takes no integer data
             ctx.node("Slice", base, [src, ctx.const(f"{base}/starts", np.array([r0], np.int64)),
                                      ctx.const(f"{base}/ends", np.array([r1], np.int64)),
