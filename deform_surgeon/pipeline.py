@@ -133,6 +133,8 @@ class Context:
     # the runtime a pass asks when exactness depends on a kernel, not on the graph: (model, feeds, level) ->
     # outputs; None: ORT CPU (verify.run_ort_cpu). Tests give their own to reach the paths it decides.
     ort_cpu: Callable[[onnx.ModelProto, dict[str, np.ndarray], str], list[np.ndarray]] | None = None
+    # the tensors ORT CPU makes with the model's own nodes (passes/cuts.py `made_by_ort`), None where not read
+    made_by_ort: frozenset[str] | None = None
     names: NameScope = field(init=False)
     _prover: RangeProver | None = field(default=None, init=False)
 
@@ -148,6 +150,11 @@ class Context:
         if self._prover is None:
             self._prover = RangeProver(self.graph, self.types, self.stored)
         return self._prover
+
+    def held_in_float32(self, t: gs.Tensor) -> bool:
+        """Whether ORT CPU holds the float16 tensor `t` in float32 (True where that was not read: the cut that keeps
+        float32 values as they were, which is what most of a float16 deform block holds)."""
+        return self.made_by_ort is None or t.name not in self.made_by_ort
 
     def invalidate(self) -> None:
         """Forget cached proofs after a mutation (proofs are cheap to redo; stale ones are not acceptable)."""

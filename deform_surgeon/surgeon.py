@@ -4,6 +4,7 @@ atomic save -> report. The CLI and the Python API both call `patch` and `inspect
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import math
 import os
@@ -121,11 +122,25 @@ def _run(model_path: str | Path, options: Options, plan: SplitPlan | None = None
     region, sub, graph = early or _lift_region(model, find_region(model, options.storage_buffers, oversize,
                                                                   weights))
     type_boundary(graph, types)
-    ctx = Context(graph, types, options, reserved=region.names, stored=weights)
+    ctx = Context(graph, types, options, reserved=region.names, stored=weights,
+                  made_by_ort=_made_by_ort(model_path) if reduced and oversize else None)
     if plan is not None:
         plan.proofs.clear()  # the proofs of an earlier lift name the nodes of its graph
     actions = whole + run_passes(ctx, default_passes(plan, options.skip_passes))
     return Lifted(model, weights, region, sub, graph, actions, ops_before, types, ctx, oversize, over_at_smallest)
+
+
+def _made_by_ort(model_path: str | Path) -> frozenset[str]:
+    """passes/cuts.py `made_by_ort`, once per file version (`patch` lifts a model several times)."""
+    stat = Path(model_path).stat()
+    return _made_by_ort_cached(str(Path(model_path).resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=2)
+def _made_by_ort_cached(path: str, mtime_ns: int, size: int) -> frozenset[str]:
+    from .passes.cuts import made_by_ort
+
+    return made_by_ort(path)
 
 
 def _lift_region(model: onnx.ModelProto, region: Region) -> tuple[Region, onnx.ModelProto, gs.Graph]:

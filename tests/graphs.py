@@ -358,7 +358,7 @@ def legacy_patches(image: int = 1024, levels: tuple[int, ...] = (32, 64, 128, 25
 
 
 def decoder_tail(image: int = 64, feat: int = 32, channels: int = 16, dec: int = 32, ipt: tuple[int, int] = (24, 8),
-                 seed: int = 0, current: bool = False) -> onnx.ModelProto:
+                 seed: int = 0, current: bool = False, lateral: bool = False) -> onnx.ModelProto:
     """The end of BiRefNet's decoder, where its largest ordinary tensors live (at 1024x1024: a 320 MiB Concat of
     the ASPP branches read by a 1x1 Conv, a 384 MiB Resize and a 480 MiB channel Concat read by the last 1x1 Conv,
     a 256 MiB 3x3 Conv output read by a 3x3 Conv), at a small size:
@@ -373,6 +373,9 @@ def decoder_tail(image: int = 64, feat: int = 32, channels: int = 16, dec: int =
     -> '/decoder/Resize_7' with sizes Concat(Slice(Shape), Constant) -> '/decoder/Concat_29' with ipt_blk1's conv1
     -> conv_out -> conv_out1), kernels, pads and Resize attributes as there; channel counts are smaller
     (`channels` per ASPP branch, `dec` out of the decoder block, `ipt` out of the two image-branch Convs).
+    `lateral=True` is BiRefNet_HR's form at 2048 (checked against the real lite 2048 export: '/decoder/Resize_5'
+    read by an Add with a lateral block's 1x1 Conv output, the Add read by the channel Concat '/decoder/Concat_22'):
+    the upsampled decoder output is added to a 1x1 Conv of the image before the Concat.
     `current=True` is the current code's form: the image branch cuts the image into 2x2 patches stacked on the
     channels (Reshape -> Transpose -> Reshape) with the patch size read by `Shape -> Gather -> Div -> Cast` of the
     upsampled decoder output (as '/decoder/Shape_20' reads '/decoder/Resize_7_output_0'), then resizes them with
@@ -431,6 +434,8 @@ def decoder_tail(image: int = 64, feat: int = 32, channels: int = 16, dec: int =
                       "img_up", mode="linear", coordinate_transformation_mode="align_corners", cubic_coeff_a=-0.75,
                       nearest_mode="floor")
     patches = conv(conv(source, "ipt_conv1", 12 if current else 3, ipt[0], 3), "ipt_conv_out", ipt[0], ipt[1], 3)
+    if lateral:  # the HR form: Resize read by an Add with a lateral 1x1 Conv (of the image, here)
+        up = node("Add", [up, conv("image", "lateral", 3, dec, 1)], "dec_up_lateral")
     cat = node("Concat", [up, patches], "out_cat", axis=1)
     conv(cat, "mask", dec + ipt[1], 1, 1)
     graph = helper.make_graph(

@@ -83,6 +83,68 @@ def test_decoder_tail_fits_the_limit_and_is_byte_identical(tmp_path, current):
     assert not again.changed and not again.refused and not (tmp_path / "again.onnx").exists()
 
 
+def test_a_resize_read_by_an_add_is_computed_in_channel_groups_with_the_add(tmp_path):
+    """BiRefNet_HR's form (issue 34): the Resize is read by an Add with a lateral Conv's output, and the Add by the
+    channel Concat. The Add is carried per channel group, reading the lateral Conv computed for the group's
+    channels; nothing is over the limit and the bytes are those of the original at both levels."""
+    src, out, limit = tmp_path / "hr.onnx", tmp_path / "hr.patched.onnx", 300 * KiB
+    onnx.save(decoder_tail(lateral=True), src)
+    assert {"dec_up", "dec_up_lateral", "lateral"} <= set(over(str(src), limit))
+    report = patch(src, out, max_buffer=limit)
+    acts = {a.node: a for a in bands_actions(report.actions)}
+    resize = acts["Resize_dec_up"]
+    assert resize.action == Outcome.REWRITTEN and resize.details["carried"] == ["Add"]
+    assert resize.details["shown_exact"] == "on_its_own" and "then its Add 'Add_dec_up_lateral' per group" in \
+        resize.reason
+    patched = onnx.load(str(out))
+    assert {n.name for n in patched.graph.node if n.op_type == "Conv" and n.name.startswith("Conv_lateral/group")} == \
+        {"Conv_lateral/group0", "Conv_lateral/group1"}  # the lateral Conv per group, not Slices of its output
+    assert report.written and over(str(out), limit) == []
+    assert_same_at_both_levels(onnx.load(src), str(out))
+
+
+def test_a_resize_read_by_an_op_that_is_not_elementwise_is_refused_with_its_reader():
+    def with_reader(op: str) -> onnx.ModelProto:
+        model = decoder_tail(lateral=True)
+        next(n for n in model.graph.node if n.name == "Add_dec_up_lateral").op_type = op
+        return model
+
+    _, actions = patch_in_memory(with_reader("Max"), max_buffer=300 * KiB)  # elementwise too: carried
+    assert next(a for a in bands_actions(actions) if a.node == "Resize_dec_up").action == Outcome.REWRITTEN
+    _, actions = patch_in_memory(with_reader("MatMul"), max_buffer=300 * KiB)  # not elementwise: refused, named
+    act = next(a for a in bands_actions(actions) if a.node == "Resize_dec_up")
+    assert act.action == Outcome.REFUSED and act.details["reader"] == "Add_dec_up_lateral"
+    assert "it is read by MatMul 'Add_dec_up_lateral', not only by Concats on the channel axis" in act.reason
+
+
+def test_the_float16_decoder_tail_is_cut_where_ort_cpu_rounds_and_shown_exact_on_the_whole_model(tmp_path):
+    """transformers.js's fp16 file of the tail (the float16 converter keeps the Resize in float32 between two Casts,
+    as in the real BiRefNet-lite 1024 fp16): the ASPP Concat's Conv in row bands, its cuts Pads where ORT CPU holds
+    the values in float32, shown exact by the whole model at both levels (a local proof would feed float16 inputs,
+    rounded already); the Resize whose groups would read Slices and the 8-channel Conv whose bias ORT would share
+    between the bands are refused with what was measured; the written model has the original's bytes."""
+    from variant_replicas import _script
+
+    src, out, limit = tmp_path / "tail16.onnx", tmp_path / "tail16.patched.onnx", 150 * KiB
+    onnx.save(_script().fp16(decoder_tail()), src)
+    report = patch(src, out, max_buffer=limit)
+    acts = {a.node: a for a in bands_actions(report.actions)}
+    conv = acts["Conv_att_conv1"]
+    assert conv.action == Outcome.REWRITTEN and conv.details["float16"]
+    assert conv.details["shown_exact"] == "whole_model" and set(conv.details["levels"]) == {"disable", "all"}
+    patched = onnx.load(str(out))
+    cuts = [n for n in patched.graph.node if "/rows" in n.name and n.op_type in ("Pad", "Slice")]
+    assert cuts and {n.op_type for n in cuts} == {"Pad"}  # the branches' Relus run in float32 on ORT CPU
+    assert acts["Resize_dec_up"].action == Outcome.REFUSED and "in a float16 model" in acts["Resize_dec_up"].reason
+    ipt = acts["Conv_ipt_conv_out"]
+    assert ipt.action == Outcome.REFUSED and ipt.details["shared"] == "ipt_conv_out_b"  # 8 elements
+    original = onnx.load(src)
+    for seed in (0, 1):
+        feeds = feeds_for(original, seed)
+        for level in LEVELS:
+            assert_bytes_equal(run(original, feeds, level), run(str(out), feeds, level))
+
+
 def test_the_proofs_run_without_neighbours_at_level_disable_only(tmp_path, monkeypatch):
     """Each proof of the decoder tail runs its two sides at both levels; at `disable` (no graph transformation on
     a float32 graph) each side is the rewritten nodes alone compared at their ends, at `all` with the readers and

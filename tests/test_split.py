@@ -623,3 +623,19 @@ def test_a_max_memory_that_cannot_be_met_is_reported_and_the_rest_written(tmp_pa
     assert analyze(out).peak_bytes == peak < analyze(src).peak_bytes  # the lowest peak the rounds reached
     model = onnx.load(str(src))
     assert_bytes_equal(run(model, image(model, 1)), run(out, image(model, 1)))
+
+
+def test_ort_cpu_is_asked_which_float16_tensors_it_holds_in_float32():
+    """passes/cuts.py reads ORT's own optimized graph: a Relu (no float16 CPU kernel) hands its reader float32
+    values, so its output is not made by the model's node; the exporter's Reshape before the deform Conv runs on
+    its float16 kernel and makes its output itself (the Conv input, rounded to float16 as in the whole block)."""
+    from deform_surgeon.passes.cuts import made_by_ort
+
+    made = made_by_ort(FP16)
+    model = onnx.load(str(FP16))
+    producer = {o: n for n in model.graph.node for o in n.output}
+    relus = [o for o, n in producer.items() if n.op_type == "Relu"]
+    conv_inputs = [n.input[0] for n in model.graph.node if n.op_type == "Conv" and n.input[0] in producer and
+                   producer[n.input[0]].op_type == "Reshape"]
+    assert relus and not any(t in made for t in relus)
+    assert conv_inputs and all(t in made for t in conv_inputs)

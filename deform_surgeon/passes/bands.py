@@ -67,6 +67,7 @@ from ..budget import human
 from ..ops import ELEMENTWISE_NARY, ELEMENTWISE_UNARY, TAIL_OPS
 from ..pipeline import Action, Context, Outcome, Pass, Refuse
 from ..shapes import Shapes, along_rows
+from .cuts import FLOAT16_LEVELS, FLOAT16_NOTE, cut, join
 from .local_proof import record
 from .split import SplitPlan
 
@@ -120,15 +121,6 @@ def _bands(rows: int, n: int) -> list[tuple[int, int]]:
         r1 = r0 + base + (1 if k < extra else 0)
         out.append((r0, r1))
         r0 = r1
-    return out
-
-
-def _slice(ctx: Context, base: str, t: gs.Tensor, start: int, end: int, axis: int, out: gs.Tensor) -> gs.Tensor:
-    """`out` = `t[start:end]` along `axis`, by one Slice with constant bounds (a float Slice has a kernel on both
-    WebGPU EPs)."""
-    ctx.node("Slice", base, [t, ctx.const(f"{base}/starts", np.array([start], np.int64)),
-                             ctx.const(f"{base}/ends", np.array([end], np.int64)),
-                             ctx.const(f"{base}/axes", np.array([axis], np.int64))], [out])
     return out
 
 
@@ -203,6 +195,7 @@ class BandOversize(Pass):
         self.shapes, self.limit, self.outside = Shapes(ctx), limit, {id(t) for t in ctx.graph.outputs}
         shapes = self.shapes
         self.refused_ids: set[int] = set()
+        self.origin: dict[int, gs.Tensor] = {}  # a channel group -> the tensor it is a part of (`_held`)
         resizes = [n for n in ctx.graph.nodes if n.op == "Resize" and (shapes.nbytes(n.outputs[0]) or 0) > limit]
         for node in resizes:  # first: the Convs below are found in the graph their groups made
             yield "resize", node, None
@@ -266,11 +259,11 @@ class BandOversize(Pass):
         if id(out) in outside:
             raise Refuse(f"{head}: it is read outside the rewritten part or is a graph output",
                          read_elsewhere=out.name)
-        sizers = [r for r in out.outputs if r.op == "Shape"]  # need its shape only: a constant after the split
-        readers = [r for r in out.outputs if r.op != "Shape"]
-        if not readers or any(r.op != "Concat" or _axis(r, len(os_)) != 1 for r in readers):
-            raise Refuse(f"{head}: it is read by {', '.join(sorted({r.op for r in readers}))}, not only by Concats "
-                         "on the channel axis")
+        carriers = self._carriers(ctx, out, shapes, outside, head)
+        grouped = [out, *(c.outputs[0] for c in carriers)]  # the tensors made in channel groups
+        sizers = [r for t in grouped for r in t.outputs if r.op == "Shape"]  # need its shape only: a constant
+        readers = list({id(r): r for t in grouped for r in t.outputs if r.op == "Concat"}.values())  # on the
+        # channels (`_carriers` checked)
         mode = node.attrs.get("coordinate_transformation_mode", "half_pixel")
         mode = mode.decode() if isinstance(mode, bytes) else mode
         if xs is None or len(xs) != 4 or tuple(os_[:2]) != tuple(xs[:2]) or mode == "tf_crop_and_resize" or \
@@ -301,81 +294,174 @@ class BandOversize(Pass):
                          channel_bytes=size // channels)
         groups = _bands(channels, n)
         dtype = shapes.dtype(out)
-        maker, source = self._channel_source(ctx, x, node, outside)
-        proof = self.plan.proofs[node.name] = record(ctx, shapes, [*([maker] if source is not None else []), node,
-                                                                   *readers], [t for r in readers for t in r.outputs])
+        maker, source, via = self._channel_source(ctx, x, node, outside)
+        if source is None and ctx.made_by_ort is not None:  # a float16 model: only the whole model shows it exact
+            raise Refuse(f"{head}: in a float16 model its groups would read Slices of '{x.name}' (no Conv in the "
+                         "rewritten part makes it for them), and then the whole model is not byte-identical at level "
+                         "all (measured: 5.5e-6 on the real BiRefNet-lite 1024 fp16, where ORT CPU runs the whole "
+                         "Resize on its NCHWc kernel)", source=x.name)
+        float16 = np.dtype(dtype) == np.float16 or shapes.dtype(x) == np.float16
+        float16 = float16 or any(shapes.dtype(t) == np.float16 for t in grouped)
+        others = {id(i): i for c in carriers for i in c.inputs if i.name and i is not out
+                  and ctx.prover.constant(i) is None}
+        makers = {k: self._channel_source(ctx, i, next(c for c in carriers if i in c.inputs), outside)
+                  for k, i in others.items()}
+        proof = self._proof(ctx, shapes, node.name, [*([maker, *via] if source is not None else []),
+                                                     *(n for m, src, v in makers.values() if src is not None
+                                                       for n in (m, *v)),
+                                                     node, *carriers, *readers],
+                            [t for r in readers for t in r.outputs], float16)
         first = len(ctx.graph.nodes)
-        parts = []
+        parts: list[gs.Tensor] = []
+        groups_of: dict[int, list[gs.Tensor]] = {}  # tensor -> its channel groups, in order
         for k, (c0, c1) in enumerate(groups):
             base = f"{node.name}/group{k}"
-            part_in = ctx.var(f"{x.name}/channels{c0}_{c1}", shapes.dtype(x), (xs[0], c1 - c0, *xs[2:]))
-            if source is not None:  # the Conv making the input, for these output channels only
-                w, b = source
-                ctx.node("Conv", f"{maker.name}/group{k}",
-                         [maker.inputs[0], ctx.const(f"{maker.inputs[1].name}/group{k}", w[c0:c1]),
-                          *([ctx.const(f"{maker.inputs[2].name}/group{k}", b[c0:c1])] if b is not None else [])],
-                         [part_in], dict(maker.attrs))
-            else:
-                _slice(ctx, f"{base}/slice", x, c0, c1, 1, part_in)
+            part_in = self._group_of(ctx, x, (maker, source, via), c0, c1, k, shapes)  # (the Conv making the input,
+            # for these output channels only, or a cut of them)
             group_sizes = (ctx.const(f"{base}/sizes", np.array([os_[0], c1 - c0, *os_[2:]], np.int64))
                            if sizes.name else sizes)
             part = ctx.var(f"{out.name}/group{k}", dtype, (os_[0], c1 - c0, *os_[2:]))
             ctx.node("Resize", base, [part_in, roi, scales, group_sizes] if sizes.name else [part_in, roi, scales],
                      [part], dict(node.attrs))
             parts.append(part)
+            made = {id(out): part}
+            for c in carriers:  # the elementwise ops between the Resize and the Concats, for these channels
+                ins = [made[id(i)] if id(i) in made else
+                       self._group_of(ctx, i, makers[id(i)], c0, c1, k, shapes) if id(i) in others else i
+                       for i in c.inputs]
+                y = c.outputs[0]
+                made[id(y)] = ctx.var(f"{y.name}/group{k}", shapes.dtype(y), (os_[0], c1 - c0, *os_[2:]))
+                ctx.node(c.op, f"{c.name}/group{k}", ins, [made[id(y)]], dict(c.attrs))
+                groups_of.setdefault(id(y), []).append(made[id(y)])
+                self.origin[id(made[id(y)])] = y
+        groups_of[id(out)] = parts
+        self.origin.update({id(p): out for p in parts})
         for r in readers:
-            joined = [p for t in r.inputs for p in (parts if t is out else [t])]
+            joined = [p for t in r.inputs for p in groups_of.get(id(t), [t])]
             r.inputs.clear()
             r.inputs.extend(joined)
+        for c in carriers:
+            c.outputs.clear()
         for r in sizers:  # Shape(out)[start:end] is known statically: the Shape becomes a Constant of it
             start, end = int(r.attrs.get("start", 0)), r.attrs.get("end")
             value = np.array(os_[start:None if end is None else int(end)], np.int64)
             r.op, r.attrs = "Constant", {"value": ctx.const(f"{r.name}/value", value)}
             r.inputs.clear()
         node.outputs.clear()
-        proof.taken(ctx, shapes)
+        if proof is not None:
+            proof.taken(ctx, shapes)
         widths = "/".join(str(w) for w in sorted({c1 - c0 for c0, c1 in groups}, reverse=True))
         largest = max(shapes.nbytes(p) or 0 for p in parts)
         details = {"groups": n, "group_channels": [c1 - c0 for c0, c1 in groups], "channels": channels,
                    "tensor": out.name, "size_bytes": size, "group_bytes": largest, "limit_bytes": limit,
                    "source": maker.name if source is not None else x.name, "readers": [r.name for r in readers],
-                   "shape_readers": len(sizers)}
+                   "shape_readers": len(sizers), "carried": [c.op for c in carriers],
+                   **self._float16_details(float16)}
         return Action(self.name, node.name, node.op, Outcome.REWRITTEN,
                       f"computed in {n} channel groups of {widths} channels (of {channels}): output '{out.name}' "
                       f"{human(size)} -> {human(largest)} per group, limit {human(limit)}; each group "
                       + (f"reads the output of Conv '{maker.name}' computed for its channels only"
                          if source is not None else f"reads a Slice of its channels of '{x.name}'")
+                      + (f", then its {', '.join(c.op + ' ' + repr(c.name) for c in carriers)} per group" if carriers
+                         else "")
                       + f"; the groups take its place in {', '.join(repr(r.name) for r in readers)} (Concat on the "
                       "channel axis)"
                       + (f", and its {len(sizers)} Shape reader(s) become Constants of its static shape" if sizers
                          else "") + "; "
                       "each element is interpolated from its own channel with the same weights (they depend on "
                       "the spatial sizes only), but ORT's NCHWc layout (level all) runs a Resize of whole channel "
-                      "blocks with a kernel of its own, so it is written only once shown exact",
+                      "blocks with a kernel of its own, so it is written only once shown exact"
+                      + (FLOAT16_NOTE if float16 else ""),
                       tuple(x.name for x in ctx.graph.nodes[first:]), needs_verify=True, details=details)
+
+    def _carriers(self, ctx: Context, out: gs.Tensor, shapes: Shapes, outside: set[int], head: str
+                  ) -> list[gs.Node]:
+        """The elementwise ops between a Resize's output and the channel Concats reading it, computed per channel
+        group with the Resize: a Cast (the float16 converter keeps a Resize in float32 between two Casts), an Add of
+        a lateral Conv's output (BiRefNet_HR's decoder). Each makes a tensor of the Resize's shape that only channel
+        Concats (or Shapes) read; its other inputs are constants of one element, or tensors of that shape, each
+        group reading their channels (a Slice, or the Conv making them computed for those channels: see
+        `_channel_source`); one over the limit that no Conv makes would stay whole: refused.
+        Each output element is computed from the elements at its own place, so the groups give the same bytes
+        (ORT's fusions aside: the rewrite is shown exact like the Resize's groups)."""
+        shape = shapes.shape(out)
+
+        def channel_concats_only(t: gs.Tensor) -> bool:
+            return all(r.op == "Shape" or (r.op == "Concat" and _axis(r, len(shape)) == 1) for r in t.outputs)
+
+        carriers = []
+        for r in out.outputs:
+            if r.op == "Shape" or (r.op == "Concat" and _axis(r, len(shape)) == 1):
+                continue
+            y = r.outputs[0] if len(r.outputs) == 1 else None
+            if r.op not in ELEMENTWISE_UNARY | ELEMENTWISE_NARY or y is None or shapes.shape(y) != shape or \
+                    id(y) in outside or not channel_concats_only(y):
+                raise Refuse(f"{head}: it is read by {r.op} '{r.name}', not only by Concats on the channel axis (or "
+                             "elementwise ops of its shape that only such Concats read)", reader=r.name)
+            for i in r.inputs:
+                if not i.name or i is out:
+                    continue
+                known = ctx.prover.constant(i)
+                if known is not None and known.size != 1:
+                    raise Refuse(f"{head}: {r.op} '{r.name}' reads the constant '{i.name}' of {known.size} elements",
+                                 reader=r.name)
+                if known is None and shapes.shape(i) != shape:
+                    raise Refuse(f"{head}: {r.op} '{r.name}' broadcasts '{i.name}' to the Resize's shape",
+                                 reader=r.name)
+                if known is None and (shapes.nbytes(i) or 0) > self.limit and \
+                        self._channel_source(ctx, i, r, outside)[1] is None:
+                    raise Refuse(f"{head}: {r.op} '{r.name}' reads '{i.name}' ({human(shapes.nbytes(i))}), itself "
+                                 "over the limit and not made by a Conv read by it alone", reader=r.name,
+                                 source=i.name)
+            carriers.append(r)
+        return carriers
+
+    def _group_of(self, ctx: Context, t: gs.Tensor, made_by: tuple, c0: int, c1: int, k: int, shapes: Shapes
+                  ) -> gs.Tensor:
+        """Channels [c0, c1) of `t`: its Conv computed for them (`made_by` from `_channel_source`), or a cut."""
+        maker, source, via = made_by
+        s = shapes.shape(t)
+        part = ctx.var(f"{t.name}/channels{c0}_{c1}", shapes.dtype(t), (s[0], c1 - c0, *s[2:]))
+        if source is None:
+            return cut(ctx, f"{t.name}/group{k}/slice", t, c0, c1, 1, part, s[1], self._held(ctx, t))
+        w, b = source
+        y = maker.outputs[0]
+        made = ctx.var(f"{y.name}/channels{c0}_{c1}", shapes.dtype(y), (s[0], c1 - c0, *s[2:])) if via else part
+        ctx.node("Conv", f"{maker.name}/group{k}",
+                 [maker.inputs[0], ctx.const(f"{maker.inputs[1].name}/group{k}", w[c0:c1]),
+                  *([ctx.const(f"{maker.inputs[2].name}/group{k}", b[c0:c1])] if b is not None else [])],
+                 [made], dict(maker.attrs))
+        for cast in via:  # (one at most)
+            ctx.node(cast.op, f"{cast.name}/group{k}", [made], [part], dict(cast.attrs))
+        return part
 
     @staticmethod
     def _channel_source(ctx: Context, x: gs.Tensor, resize: gs.Node, outside: set[int]
-                        ) -> tuple[gs.Node | None, tuple | None]:
-        """The Conv making `x` and its (weights, bias) when the groups can be made by that Conv's output-channel
-        groups instead of Slices of its output.
+                        ) -> tuple[gs.Node | None, tuple | None, tuple[gs.Node, ...]]:
+        """The Conv making `x`, its (weights, bias) and the Cast between them (a float16 converter's, before a
+        Resize it kept in float32) when the groups can be made by that Conv's output-channel groups instead of
+        Slices of its output.
 
         Why: at level `all` ORT CPU keeps a Conv's output in its NCHWc layout and runs a Resize reading it with its
         own NCHWc kernel; a Slice between them brings the data back to NCHW and the plain Resize kernel rounds
         differently (measured on the decoder-tail replica: 3e-8). A Conv of fewer output channels feeds each
         group's Resize as the whole Conv fed the whole Resize. Only for a Conv of one group read by this Resize
         and by Shape nodes (the exporter's `sizes`)."""
-        if len(x.inputs) != 1 or id(x) in outside:
-            return None, None
-        maker = x.inputs[0]
-        if maker.op != "Conv" or int(maker.attrs.get("group", 1)) != 1 or len(maker.outputs) != 1 or \
-                any(r is not resize and r.op != "Shape" for r in x.outputs):
-            return None, None
+        none = (None, None, ())
+        if len(x.inputs) != 1 or id(x) in outside or any(r is not resize and r.op != "Shape" for r in x.outputs):
+            return none
+        maker, via = x.inputs[0], ()
+        if maker.op == "Cast" and len(maker.outputs) == 1 and len(maker.inputs[0].inputs) == 1 and \
+                id(maker.inputs[0]) not in outside and \
+                all(r is maker or r.op == "Shape" for r in maker.inputs[0].outputs):
+            maker, via = maker.inputs[0].inputs[0], (maker,)
+        if maker.op != "Conv" or int(maker.attrs.get("group", 1)) != 1 or len(maker.outputs) != 1:
+            return none
         w = ctx.prover.constant(maker.inputs[1])
         b = ctx.prover.constant(maker.inputs[2]) if len(maker.inputs) > 2 and maker.inputs[2].name else None
         if w is None or (len(maker.inputs) > 2 and maker.inputs[2].name and b is None):
-            return None, None
-        return maker, (w, b)
+            return none
+        return maker, (w, b), via
 
     # -- Conv in row bands --------------------------------------------------------------------------------------
     def _source(self, ctx: Context, x: gs.Tensor, feeders: tuple[list[gs.Node], gs.Node], shapes: Shapes,
@@ -433,6 +519,8 @@ class BandOversize(Pass):
             raise Refuse(f"{head}: the Conv's output shape is not known as [N, M, H, W] with H >= 2")
         source = self._source(ctx, x, feeders, shapes, limit, outside, head)
         tail = conv_tail(ctx, conv, shapes)
+        if shapes.dtype(x) == np.float16:
+            self._shared_constants(ctx, [conv, *(n for n in source.nodes() if n.op == "Conv")], head)
         rows_out, rows_x = y_shape[2], xs[2]
 
         def row_bytes(t: gs.Tensor) -> int:
@@ -475,7 +563,8 @@ class BandOversize(Pass):
 
         first = len(ctx.graph.nodes)
         end = (tail[-1] if tail else conv).outputs[0]
-        proof = self.plan.proofs[conv.name] = record(ctx, shapes, [*source.nodes(), conv, *tail], [end])
+        float16 = shapes.dtype(x) == np.float16
+        proof = self._proof(ctx, shapes, conv.name, [*source.nodes(), conv, *tail], [end], float16)
         joined = []
         for k, (o0, o1, x0, x1, top, bottom) in enumerate(bands):
             tag = f"band{k}"
@@ -484,21 +573,24 @@ class BandOversize(Pass):
                                         o1 - o0, shapes))
         for node in [conv, *tail]:
             node.outputs.clear()
-        ctx.node("Concat", f"{conv.name}/bands/join", joined, [end], {"axis": 2})
-        proof.taken(ctx, shapes)
+        join(ctx, f"{conv.name}/bands/join", joined, end, 2, shapes, self._held(ctx, end))
+        if proof is not None:
+            proof.taken(ctx, shapes)
 
         counts = "/".join(str(c) for c in sorted({b[1] - b[0] for b in bands}, reverse=True))
         carried = "".join(f" -> {t.op}" for t in tail)
         details = {"bands": n, "band_rows": [b[1] - b[0] for b in bands], "rows": rows_out, "tensor": x.name,
                    "size_bytes": size, "band_bytes": worst, "limit_bytes": limit, "source": source.node.name,
-                   "carried": [t.op for t in tail], "made_in_rows": source.made_in_rows()}
+                   "carried": [t.op for t in tail], "made_in_rows": source.made_in_rows(),
+                   **self._float16_details(float16)}
         return Action(self.name, conv.name, conv.op, Outcome.REWRITTEN,
                       f"computed in {n} row bands of {counts} output rows (of {rows_out}): input '{x.name}' "
                       f"({human(size)}) was over the {human(limit)} limit; each band reads its rows of it "
                       f"(with the kernel's halo) from {source.describe(shapes)}; largest band tensor "
                       f"{human(worst)}; the Conv{carried} runs per band and one Concat joins the bands; each "
                       "output pixel reads the same values, but the summation order of a Conv kernel on fewer rows "
-                      "is the implementation's choice, so it is written only once shown exact",
+                      "is the implementation's choice, so it is written only once shown exact"
+                      + (FLOAT16_NOTE if float16 else ""),
                       tuple(t.name for t in ctx.graph.nodes[first:]), needs_verify=True, details=details)
 
     def _made(self, ctx: Context, src: RowSource, r0: int, r1: int, tag: str, shapes: Shapes) -> gs.Tensor:
@@ -648,16 +740,17 @@ class BandOversize(Pass):
 
         over = [o.name for n in nodes for o in n.outputs if (shapes.nbytes(o) or 0) > limit]
         first = len(ctx.graph.nodes)
-        proof = self.plan.proofs[seed.name] = record(ctx, shapes, nodes, ends)
+        float16 = any(shapes.dtype(t) == np.float16 for t in tensors)
+        proof = self._proof(ctx, shapes, seed.name, nodes, ends, float16)
         pieces: dict[int, list[gs.Tensor]] = {id(t): [] for t in ends}
         for k, (r0, r1) in enumerate(chunks):
             tag = f"rows{k}"
             made: dict[int, gs.Tensor] = {}
             for t in sliced:
                 s = shapes.shape(t)
-                made[id(t)] = _slice(ctx, f"{t.name}/{tag}/slice", t, r0, r1, axis,
-                                     ctx.var(f"{t.name}/{tag}", shapes.dtype(t),
-                                             (*s[:axis], r1 - r0, *s[axis + 1:])))
+                made[id(t)] = cut(ctx, f"{t.name}/{tag}/slice", t, r0, r1, axis,
+                                  ctx.var(f"{t.name}/{tag}", shapes.dtype(t), (*s[:axis], r1 - r0, *s[axis + 1:])),
+                                  rows, self._held(ctx, t))
             for node in nodes:
                 outs = []
                 for o in node.outputs:
@@ -671,15 +764,16 @@ class BandOversize(Pass):
         for node in nodes:
             node.outputs.clear()
         for t in ends:
-            ctx.node("Concat", f"{t.name}/rows/join", pieces[id(t)], [t], {"axis": axis})
-        proof.taken(ctx, shapes)
+            join(ctx, f"{t.name}/rows/join", pieces[id(t)], t, axis, shapes, self._held(ctx, t))
+        if proof is not None:
+            proof.taken(ctx, shapes)
 
         counts = "/".join(str(c) for c in sorted({r1 - r0 for r0, r1 in chunks}, reverse=True))
         details = {"chunks": n, "chunk_rows": [r1 - r0 for r0, r1 in chunks], "rows": rows, "axis": axis,
                    "tensor": biggest.name, "size_bytes": shapes.nbytes(biggest), "chunk_bytes": worst,
                    "limit_bytes": limit, "chain": [x.op for x in nodes], "made_in_rows": over,
                    "sliced": [t.name for t in sliced], "ends": [t.name for t in ends],
-                   "carried": [x.op for x in carried]}
+                   "carried": [x.op for x in carried], **self._float16_details(float16)}
         return Action(self.name, seed.name, seed.op, Outcome.REWRITTEN,
                       f"computed in {n} row chunks of {counts} rows (of {rows}, axis {axis}) with the "
                       f"{len(nodes)} nodes of its chain ({' -> '.join(x.op for x in nodes)}): {len(over)} tensor(s) "
@@ -688,8 +782,45 @@ class BandOversize(Pass):
                       f"{', '.join(repr(t.name) for t in sliced)}, one Concat per end joins the chunks "
                       f"({', '.join(repr(t.name) for t in ends)}); largest chunk tensor {human(worst)}; each output "
                       "row reads only its own input row, but the summation order of a MatMul kernel on fewer rows is "
-                      "the implementation's choice, so it is written only once shown exact",
+                      "the implementation's choice, so it is written only once shown exact"
+                      + (FLOAT16_NOTE if float16 else ""),
                       tuple(t.name for t in ctx.graph.nodes[first:]), needs_verify=True, details=details)
+
+    def _proof(self, ctx: Context, shapes: Shapes, key: str, nodes: list[gs.Node], ends: list[gs.Tensor],
+               float16: bool):
+        """The local proof of a rewrite (local_proof.py), or None for a float16 one: a region's inputs would be
+        float16 graph inputs, rounded already, so only the whole model shows where ORT CPU rounds (cuts.py)."""
+        if float16:
+            return None
+        proof = self.plan.proofs[key] = record(ctx, shapes, nodes, ends)
+        return proof
+
+    @staticmethod
+    def _shared_constants(ctx: Context, convs: list[gs.Node], head: str) -> None:
+        """Refuse float16 bands of a Conv with a stored input of at most 8 elements (a bias of few channels).
+
+        Why: at level `all` ORT CPU runs a float16 Conv with its NCHWc kernel only when it can make float32 copies of
+        the Conv's float16 initializers, which it does for an initializer one node reads; the bands read copies of
+        the weights each, but ORT's ConstantSharing merges initializers of up to 8 elements with equal values into
+        one, which all the bands then read, and the bands run on another Conv kernel than the whole Conv (measured
+        on the real BiRefNet-lite 1024 fp16: its last Conv, 1 output channel, differs by 5.5e-6 in 2 bands)."""
+        for conv in convs:
+            for i in conv.inputs[1:]:
+                value = ctx.prover.constant(i) if i.name else None
+                if value is not None and value.size <= 8:
+                    raise Refuse(f"{head}: float16 Conv '{conv.name}' reads '{i.name}' of {value.size} element(s), "
+                                 "which ORT CPU would share between the bands (initializers of up to 8 elements), "
+                                 "and then it runs them on another Conv kernel than the whole Conv at level all",
+                                 conv=conv.name, shared=i.name)
+
+    def _held(self, ctx: Context, t: gs.Tensor) -> bool:
+        """Whether ORT CPU holds float16 `t` in float32 (cuts.py), a channel group as the tensor it is part of:
+        the cut of a group made by a Cast to float16 must round as that Cast's readers saw it round."""
+        return ctx.held_in_float32(self.origin.get(id(t), t))
+
+    @staticmethod
+    def _float16_details(float16: bool) -> dict:
+        return {"float16": True, "verify_levels": list(FLOAT16_LEVELS)} if float16 else {}
 
     @staticmethod
     def _derive_input(conv: gs.Node, shapes: Shapes) -> None:
@@ -757,7 +888,8 @@ class BandOversize(Pass):
         if (r0, r1) == (0, s[2]):
             return t
         base = f"{t.name}/rows{r0}_{r1}"
-        return _slice(ctx, base, t, r0, r1, 2, ctx.var(base, shapes.dtype(t), (*s[:2], r1 - r0, *s[3:])))
+        return cut(ctx, base, t, r0, r1, 2, ctx.var(base, shapes.dtype(t), (*s[:2], r1 - r0, *s[3:])), s[2],
+                   self._held(ctx, t))
 
     @staticmethod
     def _through(ctx: Context, nodes: list[gs.Node], x: gs.Tensor, first_attrs: dict, tag: str, rows: int,
@@ -770,6 +902,11 @@ class BandOversize(Pass):
             s = shapes.shape(out)
             y = ctx.var(f"{out.name}/{tag}", shapes.dtype(out), (*s[:2], rows, *s[3:]))
             inputs = [current if i is replaced else i for i in n.inputs]
+            if n.op == "Conv" and shapes.dtype(out) == np.float16:  # its own copy of the weights per band: ORT
+                # CPU makes float32 weights for its NCHWc Conv kernel (level all) only for a float16 initializer
+                # one node reads; bands sharing them would run another Conv kernel than the whole Conv did
+                inputs = [ctx.const(f"{i.name}/{tag}", np.array(v)) if slot and i.name and
+                          (v := ctx.prover.constant(i)) is not None else i for slot, i in enumerate(inputs)]
             ctx.node(n.op, f"{n.name}/{tag}", inputs, [y], first_attrs if k == 0 else dict(n.attrs))
             current, replaced = y, out
         return current

@@ -41,7 +41,7 @@ between two of them, so most of the block's float16 tensors are float32 values n
 the split inserts that has a float16 kernel (Slice, Concat) would round such a value where the whole block does
 not (measured: 4.9e-4 on decoder_gathernd_fp16). So in a float16 block the rows of the weights and mask are cut by
 Pads with negative pads (no float16 CPU kernel: ORT runs them in float32 like their neighbours), and a join of the
-Conv's tail is followed by a Pad with zero pads, so that ORT runs the Concat in float32 too (`_join`). Where ORT
+Conv's tail is followed by a Pad with zero pads, so that ORT runs the Concat in float32 too (cuts.py). Where ORT
 rounds depends on the graph, not on values, but a local proof of the region cannot show it (its inputs would be
 float16 graph inputs, rounded already): the split is `needs_verify` with levels disable and all, written only
 once the whole patched model is byte-identical at both, and the block is kept whole otherwise (docs/variants.md).
@@ -75,14 +75,8 @@ from ..budget import human
 from ..ops import ELEMENTWISE_NARY, ELEMENTWISE_UNARY, SHAPE_OPS
 from ..pipeline import Action, Context, Outcome, Pass, Refuse
 from ..shapes import Shapes
+from .cuts import FLOAT16_LEVELS, FLOAT16_NOTE, cut, join
 from .local_proof import LocalProof, record
-
-# A float16 block is shown exact by the whole patched model at both levels (see `SplitBlocks._slice`)
-FLOAT16_LEVELS = ("disable", "all")
-FLOAT16_NOTE = ("; a float16 block: its row cuts of the tensors ORT CPU computes in float32 are Pads, which have no "
-                "float16 CPU kernel either, so ORT runs them in float32 too and rounds where it rounded the whole "
-                "block (a Slice would round there), so the split is written only once the whole model is shown "
-                "byte-identical on ORT CPU at levels disable and all")
 
 
 @dataclass(frozen=True)
@@ -237,7 +231,7 @@ class ChunkPlan:
 
     counts: list[int]  # output rows per chunk
     sizes: list[tuple[int, gs.Tensor]]  # the bytes of every tensor of the block
-    float16: bool = False  # a float16 block: cut where ORT CPU rounds as it did (`SplitBlocks._slice`)
+    float16: bool = False  # a float16 block: cut where ORT CPU rounds as it did (cuts.py)
 
 
 class SplitBlocks(Pass):
@@ -248,7 +242,6 @@ class SplitBlocks(Pass):
 
     def __init__(self, plan: SplitPlan | None = None) -> None:
         self.plan = plan if plan is not None else SplitPlan()
-        self.float16 = False  # the block being rewritten is float16 (set by `rewrite`)
 
     def matches(self, ctx: Context) -> Iterator[BlockMatch]:
         """The blocks over the limit (or asked for chunks), each sized just before its turn."""
@@ -354,7 +347,6 @@ class SplitBlocks(Pass):
 
         first = len(ctx.graph.nodes)
         self.memo.clear()  # shared by the chunks of this block only
-        self.float16 = plan.float16  # read by `_slice` and `_join`
         chunks = []
         r0 = 0
         for c, rows in enumerate(counts):
@@ -389,7 +381,7 @@ class SplitBlocks(Pass):
                       for c, (chunk, rows) in enumerate(zip(chunks, counts, strict=True))]
             for node in [conv, *tail]:
                 node.outputs.clear()
-            self._join(ctx, f"{conv.name}/split/join", joined, end, shapes)
+            join(ctx, f"{conv.name}/split/join", joined, end, 2, shapes)
             if proof is not None:
                 proof.taken(ctx, shapes)
             carried = "".join(f" -> {node.op}" for node in tail)
@@ -429,22 +421,6 @@ class SplitBlocks(Pass):
                   f"{verdict}" + (FLOAT16_NOTE if plan.float16 else ""))
         return Action(self.name, block.conv.name, block.conv.op, Outcome.REWRITTEN, reason, new_nodes, needs_verify,
                       details=details)
-
-    def _join(self, ctx: Context, base: str, parts: list[gs.Tensor], end: gs.Tensor, shapes: Shapes) -> None:
-        """`end` = the Concat of the chunks' tails on the rows.
-
-        In a float16 block the Concat is followed by a Pad with zero pads (a copy): ORT CPU runs a float16 node
-        that has a float16 kernel (Concat has) in float32 only when every neighbour runs in float32 (its
-        InsertCastTransformer's isolated-node rule); the tail's last op (a Relu) has no float16 kernel, and nor has
-        the Pad, so the Concat runs in float32 and the tail's values reach their reader unrounded, as they did
-        from the whole tail. Without the Pad the Concat would round them, and so would a channel Concat reading it."""
-        if not self.float16:
-            ctx.node("Concat", base, parts, [end], {"axis": 2})
-            return
-        joined = ctx.var(f"{end.name}/joined", shapes.dtype(end), shapes.shape(end))
-        ctx.node("Concat", base, parts, [joined], {"axis": 2})
-        rank = len(shapes.shape(end))
-        ctx.node("Pad", f"{base}/copy", [joined, ctx.const(f"{base}/no_pads", np.zeros(2 * rank, np.int64))], [end])
 
     def _chunk_tail(self, ctx: Context, conv: gs.Node, tail: list[gs.Node], shapes: Shapes, c: int,
                     chunk: gs.Tensor, rows: int) -> gs.Tensor:
@@ -597,20 +573,8 @@ class SplitBlocks(Pass):
             axis = rows.axis + 1
         part_shape = split[:axis] + (r1 - r0,) + split[axis + 1:] if src is not t else chunk
         part = ctx.var(base, dtype, part_shape)
-        if self.float16 and dtype is not None and np.dtype(dtype) == np.float16:
-            # ORT CPU computes most of a float16 block in float32 (its ops have no float16 CPU kernel: it casts
-            # around them and drops the casts between two of them), so the weights and mask are float32 values
-            # that are never rounded to float16. A Slice has a float16 kernel: ORT would round its input to
-            # float16, which the whole block does not. A Pad with negative pads cuts the same rows and has no
-            # float16 CPU kernel, so ORT runs it in float32 like its neighbours (measured: docs/variants.md)
-            pads = np.zeros(2 * len(part_shape), np.int64)
-            pads[axis], pads[len(part_shape) + axis] = -r0, -(h - r1)
-            ctx.node("Pad", base, [src, ctx.const(f"{base}/pads", pads)], [part])
-        elif dtype is not None and np.dtype(dtype).kind == "f":
-            # float Slice has a kernel on both WebGPU EPs; the native EP's Slice takes no integer data
-            ctx.node("Slice", base, [src, ctx.const(f"{base}/starts", np.array([r0], np.int64)),
-                                     ctx.const(f"{base}/ends", np.array([r1], np.int64)),
-                                     ctx.const(f"{base}/axes", np.array([axis], np.int64))], [part])
+        if dtype is not None and np.dtype(dtype).kind == "f":
+            cut(ctx, base, src, r0, r1, axis, part, h)  # float16: a Pad (cuts.py), where ORT keeps float32 values
         else:
             ctx.node("Gather", base, [src, ctx.const(f"{base}/rows", np.arange(r0, r1, dtype=np.int64))], [part],
                      {"axis": axis})
