@@ -79,6 +79,7 @@ class RunOutcome:
     verdicts: dict[str, Verdict] = field(default_factory=dict)  # per exposed tensor
     entries: dict[str, dict[str, Any]] = field(default_factory=dict)  # runner.compare_outputs's, per tensor
     errors: list[str] = field(default_factory=list)  # the runtime's errors, each as the runtime gave it
+    replayed: bool = False  # from `Replay`: the status of an earlier run, without its tensors' verdicts
 
     @property
     def bad(self) -> bool:
@@ -437,6 +438,59 @@ def _status_text(o: RunOutcome) -> str:
     return text
 
 
+# ------------------------------------------------------------------------------------------------ the replay
+
+
+@dataclass
+class Replay:
+    """The verdicts of a search, kept in a JSON file as they come, so that an interrupted search (a browser run of
+    BiRefNet on a software adapter takes up to 25 minutes, a search about 15 of them) goes on where it stopped:
+    Polygraphy's `debug reduce --save-debug-replay / --load-debug-replay`, for prefixes.
+
+    The file names what was searched (the model's file size and node count, its first and last node, the runtime,
+    the device profile and the inputs); a file that names another search is refused, not mixed in."""
+
+    path: Path
+    key: dict[str, Any]
+    known: dict[int, str] = field(default_factory=dict)  # prefix end -> agrees | differs | fails
+    loaded: int = 0  # how many of them the file held when the search began
+
+    @classmethod
+    def open(cls, path: str | Path, key: dict[str, Any]) -> Replay:
+        import json
+
+        path = Path(path)
+        replay = cls(path, key)
+        if path.exists():
+            try:
+                data = json.loads(path.read_text())
+                recorded = data["search"]
+                known = {int(s["prefix_end"]): str(s["status"]) for s in data["steps"]}
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                raise SurgeonError(path, f"is not a bisect replay file ({e.__class__.__name__}: {e})",
+                                   "give --replay a new file name, or the file an earlier bisect wrote") from None
+            if recorded != key:
+                what = ", ".join(f"{k} {recorded.get(k)!r} (now {v!r})" for k, v in key.items()
+                                 if recorded.get(k) != v)
+                raise SurgeonError(path, f"records another search: {what}",
+                                   "give --replay a new file name for this search")
+            if any(v not in (AGREE, DIFFER, FAIL) for v in known.values()):
+                raise SurgeonError(path, "is not a bisect replay file (a step's status is not agrees, differs or "
+                                         "fails)")
+            replay.known, replay.loaded = known, len(known)
+        return replay
+
+    def record(self, k: int, node: str, status: str) -> None:
+        import json
+
+        from .model_io.write import atomic_path
+
+        self.known[k] = status
+        steps = [{"prefix_end": i, "status": v} for i, v in sorted(self.known.items())]
+        with atomic_path(self.path, suffix=".json") as tmp:
+            tmp.write_text(json.dumps({"search": self.key, "steps": steps}, indent=1) + "\n")
+
+
 # ------------------------------------------------------------------------------------------------ the search
 
 
@@ -449,23 +503,32 @@ def _tensor_report(o: RunOutcome, name: str) -> dict[str, Any]:
 
 
 def search(g: Graph, run: Callable[[int], RunOutcome], progress: Progress = None,
-           marked: Callable[[], RunOutcome] | None = None
+           marked: Callable[[], RunOutcome] | None = None, replay: Replay | None = None
            ) -> tuple[RunOutcome, Finding | None, int, list[dict[str, Any]], list[str]]:
     """Bisects over prefix ends; `run(k)` runs the prefix ending at node k (k = last: the whole, unmodified
     model). `marked` runs the model with every tensor an output: the first node it shows differing is a
     candidate, checked on the prefixes ending just before it and with it, and the search goes on from what they
-    showed (two runs when they confirm it). Returns the whole model's outcome, the finding (None when the whole
-    model agrees), the runs, the steps and notes."""
+    showed (two runs when they confirm it). `replay` gives the verdicts of an earlier, interrupted search of the
+    same model on the same runtime and records each new one: a prefix it knows is not run again, except the two
+    the finding is read from (their tensors' verdicts are not recorded). Returns the whole model's outcome, the
+    finding (None when the whole model agrees), the runs, the steps and notes."""
     last = len(g.nodes) - 1
     steps: list[dict[str, Any]] = []
     notes: list[str] = []
     done: dict[int, RunOutcome] = {}
 
-    def step(k: int) -> RunOutcome:
-        if k in done:
+    def step(k: int, again: bool = False) -> RunOutcome:
+        if k in done and not (again and done[k].replayed):
             return done[k]
+        if not again and replay is not None and k in replay.known:
+            o = done[k] = RunOutcome(replay.known[k], replayed=True)
+            if progress:
+                progress(f"prefix 1..{k + 1} (ends at {g.describe(k)}): {o.status}, from {replay.path}")
+            return o
         o = done[k] = run(k)
         steps.append({"prefix_end": k, "node": g.nodes[k].name, "status": o.status})
+        if replay is not None:
+            replay.record(k, g.nodes[k].name, o.status)
         if progress:
             progress(f"run {len(steps)}: {'whole model' if k == last else f'prefix 1..{k + 1}'} "
                      f"(ends at {g.describe(k)}): {o.status}")
@@ -506,6 +569,13 @@ def search(g: Graph, run: Callable[[int], RunOutcome], progress: Progress = None
             hi, hi_out = mid, o
         else:
             lo, lo_out = mid, o
+    if hi_out.replayed:  # the finding reads the tensors' verdicts: the two prefixes run again
+        hi_out = step(hi, again=True)
+    if lo_out is not None and lo_out.replayed:
+        lo_out = step(lo, again=True)
+    if replay is not None and replay.loaded:
+        notes.append(f"{replay.loaded} verdict(s) from {replay.path}, an earlier search of this model on this "
+                     "runtime")
     return whole, _finding(g, hi, hi_out, lo_out), len(steps), steps, notes
 
 
@@ -676,12 +746,14 @@ def _load_inputs(inputs: str | Path | Mapping[str, Any] | None, seed: int, model
 def bisect(model: str | Path, *, runtime: str = "node", bundle: str = "webgpu", device_profile: str | None = None,
            input_shapes: dict[str, Sequence[int]] | None = None, seed: int = 0,
            inputs: str | Path | Mapping[str, Any] | None = None, repro_dir: str | Path | None = None,
-           timeout: float | None = None, progress: Progress = None, marked: bool = False) -> BisectResult:
+           timeout: float | None = None, progress: Progress = None, marked: bool = False,
+           replay: str | Path | None = None) -> BisectResult:
     """Runs `model` on a WebGPU runtime and on ORT CPU and names the first node, in topological order, whose output
     differs beyond the GPU tolerance or whose prefix fails (module docstring); with `repro_dir`, writes the repro
     there and runs it. `runtime`/`bundle`/`device_profile`/`seed` are placement's; `inputs` an .npz file or a dict
     of arrays instead of seeded ones; `input_shapes` fixes symbolic input dims first; `marked` first runs the model
-    with every tensor an output and checks the node it names on the prefixes (fewer runs when it holds)."""
+    with every tensor an output and checks the node it names on the prefixes (fewer runs when it holds);
+    `replay` keeps the search's verdicts in a JSON file and goes on from them (`Replay`)."""
     from .device import resolve_profile
     if runtime not in RUNTIMES:
         raise SurgeonError(None, f"runtime must be one of {', '.join(RUNTIMES)} (got {runtime!r})")
@@ -694,14 +766,15 @@ def bisect(model: str | Path, *, runtime: str = "node", bundle: str = "webgpu", 
     where = runtime if runtime == "node" else f"browser/{bundle}"
     run = webgpu_run(runtime, bundle, profile, DEFAULT_TIMEOUT if timeout is None else timeout)
     return bisect_with(model, run, where, input_shapes=input_shapes, seed=seed, inputs=inputs, repro_dir=repro_dir,
-                       progress=progress, marked=marked)
+                       progress=progress, marked=marked, replay=replay, profile=getattr(profile, "name", None))
 
 
 def bisect_with(model: str | Path, run: RunFn, where: str, *, input_shapes: Mapping[str, Sequence[int]] | None = None,
                 seed: int = 0, inputs: str | Path | Mapping[str, Any] | None = None,
-                repro_dir: str | Path | None = None, progress: Progress = None, marked: bool = False
-                ) -> BisectResult:
-    """`bisect` on any runtime `run(model_path, feeds) -> RunOutcome` (the real ones: `webgpu_run`)."""
+                repro_dir: str | Path | None = None, progress: Progress = None, marked: bool = False,
+                replay: str | Path | None = None, profile: str | None = None) -> BisectResult:
+    """`bisect` on any runtime `run(model_path, feeds) -> RunOutcome` (the real ones: `webgpu_run`); `replay`: a
+    JSON file of the search's verdicts, read where it exists and written after each run (`Replay`)."""
     import onnx
 
     from .input_shapes import check_input_shapes, fix_input_shapes
@@ -722,6 +795,17 @@ def bisect_with(model: str | Path, run: RunFn, where: str, *, input_shapes: Mapp
     if not g.nodes:
         raise SurgeonError(path, "has no nodes to bisect")
     feeds, notes = _load_inputs(inputs, seed, loaded, path)
+    log = None
+    if replay is not None:
+        import hashlib
+
+        import numpy as np
+
+        digest = hashlib.sha256(b"".join(np.ascontiguousarray(feeds[n]).tobytes() for n in sorted(feeds)))
+        log = Replay.open(replay, {"model_bytes": path.stat().st_size, "nodes": len(g.nodes),
+                                   "first": g.nodes[0].name, "last": g.nodes[-1].name, "runtime": where,
+                                   "device_profile": profile, "inputs_sha256": digest.hexdigest()[:16],
+                                   "input_shapes": {k: list(v) for k, v in shapes.items()} if shapes else None})
     result = BisectResult(str(path), where, len(g.nodes), notes=notes)
     tmp = Path(tempfile.mkdtemp(prefix="ds-bisect-"))
     try:
@@ -741,7 +825,7 @@ def bisect_with(model: str | Path, run: RunFn, where: str, *, input_shapes: Mapp
             every = _typed(_save(sub_model(g, range(len(g.nodes)), produced), tmp / "marked.onnx"), feeds)
             return run(every, feeds)
 
-        whole, finding, runs, steps, notes = search(g, run_prefix, progress, run_marked if marked else None)
+        whole, finding, runs, steps, notes = search(g, run_prefix, progress, run_marked if marked else None, log)
         result.whole, result.finding, result.search_runs, result.steps = whole, finding, runs, steps
         result.notes += notes
         if finding is not None and repro is not None:
@@ -780,6 +864,10 @@ class BisectTool(Tool):
                        help="first run the model with every tensor an output (Polygraphy's `mark all`) and check the "
                             "node it names on the unmodified prefixes: 4 runs when it holds; the prefixes decide")
         p.add_argument("--json", metavar="FILE", help="write the result (every step) as JSON")
+        p.add_argument("--replay", metavar="FILE.json",
+                       help="keep each run's verdict in FILE as it comes, and go on from the verdicts FILE holds "
+                            "(an interrupted search of the same model, runtime, profile and inputs); "
+                            "Polygraphy's debug replay")
         p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SEC",
                        help=f"stop one run after SEC seconds (default {DEFAULT_TIMEOUT:g}); a run stopped so fails")
 
@@ -793,7 +881,7 @@ class BisectTool(Tool):
 
         onnxruntime.set_default_logger_severity(3)  # ORT CPU's warnings about a prefix's unused weights are noise
         repro = None if args.no_repro else (args.repro or f"{Path(args.model).stem}.repro")
-        check_io([args.model], others=[("--json", args.json)],
+        check_io([args.model], others=[("--json", args.json), ("--replay", args.replay)],
                  other_reads=[(f"the --inputs file {args.inputs}", args.inputs)] if args.inputs else [])
         t0 = time.monotonic()
 
@@ -802,7 +890,7 @@ class BisectTool(Tool):
 
         result = bisect(args.model, runtime=args.runtime, bundle=args.bundle, device_profile=args.device_profile,
                         input_shapes=INPUT_SHAPES.value(args), seed=args.seed, inputs=args.inputs, repro_dir=repro,
-                        timeout=args.timeout, progress=progress, marked=args.marked)
+                        timeout=args.timeout, progress=progress, marked=args.marked, replay=args.replay)
         print(result.format())
         if args.json:
             import json

@@ -292,6 +292,10 @@ def verify(original: str | Path, patched: str | Path, *, iterations: int | None 
         def session(path: str | Path):
             options = onnxruntime.SessionOptions()
             options.graph_optimization_level = level
+            # no arena: ORT's CPU arena keeps what a run freed and grows in large steps, so one run of a large model
+            # holds more than its live tensors; where the memory comes from changes no kernel and no byte (as in
+            # run_ort_cpu)
+            options.enable_cpu_mem_arena = False
             if threads is not None:
                 options.intra_op_num_threads = threads
             # (the source is made here, in the run's own process: the fixed original's bytes are not held beside

@@ -148,6 +148,51 @@ def test_nothing_is_named_for_a_model_that_agrees(chain64: Path, tmp_path: Path)
     assert "nothing differs" in result.format() and not (tmp_path / "repro").exists()
 
 
+class Interrupted(Exception):
+    pass
+
+
+def test_an_interrupted_search_goes_on_from_its_replay_file(chain64: Path, tmp_path: Path) -> None:
+    """Each run's verdict is in the replay file as it comes; a search stopped after 4 of its 7 runs (the whole
+    model, prefix ends 31, 47, 39) goes on from them: the same node, with the 3 runs left (35, 37, 36). Run again
+    from the finished file, it runs only the two prefixes the finding reads (their tensors' verdicts are not
+    kept)."""
+    replay = tmp_path / "search.json"
+    first = PlantedRuntime(planted={"n37"})
+
+    def stopping(path: Path, feeds: dict) -> RunOutcome:
+        if first.runs == 4:
+            raise Interrupted
+        return first(path, feeds)
+
+    with pytest.raises(Interrupted):
+        bisect_with(chain64, stopping, "stub", replay=replay)
+    recorded = json.loads(replay.read_text())
+    assert len(recorded["steps"]) == 4 and recorded["search"]["nodes"] == 64
+    again = PlantedRuntime(planted={"n37"})
+    result = bisect_with(chain64, again, "stub", replay=replay)
+    assert result.finding.node == "n37" and result.finding.inputs["t36"].startswith("byte-identical")
+    assert again.runs == result.search_runs == 7 - 4
+    assert any("4 verdict(s) from" in n for n in result.notes)
+    assert len(json.loads(replay.read_text())["steps"]) == 7  # every prefix end the search ran, once
+    # a finished search run again from its file: only the two prefixes the finding reads
+    third = PlantedRuntime(planted={"n37"})
+    assert bisect_with(chain64, third, "stub", replay=replay).finding.node == "n37" and third.runs == 2
+
+
+def test_a_replay_file_of_another_search_is_refused(chain64: Path, tmp_path: Path) -> None:
+    replay = tmp_path / "search.json"
+    bisect_with(chain64, PlantedRuntime(planted={"n5"}), "stub", replay=replay)
+    with pytest.raises(ds.SurgeonError, match=r"records another search: inputs_sha256"):
+        bisect_with(chain64, PlantedRuntime(planted={"n5"}), "stub", replay=replay, seed=1)
+    with pytest.raises(ds.SurgeonError, match="records another search: runtime 'stub' \\(now 'other'\\)"):
+        bisect_with(chain64, PlantedRuntime(planted={"n5"}), "other", replay=replay)
+    junk = tmp_path / "junk.json"
+    junk.write_text("[1, 2]")
+    with pytest.raises(ds.SurgeonError, match="is not a bisect replay file"):
+        bisect_with(chain64, PlantedRuntime(), "stub", replay=junk)
+
+
 def test_a_failure_is_bisected_to_the_failing_node_with_its_error(chain64: Path, tmp_path: Path) -> None:
     stub = PlantedRuntime(failing={"n40"})
     result = bisect_with(chain64, stub, "stub", repro_dir=tmp_path / "repro")
