@@ -130,17 +130,22 @@ def _run(model_path: str | Path, options: Options, plan: SplitPlan | None = None
     return Lifted(model, weights, region, sub, graph, actions, ops_before, types, ctx, oversize, over_at_smallest)
 
 
-def _made_by_ort(model_path: str | Path) -> frozenset[str]:
-    """passes/cuts.py `made_by_ort`, once per file version (`patch` lifts a model several times)."""
+def _made_by_ort(model_path: str | Path) -> frozenset[str] | None:
+    """passes/cuts.py `made_by_ort`, once per file version (`patch` lifts a model several times); None where ORT
+    CPU cannot make a session of the file (the cuts then keep float32 values everywhere, the whole-model check
+    decides)."""
     stat = Path(model_path).stat()
     return _made_by_ort_cached(str(Path(model_path).resolve()), stat.st_mtime_ns, stat.st_size)
 
 
 @functools.lru_cache(maxsize=2)
-def _made_by_ort_cached(path: str, mtime_ns: int, size: int) -> frozenset[str]:
+def _made_by_ort_cached(path: str, mtime_ns: int, size: int) -> frozenset[str] | None:
     from .passes.cuts import made_by_ort
 
-    return made_by_ort(path)
+    try:
+        return made_by_ort(path)
+    except Exception:  # onnxruntime's own errors: the model's verdict is given where it is run (verify)
+        return None
 
 
 def _lift_region(model: onnx.ModelProto, region: Region) -> tuple[Region, onnx.ModelProto, gs.Graph]:

@@ -58,11 +58,9 @@ def made_by_ort(model_path: str | Path) -> frozenset[str]:
     import onnx
     import onnxruntime as ort
 
-    from ..verify import _ort_level
-
     with tempfile.TemporaryDirectory(prefix="ds-fp16-") as tmp:
         options = ort.SessionOptions()
-        options.graph_optimization_level = _ort_level("disable")
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         options.log_severity_level = 3
         options.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")
         options.add_session_config_entry("session.optimized_model_external_initializers_file_name", "weights.bin")
