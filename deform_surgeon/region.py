@@ -99,7 +99,10 @@ def find_region(model: onnx.ModelProto, max_storage_buffers: int | None = None,
             region.add(k)
             region.update(index.tail(k) if op in ("Conv", "MatMul") else ())  # carried per band / row chunk
             if op == "Resize" and ins[k] and producer.get(ins[k][0]) is not None:  # its groups may be made by a
-                region.add(producer[ins[k][0]])  # Conv of fewer output channels (bands.py)
+                p = producer[ins[k][0]]  # Conv of fewer output channels (bands.py), also through the Cast a
+                region.add(p)  # float16 converter puts before a Resize it keeps in float32
+                if ops[p] == "Cast" and ins[p] and producer.get(ins[p][0]) is not None:
+                    region.add(producer[ins[p][0]])
     frontier = set(region)
     for _ in range(BACKWARD_STEPS):
         step = set()

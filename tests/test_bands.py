@@ -119,30 +119,45 @@ def test_a_resize_read_by_an_op_that_is_not_elementwise_is_refused_with_its_read
 
 def test_the_float16_decoder_tail_is_cut_where_ort_cpu_rounds_and_shown_exact_on_the_whole_model(tmp_path):
     """transformers.js's fp16 file of the tail (the float16 converter keeps the Resize in float32 between two Casts,
-    as in the real BiRefNet-lite 1024 fp16): the ASPP Concat's Conv in row bands, its cuts Pads where ORT CPU holds
-    the values in float32, shown exact by the whole model at both levels (a local proof would feed float16 inputs,
-    rounded already); the Resize whose groups would read Slices and the 8-channel Conv whose bias ORT would share
-    between the bands are refused with what was measured; the written model has the original's bytes."""
+    as in the real BiRefNet-lite 1024 fp16): the Resize in channel groups made by its Conv through the converter's
+    Cast, the Cast after it carried per group; the ASPP Concat's Conv in row bands, its cuts Pads where ORT CPU holds
+    the values in float32; both shown exact by the whole model at both levels (a local proof would feed float16
+    inputs, rounded already). The Convs whose bias of at most 8 elements ORT would share between the bands are
+    refused with what was measured; the written model has the original's bytes."""
     from variant_replicas import _script
 
     src, out, limit = tmp_path / "tail16.onnx", tmp_path / "tail16.patched.onnx", 150 * KiB
     onnx.save(_script().fp16(decoder_tail()), src)
     report = patch(src, out, max_buffer=limit)
     acts = {a.node: a for a in bands_actions(report.actions)}
-    conv = acts["Conv_att_conv1"]
-    assert conv.action == Outcome.REWRITTEN and conv.details["float16"]
-    assert conv.details["shown_exact"] == "whole_model" and set(conv.details["levels"]) == {"disable", "all"}
+    resize, conv = acts["Resize_dec_up"], acts["Conv_att_conv1"]
+    assert resize.action == conv.action == Outcome.REWRITTEN and resize.details["float16"] and conv.details["float16"]
+    assert resize.details["source"] == "Conv_dec_conv_out" and resize.details["carried"] == ["Cast"]
+    for act in (resize, conv):
+        assert act.details["shown_exact"] == "whole_model" and set(act.details["levels"]) == {"disable", "all"}
     patched = onnx.load(str(out))
     cuts = [n for n in patched.graph.node if "/rows" in n.name and n.op_type in ("Pad", "Slice")]
     assert cuts and {n.op_type for n in cuts} == {"Pad"}  # the branches' Relus run in float32 on ORT CPU
-    assert acts["Resize_dec_up"].action == Outcome.REFUSED and "in a float16 model" in acts["Resize_dec_up"].reason
-    ipt = acts["Conv_ipt_conv_out"]
-    assert ipt.action == Outcome.REFUSED and ipt.details["shared"] == "ipt_conv_out_b"  # 8 elements
+    for name, bias in (("Conv_ipt_conv_out", "ipt_conv_out_b"), ("Conv_mask", "mask_b")):  # 8 and 1 elements
+        assert acts[name].action == Outcome.REFUSED and acts[name].details["shared"] == bias
     original = onnx.load(src)
     for seed in (0, 1):
         feeds = feeds_for(original, seed)
         for level in LEVELS:
             assert_bytes_equal(run(original, feeds, level), run(str(out), feeds, level))
+
+
+def test_a_float16_resize_whose_groups_would_read_slices_is_refused(tmp_path):
+    """When the Conv before the Resize is also read elsewhere (a second graph output), the groups would read Slices
+    of its output; in a float16 model that is refused with what was measured on the real file (the float32 model
+    decides by the local proof: test_groups_from_a_slice_when_the_conv_output_is_read_elsewhere)."""
+    from variant_replicas import _script
+
+    model = decoder_tail()
+    model.graph.output.append(helper.make_tensor_value_info("dec_conv_out", TensorProto.FLOAT, [1, 32, 32, 32]))
+    _, actions = patch_in_memory(_script().fp16(model), max_buffer=150 * KiB)
+    act = next(a for a in bands_actions(actions) if a.node == "Resize_dec_up")
+    assert act.action == Outcome.REFUSED and "in a float16 model its groups would read Slices" in act.reason
 
 
 def test_the_proofs_run_without_neighbours_at_level_disable_only(tmp_path, monkeypatch):
