@@ -295,13 +295,12 @@ class BandOversize(Pass):
         groups = _bands(channels, n)
         dtype = shapes.dtype(out)
         maker, source, via = self._channel_source(ctx, x, node, outside)
-        if source is None and ctx.made_by_ort is not None:  # a float16 model: only the whole model shows it exact
+        float16 = any(shapes.dtype(t) == np.float16 for t in [x, *grouped])
+        if source is None and float16:  # only the whole model shows a float16 rewrite exact
             raise Refuse(f"{head}: in a float16 model its groups would read Slices of '{x.name}' (no Conv in the "
                          "rewritten part makes it for them), and then the whole model is not byte-identical at level "
                          "all (measured: 5.5e-6 on the real BiRefNet-lite 1024 fp16, where ORT CPU runs the whole "
                          "Resize on its NCHWc kernel)", source=x.name)
-        float16 = np.dtype(dtype) == np.float16 or shapes.dtype(x) == np.float16
-        float16 = float16 or any(shapes.dtype(t) == np.float16 for t in grouped)
         others = {id(i): i for c in carriers for i in c.inputs if i.name and i is not out
                   and ctx.prover.constant(i) is None}
         makers = {k: self._channel_source(ctx, i, next(c for c in carriers if i in c.inputs), outside)
