@@ -404,8 +404,9 @@ class BisectResult:
         if f.errors:
             lines.append("  runtime error: " + _error_text(f.errors))
         marked = sum(1 for s in self.steps if s.get("marked"))
-        prefixes = self.search_runs - 1 - marked
-        lines.append(f"runs: {self.search_runs} on {self.where} (1 whole model + "
+        whole = 0 if w.replayed else 1
+        prefixes = self.search_runs - whole - marked
+        lines.append(f"runs: {self.search_runs} on {self.where} ({whole} whole model + "
                      + ("1 with every tensor marked + " if marked else "")
                      + f"{prefixes} prefix{'es' if prefixes != 1 else ''}; "
                      f"log2({self.nodes}) = {math.log2(max(self.nodes, 1)):.1f})"
@@ -428,6 +429,8 @@ def _error_text(errors: Sequence[str]) -> str:
 
 
 def _status_text(o: RunOutcome) -> str:
+    if o.replayed:  # only its verdict was kept
+        return f"{o.status} (the verdict of an earlier run, from the replay file)"
     if o.status == FAIL:  # the error itself is shown once, beside the node found
         return f"fails ({len(o.errors)} runtime error(s))"
     worst = [v for v in o.verdicts.values() if not v.passed]

@@ -174,6 +174,9 @@ def test_an_interrupted_search_goes_on_from_its_replay_file(chain64: Path, tmp_p
     assert result.finding.node == "n37" and result.finding.inputs["t36"].startswith("byte-identical")
     assert again.runs == result.search_runs == 7 - 4
     assert any("4 verdict(s) from" in n for n in result.notes)
+    text = result.format()  # the whole model's verdict is the recorded one, and said to be
+    assert "whole model: differs (the verdict of an earlier run, from the replay file)" in text
+    assert "runs: 3 on stub (0 whole model + 3 prefixes" in text
     assert len(json.loads(replay.read_text())["steps"]) == 7  # every prefix end the search ran, once
     # a finished search run again from its file: only the two prefixes the finding reads
     third = PlantedRuntime(planted={"n37"})
