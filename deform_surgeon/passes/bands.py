@@ -67,7 +67,7 @@ from ..budget import human
 from ..ops import ELEMENTWISE_NARY, ELEMENTWISE_UNARY, TAIL_OPS
 from ..pipeline import Action, Context, Outcome, Pass, Refuse
 from ..shapes import Shapes, along_rows
-from .cuts import FLOAT16_LEVELS, FLOAT16_NOTE, cut, join
+from .cuts import FLOAT16_NOTE, cut, float16_details, join
 from .local_proof import record
 from .split import SplitPlan
 
@@ -355,7 +355,7 @@ class BandOversize(Pass):
                    "tensor": out.name, "size_bytes": size, "group_bytes": largest, "limit_bytes": limit,
                    "source": maker.name if source is not None else x.name, "readers": [r.name for r in readers],
                    "shape_readers": len(sizers), "carried": [c.op for c in carriers],
-                   **self._float16_details(float16)}
+                   **float16_details(float16)}
         return Action(self.name, node.name, node.op, Outcome.REWRITTEN,
                       f"computed in {n} channel groups of {widths} channels (of {channels}): output '{out.name}' "
                       f"{human(size)} -> {human(largest)} per group, limit {human(limit)}; each group "
@@ -581,7 +581,7 @@ class BandOversize(Pass):
         details = {"bands": n, "band_rows": [b[1] - b[0] for b in bands], "rows": rows_out, "tensor": x.name,
                    "size_bytes": size, "band_bytes": worst, "limit_bytes": limit, "source": source.node.name,
                    "carried": [t.op for t in tail], "made_in_rows": source.made_in_rows(),
-                   **self._float16_details(float16)}
+                   **float16_details(float16)}
         return Action(self.name, conv.name, conv.op, Outcome.REWRITTEN,
                       f"computed in {n} row bands of {counts} output rows (of {rows_out}): input '{x.name}' "
                       f"({human(size)}) was over the {human(limit)} limit; each band reads its rows of it "
@@ -772,7 +772,7 @@ class BandOversize(Pass):
                    "tensor": biggest.name, "size_bytes": shapes.nbytes(biggest), "chunk_bytes": worst,
                    "limit_bytes": limit, "chain": [x.op for x in nodes], "made_in_rows": over,
                    "sliced": [t.name for t in sliced], "ends": [t.name for t in ends],
-                   "carried": [x.op for x in carried], **self._float16_details(float16)}
+                   "carried": [x.op for x in carried], **float16_details(float16)}
         return Action(self.name, seed.name, seed.op, Outcome.REWRITTEN,
                       f"computed in {n} row chunks of {counts} rows (of {rows}, axis {axis}) with the "
                       f"{len(nodes)} nodes of its chain ({' -> '.join(x.op for x in nodes)}): {len(over)} tensor(s) "
@@ -816,10 +816,6 @@ class BandOversize(Pass):
         """Whether ORT CPU holds float16 `t` in float32 (cuts.py), a channel group as the tensor it is part of:
         the cut of a group made by a Cast to float16 must round as that Cast's readers saw it round."""
         return ctx.held_in_float32(self.origin.get(id(t), t))
-
-    @staticmethod
-    def _float16_details(float16: bool) -> dict:
-        return {"float16": True, "verify_levels": list(FLOAT16_LEVELS)} if float16 else {}
 
     @staticmethod
     def _derive_input(conv: gs.Node, shapes: Shapes) -> None:

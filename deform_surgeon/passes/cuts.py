@@ -40,6 +40,11 @@ FLOAT16_NOTE = ("; float16: its cuts are Pads and its joins are followed by a ze
                 "ORT CPU at levels disable and all")
 
 
+def float16_details(float16: bool) -> dict:
+    """What a float16 rewrite's action says of itself: `patch`'s whole-model check reads `verify_levels`."""
+    return {"float16": True, "verify_levels": list(FLOAT16_LEVELS)} if float16 else {}
+
+
 def is_float16(t: gs.Tensor) -> bool:
     return t.dtype is not None and np.dtype(t.dtype) == np.float16
 

@@ -75,7 +75,7 @@ from ..budget import human
 from ..ops import ELEMENTWISE_NARY, ELEMENTWISE_UNARY, SHAPE_OPS
 from ..pipeline import Action, Context, Outcome, Pass, Refuse
 from ..shapes import Shapes
-from .cuts import FLOAT16_LEVELS, FLOAT16_NOTE, cut, join
+from .cuts import FLOAT16_NOTE, cut, float16_details, join
 from .local_proof import LocalProof, record
 
 
@@ -406,8 +406,7 @@ class SplitBlocks(Pass):
                    "conv_input_bytes": sink_size, "conv_split": why_whole is None,
                    "carried": [node.op for node in tail] if why_whole is None else [],
                    "over_limit": why_whole is not None and over}
-        if plan.float16:
-            details.update(float16=True, verify_levels=list(FLOAT16_LEVELS))
+        details.update(float16_details(plan.float16))
         if want > 1:
             details["asked_chunks"] = want
         if isinstance(why_whole, Refuse):
