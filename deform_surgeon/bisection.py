@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import SurgeonError, api_call
+from .pieces import Graph, reads, save_model, sub_model, window_inputs
 from .placement.runner import (
     BUNDLES,
     DEFAULT_TIMEOUT,
@@ -129,88 +130,9 @@ def webgpu_run(runtime: str, bundle: str, profile: Any, timeout: float) -> RunFn
     return run
 
 
+
+
 # ------------------------------------------------------------------------------------------------ the graph
-
-
-def _subgraph_reads(node: onnx.NodeProto) -> set[str]:
-    """Names a node's subgraphs (If, Loop, Scan) read from outside: a node reads them as it reads its inputs."""
-    from onnx import AttributeProto
-
-    reads: set[str] = set()
-    for attr in node.attribute:
-        graphs = [attr.g] if attr.type == AttributeProto.GRAPH else list(attr.graphs)
-        for g in graphs:
-            inner = {i.name for i in g.input} | {i.name for i in g.initializer}
-            for n in g.node:
-                inner.update(n.output)
-            for n in g.node:
-                reads.update(x for x in (*n.input, *_subgraph_reads(n)) if x and x not in inner)
-    return reads
-
-
-def _reads(node: onnx.NodeProto) -> list[str]:
-    return [x for x in node.input if x] + sorted(_subgraph_reads(node) - set(node.input))
-
-
-@dataclass
-class Graph:
-    """A model's nodes in topological order (the file's, when it is one), and who makes and reads each tensor."""
-
-    model: onnx.ModelProto
-    nodes: list[onnx.NodeProto]
-    producer: dict[str, int]
-    last_read: dict[str, int]
-    graph_inputs: list[str]
-    constants: set[str]  # initializers, and outputs of Constant nodes
-    types: dict[str, onnx.TypeProto]
-
-    @classmethod
-    def of(cls, model: onnx.ModelProto, path: object) -> Graph:
-        inits = {i.name for i in model.graph.initializer}
-        graph_inputs = [i.name for i in model.graph.input if i.name not in inits]
-        nodes = _toposort(list(model.graph.node), set(graph_inputs) | inits, path)
-        producer: dict[str, int] = {}
-        last_read: dict[str, int] = {}
-        constants = set(inits)
-        for i, n in enumerate(nodes):
-            for x in _reads(n):
-                last_read[x] = i
-            for y in n.output:
-                if y:
-                    producer[y] = i
-            if n.op_type == "Constant" and n.domain in ("", "ai.onnx"):
-                constants.update(y for y in n.output if y)
-        for o in model.graph.output:
-            last_read[o.name] = len(nodes)  # read after the last node
-        types = {vi.name: vi.type for vi in (*_inferred(model).graph.value_info, *model.graph.output,
-                                             *model.graph.input) if vi.type.HasField("tensor_type")}
-        return cls(model, nodes, producer, last_read, graph_inputs, constants, types)
-
-    def cut(self, k: int) -> list[str]:
-        """The tensors a prefix ending at node k exposes: those nodes 0..k made that a later node reads or that are
-        graph outputs, and node k's own outputs; Constant nodes' outputs are not exposed (they cannot differ)."""
-        out: list[str] = []
-        for i in range(k + 1):
-            for y in self.nodes[i].output:
-                if y and (i == k or (self.last_read.get(y, -1) > k and y not in self.constants)):
-                    out.append(y)
-        return list(dict.fromkeys(out))
-
-    def describe(self, k: int) -> str:
-        n = self.nodes[k]
-        return f"{n.name or '(unnamed)'} ({n.op_type})"
-
-
-def _inferred(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The model with ONNX's shape inference's types, for the prefixes' outputs (onnx.checker, which placement's
-    runner applies, wants every graph output typed); the model itself where inference cannot run (`_typed` then
-    types the outputs from ORT CPU's)."""
-    import onnx
-
-    try:
-        return onnx.shape_inference.infer_shapes(model)
-    except Exception:  # inference errors, or a model over protobuf's 2 GB
-        return model
 
 
 def _type_outputs(model: onnx.ModelProto, values: Mapping[str, np.ndarray]) -> bool:
@@ -234,84 +156,6 @@ def _typed(path: Path, feeds: Mapping[str, np.ndarray]) -> Path:
     if any(not vi.type.HasField("tensor_type") for vi in model.graph.output):
         _type_outputs(model, reference_outputs(path, dict(feeds)))
         onnx.save_model(model, str(path))
-    return path
-
-
-def _toposort(nodes: list[onnx.NodeProto], given: set[str], path: object) -> list[onnx.NodeProto]:
-    """The file's node order when it is topological (ONNX requires it; exporters write it so), else a stable
-    topological sort of it; a graph with a cycle, or reading a tensor nothing makes, is a SurgeonError."""
-    made = set(given) | {""}
-    for n in nodes:
-        if not set(_reads(n)) <= made:
-            break
-        made.update(n.output)
-    else:
-        return nodes
-    made = set(given) | {""}
-    left = list(nodes)
-    order: list[onnx.NodeProto] = []
-    while left:
-        ready = [n for n in left if set(_reads(n)) <= made]
-        if not ready:
-            missing = sorted(set(_reads(left[0])) - made)
-            raise SurgeonError(path, f"node {left[0].name or left[0].op_type} reads {', '.join(missing)}, which no "
-                                     "node, input or initializer makes (or the graph has a cycle)")
-        first = ready[0]
-        order.append(first)
-        made.update(first.output)
-        left.remove(first)
-    return order
-
-
-def sub_model(g: Graph, nodes: Sequence[int], outputs: Sequence[str],
-              inputs: Mapping[str, np.ndarray] | None = None) -> onnx.ModelProto:
-    """The model of `nodes` (indices into g.nodes, kept in their order, unchanged) exposing `outputs`.
-
-    `inputs` None: a prefix, fed as the model is (every graph input kept). Otherwise a window: the tensors its
-    nodes read that no node of it makes become graph inputs typed as the given arrays, and the Constant nodes and
-    initializers they read are kept."""
-    import onnx
-    from onnx import helper
-
-    keep = sorted(set(nodes))
-    body = [g.nodes[i] for i in keep]
-    made = {y for n in body for y in n.output}
-    read = {x for n in body for x in _reads(n)}
-    if inputs is not None:  # Constant nodes the window reads, before it
-        const_nodes = sorted({g.producer[x] for x in read - made if x in g.constants and x in g.producer})
-        body = [g.nodes[i] for i in const_nodes] + body
-        made |= {y for i in const_nodes for y in g.nodes[i].output}
-    src = g.model.graph
-    inits = [t for t in src.initializer if t.name in read]
-    if inputs is None:
-        graph_inputs = list(src.input)
-        init_names = {t.name for t in inits}
-        inits += [t for t in src.initializer if t.name not in init_names and t.name in {i.name for i in src.input}]
-    else:
-        graph_inputs = [helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(a.dtype), list(a.shape))
-                        for name, a in inputs.items()]
-    outs = []
-    for name in outputs:
-        vi = onnx.ValueInfoProto(name=name)
-        if name in g.types:
-            vi.type.CopyFrom(g.types[name])
-        outs.append(vi)
-    kept = made | read
-    graph = helper.make_graph(body, f"{src.name or 'graph'}_bisect", graph_inputs, outs, inits,
-                              value_info=[vi for vi in src.value_info if vi.name in kept])
-    model = helper.make_model(graph, opset_imports=list(g.model.opset_import), producer_name="deform-surgeon bisect")
-    model.ir_version = g.model.ir_version
-    model.functions.extend(g.model.functions)
-    return model
-
-
-def _save(model: onnx.ModelProto, path: Path) -> Path:
-    """Written whole, or with its weights in `<name>.data` beside it when protobuf cannot hold it in one message."""
-    import onnx
-
-    big = model.ByteSize() > 1_800_000_000
-    onnx.save_model(model, str(path), save_as_external_data=big, all_tensors_to_one_file=True,
-                    location=f"{path.name}.data" if big else None)
     return path
 
 
@@ -590,7 +434,7 @@ def _finding(g: Graph, k: int, at: RunOutcome, before: RunOutcome | None) -> Fin
         if name not in node.output:
             elsewhere[name] = {**_tensor_report(at, name), "producer": g.describe(g.producer[name])}
     inputs: dict[str, str] = {}
-    for x in _reads(node):
+    for x in reads(node):
         if x in g.constants:
             inputs[x] = "constant"
         elif x in g.graph_inputs:
@@ -606,13 +450,6 @@ def _finding(g: Graph, k: int, at: RunOutcome, before: RunOutcome | None) -> Fin
 # ------------------------------------------------------------------------------------------------ the repro
 
 
-def _window_inputs(g: Graph, first: int, last: int) -> list[str]:
-    """The tensors nodes first..last read that none of them makes, constants excepted, in the order read."""
-    made = {y for i in range(first, last + 1) for y in g.nodes[i].output}
-    out = [x for i in range(first, last + 1) for x in _reads(g.nodes[i]) if x not in made and x not in g.constants]
-    return list(dict.fromkeys(out))
-
-
 def _cpu_values(g: Graph, names: Sequence[str], feeds: Mapping[str, np.ndarray], before: int, tmp: Path
                 ) -> dict[str, np.ndarray]:
     """ORT CPU's values of `names` (graph inputs or tensors made by nodes before `before`): a prefix run on ORT
@@ -620,7 +457,7 @@ def _cpu_values(g: Graph, names: Sequence[str], feeds: Mapping[str, np.ndarray],
     made = [n for n in names if n not in feeds]
     values = {n: feeds[n] for n in names if n in feeds}
     if made:
-        path = _save(sub_model(g, range(before), made), tmp / f"cpu_values_{before}.onnx")
+        path = save_model(sub_model(g, range(before), made), tmp / f"cpu_values_{before}.onnx")
         values.update(reference_outputs(path, dict(feeds)))
     return {n: values[n] for n in names}
 
@@ -634,10 +471,10 @@ def write_repro(g: Graph, first: int, last: int, values: Mapping[str, np.ndarray
     directory.mkdir(parents=True, exist_ok=True)
     outputs = [y for y in g.nodes[last].output if y]
     model = sub_model(g, range(first, last + 1), outputs, values)
-    model_path = _save(model, directory / "model.onnx")
+    model_path = save_model(model, directory / "model.onnx")
     expected = reference_outputs(model_path, dict(values))
     if _type_outputs(model, expected):  # typed as ORT CPU makes them, so that onnx.checker passes the repro
-        _save(model, model_path)
+        save_model(model, model_path)
     np.savez(directory / "inputs.npz", **values)
     data = directory / "test_data_set_0"
     if data.exists():
@@ -662,7 +499,7 @@ def make_repro(g: Graph, k: int, feeds: Mapping[str, np.ndarray], run: RunFn, di
         nonlocal runs
         if first in tried:
             return tried[first]
-        names = _window_inputs(g, first, k)
+        names = window_inputs(g, first, k)
         values = _cpu_values(g, names, feeds, first, tmp)
         window_dir = tmp / f"window_{first}"
         path = write_repro(g, first, k, values, window_dir)
@@ -812,12 +649,12 @@ def bisect_with(model: str | Path, run: RunFn, where: str, *, input_shapes: Mapp
     result = BisectResult(str(path), where, len(g.nodes), notes=notes)
     tmp = Path(tempfile.mkdtemp(prefix="ds-bisect-"))
     try:
-        whole_path = path if not shapes else _save(loaded, tmp / "whole.onnx")
+        whole_path = path if not shapes else save_model(loaded, tmp / "whole.onnx")
 
         def run_prefix(k: int) -> RunOutcome:
             if k == len(g.nodes) - 1:
                 return run(whole_path, feeds)
-            prefix = _typed(_save(sub_model(g, range(k + 1), g.cut(k)), tmp / f"prefix_{k}.onnx"), feeds)
+            prefix = _typed(save_model(sub_model(g, range(k + 1), g.cut(k)), tmp / f"prefix_{k}.onnx"), feeds)
             try:
                 return run(prefix, feeds)
             finally:
@@ -825,7 +662,7 @@ def bisect_with(model: str | Path, run: RunFn, where: str, *, input_shapes: Mapp
 
         def run_marked() -> RunOutcome:
             produced = [y for n in g.nodes for y in n.output if y and y not in g.constants]
-            every = _typed(_save(sub_model(g, range(len(g.nodes)), produced), tmp / "marked.onnx"), feeds)
+            every = _typed(save_model(sub_model(g, range(len(g.nodes)), produced), tmp / "marked.onnx"), feeds)
             return run(every, feeds)
 
         whole, finding, runs, steps, notes = search(g, run_prefix, progress, run_marked if marked else None, log)
