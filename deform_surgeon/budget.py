@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -37,45 +36,11 @@ import onnx
 from .blocks import deform_blocks
 from .device import SPEC_DEFAULT_LIMITS
 from .device import storage_buffers as bindings
-from .errors import SurgeonError
 from .model_io import TypeTable, Weights, check_and_infer, infer_value_types, load_model
+from .sizes import human, parse_size  # noqa: F401 (the sizes every report and option use; imported from here too)
 
 SPEC_MAX_BUFFER = SPEC_DEFAULT_LIMITS["maxBufferSize"]
 SPEC_MAX_BINDING = SPEC_DEFAULT_LIMITS["maxStorageBufferBindingSize"]
-
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-_SIZE = re.compile(r"^\s*(?P<num>\d+(?:\.\d+)?)\s*(?P<unit>[a-zA-Z]*)\s*$")
-
-def parse_size(text: str | int) -> int:
-    """Bytes from `268435456`, `256MiB`, `256 MiB`, `0.25GiB`, `800MB` (kB/MB/GB decimal, KiB/MiB/GiB binary)."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        value = text
-    else:
-        m = _SIZE.match(str(text))
-        unit = (m.group("unit").lower() if m else None)
-        if m is None or unit not in _UNITS:
-            raise SurgeonError(None, f"bad size '{text}'", "write bytes or e.g. 256MiB, 1GiB, 800MB")
-        exact = float(m.group("num")) * _UNITS[unit]
-        value = int(round(exact))
-        if abs(exact - value) > 1e-6 * max(1.0, exact):
-            raise SurgeonError(None, f"bad size '{text}'", "not a whole number of bytes")
-    if value < 1:
-        raise SurgeonError(None, f"bad size '{text}'", "must be at least 1 byte")
-    return value
-
-
-def human(n: int | None) -> str:
-    """A byte count for people, the one form every report uses: decimal and binary units past 1 MB ("268.4 MB
-    (256.0 MiB)": WebGPU's limits are binary, file sizes decimal), exact bytes below; "?" for an unknown size."""
-    if n is None:
-        return "?"
-    if n >= 10**9:
-        return f"{n / 1e9:.2f} GB ({n / 2**30:.2f} GiB)"
-    if n >= 10**6:
-        return f"{n / 1e6:.1f} MB ({n / 2**20:.1f} MiB)"
-    return f"{n:,} B"
-
 
 class _Record:
     def to_dict(self) -> dict:
