@@ -168,7 +168,13 @@ VAL_RANGE = Option(("--val-range",), "val_range", settings={"nargs": "+", "metav
                    parse=parse_val_ranges, manifest=(dict,), check=_val_range_problem,  # { image = [0, 1] }
                    help="value range per input, polygraphy syntax (default floats [0,1], integers [0,8])")
 OPT_LEVEL = Option(("--opt-level",), "opt_level", settings={"choices": OPT_LEVELS}, manifest=(str,),
-                   help="ORT graph optimisation level of both sessions (default all)")
+                   help="ORT graph optimisation level of both sessions (default all; disable with --segment-memory)")
+SEGMENT_MEMORY = Option(
+    ("--segment-memory",), "segment_memory", settings={"type": size_arg, "metavar": "BYTES"},
+    manifest=(int, str), check=_size_problem("segment_memory"),
+    help="run each model in segments of at most BYTES of tensors (e.g. 8GB), the tensors between them on disk: for "
+         "a model whose whole ORT CPU run does not fit the machine; the same bytes as the whole run at --opt-level "
+         "disable, which it implies (docs/verify.md)")
 
 VERIFY = Option(("--verify",), "verify", settings=SWITCH, manifest=(bool,),
                 help="write OUT only if it is byte-identical on ORT CPU")
@@ -199,7 +205,7 @@ class ComparisonArgs(ArgGroup):
     `val_range` is parsed as given; `val_ranges_for` gives a range for all inputs (`[0,1]`) to each input of a model."""
 
     title = "comparison (ONNX Runtime CPU, zero tolerance + byte comparison)"
-    options = (ITERATIONS, SEED, VAL_RANGE, OPT_LEVEL)
+    options = (ITERATIONS, SEED, VAL_RANGE, OPT_LEVEL, SEGMENT_MEMORY)
 
     def problem(self, spec: Mapping[str, Any]) -> str | None:
         problem = super().problem(spec)

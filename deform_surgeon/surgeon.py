@@ -52,6 +52,7 @@ from .passes.split import SplitBlocks, SplitPlan
 from .pipeline import SUM_MODES, Action, Context, Options, Outcome, Refuse, run_passes
 from .region import Region, find_region, region_model, splice, type_boundary
 from .report import PatchReport
+from .segments import SEGMENT_LEVEL
 from .slices import split_to_slices
 from .verify import DEFAULT_ITERATIONS, check_verify_options
 from .verify import verify as verify_models
@@ -415,9 +416,15 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
         if whole_check:  # what ORT runs by default, and the levels a rewrite asks for (a float16 split: both)
             asked = [lvl for a in report.actions if a.needs_verify and a.action == Outcome.REWRITTEN
                      for lvl in a.details.get("verify_levels", ())]
-            for level in dict.fromkeys(["all", *asked]):
-                if all((r.get("opt_level") or "all") != level for r in runs):
-                    runs.append({**runs[0], "opt_level": level, "iterations": 1})
+            segmented = runs[0].get("segment_memory") is not None
+            # (runs in segments are at level disable: the whole model at ORT's default level was not asked for
+            # then, and a level a rewrite asks for is run whole)
+            for level in dict.fromkeys([*([] if segmented else ["all"]), *asked]):
+                if all((r.get("opt_level") or (SEGMENT_LEVEL if segmented else "all")) != level for r in runs):
+                    extra = {**runs[0], "opt_level": level, "iterations": 1}
+                    if level != SEGMENT_LEVEL:
+                        extra.pop("segment_memory", None)
+                    runs.append(extra)
         for kwargs in runs:
             try:
                 result = verify_models(model_path, tmp, **kwargs, input_shapes=options.input_shapes)

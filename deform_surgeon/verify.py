@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from .background import Background, ChildDied
 from .errors import SurgeonError, api_call
+from .segments import SEGMENT_LEVEL
 from .verdict import BYTE_IDENTICAL, Verdict, judge
 
 if TYPE_CHECKING:  # (numpy is imported where it is used: `import deform_surgeon` stays light, see __init__)
@@ -72,6 +73,11 @@ class VerifyResult:
     # peak RSS in bytes of each model's run ("original", "patched": each in its own process where it can fork, else
     # this process's peak so far) and of the calling process, the comparison done ("caller")
     peak_rss: dict[str, int] = field(default_factory=dict)
+    # `segment_memory`: each model was run in segments of at most this many bytes of tensors (segments.py); how many
+    # and the most bytes the tensors between its segments held on disk at once
+    segment_memory: int | None = None
+    segments: dict[str, int] = field(default_factory=dict)
+    segment_disk: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -82,10 +88,19 @@ class VerifyResult:
         if self.identical:
             return (f"verify: PASSED: {len(self.outputs_compared)} output(s) {Verdict(BYTE_IDENTICAL, 0.0, 0.0).text} "
                     f"on {self.iterations} "
-                    f"seeded input(s) (seed {self.seed}, ORT CPU, opt level '{self.opt_level}'; "
+                    f"seeded input(s) (seed {self.seed}, ORT CPU, opt level '{self.opt_level}'{self.segment_text()}; "
                     f"polygraphy atol=0 rtol=0: {'passed' if self.polygraphy_passed else 'failed (NaNs)'})"
                     f"{self.peak_text()}")
         return f"verify: FAILED: {self.mismatch.text() if self.mismatch else 'outputs differ'}{self.peak_text()}"
+
+    def segment_text(self) -> str:
+        """", in segments of at most 8.00 GB of tensors: the original in 31 (16.20 GB on disk between them at
+        most), the patched in 12 (2.10 GB ...)"."""
+        if self.segment_memory is None:
+            return ""
+        counts = ", ".join(f"the {k} in {n} ({self.segment_disk.get(k, 0) / 1e9:.2f} GB on disk between them at "
+                           "most)" for k, n in self.segments.items())
+        return f", in segments of at most {self.segment_memory / 1e9:.2f} GB of tensors: {counts}"
 
     def peak_text(self) -> str:
         """"; peak RSS 7.90 GB (the original's run; the patched's 2.41 GB, the caller's 0.31 GB)": what the machine
@@ -186,15 +201,26 @@ def _is_int(v: object) -> bool:
 
 
 def check_options(iterations: object, seed: object, opt_level: object, val_range: object,
-                  threads: object = None) -> None:
-    """The comparison's options, checked before any work: a wrong one is a one-line `SurgeonError` naming it."""
+                  threads: object = None, segment_memory: object = None) -> None:
+    """The comparison's options, checked before any work: a wrong one is a one-line `SurgeonError` naming it
+    (`opt_level` None: the default, 'all', or 'disable' for a run in segments)."""
     if not _is_int(iterations) or not 1 <= iterations <= MAX_ITERATIONS:
         raise SurgeonError(None, f"iterations must be an integer from 1 to {MAX_ITERATIONS:,} (got {iterations!r})")
     if not _is_int(seed) or not 0 <= seed <= MAX_SEED + 1 - iterations:
         raise SurgeonError(None, f"seed must be an integer from 0 to {MAX_SEED:,} - iterations + 1 (got {seed!r})",
                            "input i is made with seed + i, and numpy's seeds end at 2**32 - 1")
-    if opt_level not in OPT_LEVELS:
+    if opt_level is not None and opt_level not in OPT_LEVELS:
         raise SurgeonError(None, f"unknown opt level {opt_level!r}", f"choose one of {', '.join(OPT_LEVELS)}")
+    if segment_memory is not None:
+        from .sizes import parse_size
+
+        if isinstance(segment_memory, bool) or not isinstance(segment_memory, int | str):
+            raise SurgeonError(None, f"segment_memory must be bytes or a size such as 8GB (got {segment_memory!r})")
+        parse_size(segment_memory)  # (its own one line for a bad size)
+        if opt_level not in (None, SEGMENT_LEVEL):
+            raise SurgeonError(None, f"a run in segments equals the whole model's run only at opt level "
+                                     f"'{SEGMENT_LEVEL}' (got '{opt_level}': ORT fuses nodes across a segment's edge "
+                                     f"at the other levels)", f"give --opt-level {SEGMENT_LEVEL} or no --opt-level")
     if threads is not None and (not _is_int(threads) or threads < 1):
         raise SurgeonError(None, f"threads must be a positive integer (got {threads!r})")
     if val_range is None:
@@ -209,7 +235,7 @@ def check_options(iterations: object, seed: object, opt_level: object, val_range
                                "e.g. {'image': (0.0, 1.0)}")
 
 
-VERIFY_OPTIONS = ("iterations", "seed", "val_range", "opt_level", "threads", "quiet")
+VERIFY_OPTIONS = ("iterations", "seed", "val_range", "opt_level", "threads", "quiet", "segment_memory")
 
 
 def check_verify_options(options: dict | None) -> None:
@@ -225,15 +251,16 @@ def check_verify_options(options: dict | None) -> None:
     def given(key: str, default: object) -> object:
         return default if options.get(key) is None else options[key]
 
-    check_options(given("iterations", DEFAULT_ITERATIONS), given("seed", DEFAULT_SEED), given("opt_level", "all"),
-                  options.get("val_range"), options.get("threads"))
+    check_options(given("iterations", DEFAULT_ITERATIONS), given("seed", DEFAULT_SEED), options.get("opt_level"),
+                  options.get("val_range"), options.get("threads"), options.get("segment_memory"))
 
 
 @api_call
 def verify(original: str | Path, patched: str | Path, *, iterations: int | None = None, seed: int | None = None,
            val_range: dict[str, tuple[float, float]] | None = None, opt_level: str | None = None,
            quiet: bool = True, threads: int | None = None,
-           input_shapes: dict[str, tuple[int, ...]] | None = None) -> VerifyResult:
+           input_shapes: dict[str, tuple[int, ...]] | None = None,
+           segment_memory: int | str | None = None) -> VerifyResult:
     """Run both models on the same seeded inputs on ORT CPU and compare every output byte for byte.
 
     `input_shapes` (`patch --input-shapes`): the inputs are fed with these dims, and the reference is the original
@@ -242,7 +269,11 @@ def verify(original: str | Path, patched: str | Path, *, iterations: int | None 
     identical at the levels below; docs/variants.md).
 
     `threads`: ORT intra-op threads per session (None: ORT's default, one per core); `batch` gives each of its
-    parallel workers its share of the cores."""
+    parallel workers its share of the cores.
+
+    `segment_memory` (bytes, or a size such as "8GB"): each model runs in segments of at most that many bytes of
+    tensors, the tensors between them on disk (segments.py), for models whose whole run does not fit the machine;
+    at opt level 'disable' only, where that gives the whole model's bytes."""
     from polygraphy.comparator import Comparator, DataLoader, IterationResult, RunResults
     from polygraphy.comparator.compare import SimpleCompareFunc
     from polygraphy.logger import G_LOGGER
@@ -252,8 +283,8 @@ def verify(original: str | Path, patched: str | Path, *, iterations: int | None 
     original, patched = user_path(original, "the original"), user_path(patched, "the patched model")
     iterations = DEFAULT_ITERATIONS if iterations is None else iterations
     seed = DEFAULT_SEED if seed is None else seed
-    opt_level = "all" if opt_level is None else opt_level
-    check_options(iterations, seed, opt_level, val_range, threads)
+    check_options(iterations, seed, opt_level, val_range, threads, segment_memory)
+    opt_level = (SEGMENT_LEVEL if segment_memory is not None else "all") if opt_level is None else opt_level
     if not isinstance(quiet, bool):
         raise SurgeonError(None, f"quiet must be True or False (got {quiet!r})")
     from .input_shapes import fix_input_shapes, has_symbolic_dims
@@ -275,6 +306,10 @@ def verify(original: str | Path, patched: str | Path, *, iterations: int | None 
         if not (math.isfinite(lo) and math.isfinite(hi)) or lo > hi:
             raise SurgeonError(None, f"--val-range {name}:[{lo},{hi}] is not a finite range with lo <= hi")
     result = VerifyResult(str(original), str(patched), iterations, seed, opt_level, ranges)
+    if segment_memory is not None:
+        from .sizes import parse_size
+
+        result.segment_memory = parse_size(segment_memory)
     if signatures[0] != signatures[1]:  # the same seeded inputs cannot be fed to both: nothing to compare
         result.mismatch = Mismatch(0, "", f"the models' inputs differ: original takes {signatures[0]}; patched "
                                           f"takes {signatures[1]}")
@@ -289,7 +324,7 @@ def verify(original: str | Path, patched: str | Path, *, iterations: int | None 
     try:
         level = _ort_level(opt_level)
 
-        def session(path: str | Path):
+        def session_options():
             options = onnxruntime.SessionOptions()
             options.graph_optimization_level = level
             # no arena: ORT's CPU arena keeps what a run freed and grows in large steps, so one run of a large model
@@ -298,6 +333,10 @@ def verify(original: str | Path, patched: str | Path, *, iterations: int | None 
             options.enable_cpu_mem_arena = False
             if threads is not None:
                 options.intra_op_num_threads = threads
+            return options
+
+        def session(path: str | Path):
+            options = session_options()
             # (the source is made here, in the run's own process: the fixed original's bytes are not held beside
             # the other model's run)
             source = _ort_source(path) if not (input_shapes and path == original) else _fixed(original, input_shapes)
@@ -324,8 +363,18 @@ def verify(original: str | Path, patched: str | Path, *, iterations: int | None 
                 # given back when it ends: the peak is the larger model's, not the sum (issue 34: HR 2048's
                 # original alone peaks at 17.4 GB); its outputs come back through files in `folder`
                 try:
-                    saved, peak = Background(_run_one, name, path, session, loader, folder, failure,
-                                             retry=False).result()
+                    if result.segment_memory is None:
+                        saved, peak = Background(_run_one, name, path, session, loader, folder, failure,
+                                                 retry=False).result()
+                    else:
+                        def segment_session(file: Path):
+                            return onnxruntime.InferenceSession(str(file), session_options(),
+                                                                providers=["CPUExecutionProvider"])
+
+                        fixed = input_shapes if path == original else None
+                        saved, peak, (result.segments[name], result.segment_disk[name]) = Background(
+                            _run_segments, name, path, fixed, result.segment_memory, segment_session, loader, folder,
+                            failure, retry=False).result()
                 except ChildDied as died:  # (not run again here: the system killed it, most likely for memory)
                     raise SurgeonError(path, f"fails to run on ORT CPU with the seeded inputs: {died}",
                                        "most likely out of memory: the run of one model needs what one ORT CPU "
@@ -386,6 +435,31 @@ def _run_one(name: str, path: str | Path, session: Callable[[str | Path], object
             files.append((out, file))
         saved.append(files)
     return saved, _peak_rss()
+
+
+def _run_segments(name: str, path: str | Path, input_shapes: dict[str, tuple[int, ...]] | None, max_bytes: int,
+                  session: Callable[[Path], object], loader: Callable[[], object], folder: str,
+                  failure: Callable[[str | Path, BaseException], SurgeonError]
+                  ) -> tuple[list[list[tuple[str, str]]], int, tuple[int, int]]:
+    """`_run_one` in segments (segments.py): the same seeded inputs (polygraphy's DataLoader given the model's
+    input metadata, as Comparator gives it the runner's), each model's outputs saved in `folder`; returns them, the
+    run's peak RSS, and the number of segments and the peak bytes on disk between them. Meant for a forked child,
+    as `_run_one`."""
+    from polygraphy.backend.onnx.util import get_input_metadata
+
+    from .segments import run_in_segments, segment_graph
+
+    g = segment_graph(path, input_shapes)
+    data = loader()
+    data.input_metadata = get_input_metadata(g.model.graph)
+    feeds = [dict(feed) for feed in data]
+    try:
+        saved, count, disk = run_in_segments(g, feeds, max_bytes, folder, session, name)
+    except SurgeonError:
+        raise
+    except Exception as exc:
+        raise failure(path, exc) from None
+    return saved, _peak_rss(), (count, disk)
 
 
 def _load_outputs(files: list[tuple[str, str]]) -> dict:
