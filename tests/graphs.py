@@ -358,7 +358,7 @@ def legacy_patches(image: int = 1024, levels: tuple[int, ...] = (32, 64, 128, 25
 
 
 def decoder_tail(image: int = 64, feat: int = 32, channels: int = 16, dec: int = 32, ipt: tuple[int, int] = (24, 8),
-                 seed: int = 0, current: bool = False, lateral: bool = False) -> onnx.ModelProto:
+                 seed: int = 0, current: bool = False, lateral: bool = False, pyramid: int = 0) -> onnx.ModelProto:
     """The end of BiRefNet's decoder, where its largest ordinary tensors live (at 1024x1024: a 320 MiB Concat of
     the ASPP branches read by a 1x1 Conv, a 384 MiB Resize and a 480 MiB channel Concat read by the last 1x1 Conv,
     a 256 MiB 3x3 Conv output read by a 3x3 Conv), at a small size:
@@ -376,6 +376,11 @@ def decoder_tail(image: int = 64, feat: int = 32, channels: int = 16, dec: int =
     `lateral=True` is BiRefNet_HR's form at 2048 (checked against the real lite 2048 export: '/decoder/Resize_5'
     read by an Add with a lateral block's 1x1 Conv output, the Add read by the channel Concat '/decoder/Concat_22'):
     the upsampled decoder output is added to a 1x1 Conv of the image before the Concat.
+    `pyramid=P` (with `lateral`) is BiRefNet_HR's image pyramid (checked against the real lite 2048 export): the
+    lateral 1x1 Conv reads a channel Concat ('/Concat_3') of two P-channel features at the image's size, one made
+    at full size ('/bb/Transpose_1'), one at half size and resized up ('/Resize_1'); the Concat is also read by a
+    Resize to the decoder's size whose sizes come from its own Shape ('/Resize_5' through '/Shape_15'; here mixed
+    into `feat` by a 1x1 Conv) and by a Shape whose H, W size the upsampling ('/decoder/Shape_13', '_14').
     `current=True` is the current code's form: the image branch cuts the image into 2x2 patches stacked on the
     channels (Reshape -> Transpose -> Reshape) with the patch size read by `Shape -> Gather -> Div -> Cast` of the
     upsampled decoder output (as '/decoder/Shape_20' reads '/decoder/Resize_7_output_0'), then resizes them with
@@ -393,10 +398,26 @@ def decoder_tail(image: int = 64, feat: int = 32, channels: int = 16, dec: int =
         return node("Conv", [x, w, b], out, dilations=[dilation, dilation], group=1, kernel_shape=[k, k],
                     pads=[pad] * 4, strides=[1, 1])
 
-    branches = [node("Relu", [conv("feat", "aspp1", c, c, 1)], "aspp1_relu")]
+    features = "feat"
+    if pyramid:
+        full = conv("image", "bb", 3, pyramid, 3)
+        half = node("Resize", ["image", "", const("half_scales", np.array([1, 1, 0.5, 0.5], np.float32))],
+                    "image_half", mode="linear")
+        up_half = node("Resize", [conv(half, "bb_half", 3, pyramid, 3), "", "",
+                                  const("half_up", np.array([1, pyramid, image, image]))], "bb_half_up", mode="linear",
+                       coordinate_transformation_mode="align_corners")
+        levels = node("Concat", [full, up_half], "pyramid", axis=1)
+        nc = node("Slice", [node("Shape", [levels], "pyr_shape"), const("y0", np.array([0])),
+                            const("y2", np.array([2])), const("y_ax", np.array([0]))], "pyr_nc")
+        small = node("Resize", [levels, "", "", node("Concat", [nc, const("pyr_hw", np.array([feat, feat]))],
+                                                       "pyr_sizes", axis=0)],
+                     "pyr_small", mode="linear", coordinate_transformation_mode="align_corners")
+        features = conv(node("Concat", ["feat", small], "feat_pyr", axis=1), "feat_mix", c + 2 * pyramid, c, 1)
+    hw = node("Shape", [levels], "pyr_hw_of", start=2) if pyramid else const("hw", np.array([image, image]))
+    branches = [node("Relu", [conv(features, "aspp1", c, c, 1)], "aspp1_relu")]
     for d in (1, 2, 3):
-        branches.append(node("Relu", [conv("feat", f"aspp_d{d}", c, c, 3, d)], f"aspp_d{d}_relu"))
-    pooled = node("Relu", [conv(node("GlobalAveragePool", ["feat"], "gap"), "gap_conv", c, c, 1)], "gap_relu")
+        branches.append(node("Relu", [conv(features, f"aspp_d{d}", c, c, 3, d)], f"aspp_d{d}_relu"))
+    pooled = node("Relu", [conv(node("GlobalAveragePool", [features], "gap"), "gap_conv", c, c, 1)], "gap_relu")
     branches.append(node("Resize", [pooled, "", "", const("gap_size", np.array([1, c, feat, feat]))], "gap_up",
                          mode="linear", coordinate_transformation_mode="align_corners"))
     att = node("Concat", branches, "att_cat", axis=1)
@@ -404,7 +425,7 @@ def decoder_tail(image: int = 64, feat: int = 32, channels: int = 16, dec: int =
     shape = node("Shape", [dec_out], "dec_shape")
     nc = node("Slice", [shape, const("s0", np.array([0])), const("s2", np.array([2])), const("s_ax", np.array([0]))],
               "dec_nc")
-    sizes = node("Concat", [nc, const("hw", np.array([image, image]))], "dec_sizes", axis=0)
+    sizes = node("Concat", [nc, hw], "dec_sizes", axis=0)
     up = node("Resize", [dec_out, "", "", sizes], "dec_up", mode="linear",
               coordinate_transformation_mode="align_corners", cubic_coeff_a=-0.75, nearest_mode="floor")
     source, side = "image", image
@@ -435,7 +456,8 @@ def decoder_tail(image: int = 64, feat: int = 32, channels: int = 16, dec: int =
                       nearest_mode="floor")
     patches = conv(conv(source, "ipt_conv1", 12 if current else 3, ipt[0], 3), "ipt_conv_out", ipt[0], ipt[1], 3)
     if lateral:  # the HR form: Resize read by an Add with a lateral 1x1 Conv (of the image, here)
-        up = node("Add", [up, conv("image", "lateral", 3, dec, 1)], "dec_up_lateral")
+        up = node("Add", [up, conv(levels if pyramid else "image", "lateral", 2 * pyramid or 3, dec, 1)],
+                  "dec_up_lateral")
     cat = node("Concat", [up, patches], "out_cat", axis=1)
     conv(cat, "mask", dec + ipt[1], 1, 1)
     graph = helper.make_graph(

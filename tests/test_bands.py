@@ -103,6 +103,71 @@ def test_a_resize_read_by_an_add_is_computed_in_channel_groups_with_the_add(tmp_
     assert_same_at_both_levels(onnx.load(src), str(out))
 
 
+def pyramid_tail(lateral_op: str = "Add") -> onnx.ModelProto:
+    """decoder_tail's HR form with the image pyramid; `lateral_op`: what joins the upsampling and the lateral Conv."""
+    model = decoder_tail(lateral=True, pyramid=12)
+    next(n for n in model.graph.node if n.name == "Add_dec_up_lateral").op_type = lateral_op
+    return model
+
+
+def test_a_channel_concat_several_nodes_read_is_taken_apart_by_its_readers(tmp_path):
+    """BiRefNet_HR's image pyramid (issue 34: '/Concat_3', 192 MiB at 2048): a channel Concat read by the lateral
+    Conv, a Resize (sizes from its Shape) and Shapes. Each reader takes its part from the Concat's inputs: the Shapes
+    become Constants, the Resize one Resize per input joined on the channels (shown exact on its own), and the
+    lateral Conv's channel groups (made for the upsampling's groups), its only readers then, are computed in row
+    bands from the inputs' rows. Here the lateral Conv is joined by a Mul (no ORT fusion: see the next test):
+    nothing is over the limit, the Concat is never made, and the bytes are the original's at both levels."""
+    src, out, limit = tmp_path / "pyr.onnx", tmp_path / "pyr.patched.onnx", 300 * KiB
+    onnx.save(pyramid_tail("Mul"), src)
+    assert "pyramid" in over(str(src), limit)
+    report = patch(src, out, max_buffer=limit)
+    acts = {a.node: a for a in bands_actions(report.actions)}
+    shared = acts["Concat_pyramid"]
+    assert shared.action == Outcome.REWRITTEN and shared.details["resizes"] == ["Resize_pyr_small"]
+    # (the Shape that sized the upsampling is read by nothing once its groups take constant sizes)
+    assert shared.details["shape_readers"] == 1 and shared.details["shown_exact"] == "on_its_own"
+    assert shared.details["convs"] == ["Conv_lateral/group0", "Conv_lateral/group1"]
+    for k in (0, 1):
+        assert acts[f"Conv_lateral/group{k}"].action == Outcome.REWRITTEN  # in row bands
+    assert report.written and over(str(out), limit) == []
+    patched = onnx.load(str(out))
+    assert "pyramid" not in {o for n in patched.graph.node for o in n.output}  # never made whole
+    assert {n.name for n in patched.graph.node if n.op_type == "Resize" and "pyr_small" in n.name} == \
+        {"Resize_pyr_small/part0", "Resize_pyr_small/part1"}
+    assert_same_at_both_levels(onnx.load(src), str(out))
+
+
+def test_bands_of_a_conv_whose_add_ort_fuses_are_refused_with_what_the_proof_measured(tmp_path):
+    """HR's real form: the lateral Conv's output is added to the upsampling's group, itself in ORT's NCHWc layout
+    (its Resize reads a Conv's output); at level all ORT fuses the Add into the whole Conv, which a Concat of bands
+    stops. The local proof runs the Add with the producers of its other input (their layout), measures the
+    difference and the bands are refused; the Concat stays for them, and the bytes are the original's at both
+    levels. (Without those producers the proof passed, and the patched model differed by 1.2e-7 at level all.)"""
+    src, out, limit = tmp_path / "pyr.onnx", tmp_path / "pyr.patched.onnx", 300 * KiB
+    onnx.save(pyramid_tail("Add"), src)
+    report = patch(src, out, max_buffer=limit)
+    acts = {a.node: a for a in bands_actions(report.actions)}
+    assert acts["Concat_pyramid"].action == Outcome.REWRITTEN  # its Resize and Shape take their parts all the same
+    for k in (0, 1):
+        act = acts[f"Conv_lateral/group{k}"]
+        assert act.action == Outcome.REFUSED and act.details["level"] == "all" and act.details["neighbours"]
+        assert act.details["max_diff"] > 0 and "not shown exact" in act.reason
+    assert over(str(out), limit) == ["pyramid"]
+    assert_same_at_both_levels(onnx.load(src), str(out))
+
+
+def test_a_channel_concat_read_by_another_op_is_refused_with_its_reader():
+    model = pyramid_tail()
+    lateral = next(n for n in model.graph.node if n.name == "Conv_lateral")
+    lateral.input[0] = "pyramid_relu"  # the lateral Conv reads a Relu of the Concat: a reader with no part to take
+    model.graph.node.insert(list(model.graph.node).index(lateral),
+                            helper.make_node("Relu", ["pyramid"], ["pyramid_relu"], name="Relu_pyramid"))
+    _, actions = patch_in_memory(model, max_buffer=300 * KiB)
+    act = next(a for a in bands_actions(actions) if a.node == "Concat_pyramid")
+    assert act.action == Outcome.REFUSED and act.details["reader"] == "Relu_pyramid"
+    assert "it is read by Relu 'Relu_pyramid' (each reader must take its part from the Concat's inputs" in act.reason
+
+
 def test_a_resize_read_by_an_op_that_is_not_elementwise_is_refused_with_its_reader():
     def with_reader(op: str) -> onnx.ModelProto:
         model = decoder_tail(lateral=True)

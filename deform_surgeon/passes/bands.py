@@ -128,6 +128,20 @@ def _axis(node: gs.Node, rank: int) -> int:
     return int(node.attrs.get("axis", 0)) % rank
 
 
+def _resize_inputs(node: gs.Node) -> tuple[gs.Tensor, gs.Tensor, gs.Tensor]:
+    """A Resize's roi, scales and sizes (an empty tensor for one it does not have)."""
+    ins = list(node.inputs) + [gs.Variable.empty()] * (4 - len(node.inputs))
+    return ins[1], ins[2], ins[3]
+
+
+def _shape_constant(ctx: Context, shape_node: gs.Node, shape: tuple[int, ...]) -> None:
+    """A Shape of a tensor of static `shape` becomes a Constant of `shape[start:end]` (in place)."""
+    start, end = int(shape_node.attrs.get("start", 0)), shape_node.attrs.get("end")
+    value = np.array(shape[start:None if end is None else int(end)], np.int64)
+    shape_node.op, shape_node.attrs = "Constant", {"value": ctx.const(f"{shape_node.name}/value", value)}
+    shape_node.inputs.clear()
+
+
 class _Nothing(Exception):
     """A band whose rows would read nothing but a Conv's zero padding."""
 
@@ -199,13 +213,21 @@ class BandOversize(Pass):
         resizes = [n for n in ctx.graph.nodes if n.op == "Resize" and (shapes.nbytes(n.outputs[0]) or 0) > limit]
         for node in resizes:  # first: the Convs below are found in the graph their groups made
             yield "resize", node, None
+        shared = [n for n in ctx.graph.nodes if n.op == "Concat" and len(n.outputs) == 1
+                  and (shapes.nbytes(n.outputs[0]) or 0) > limit and len(n.outputs[0].outputs) > 1
+                  and shapes.shape(n.outputs[0]) is not None and len(shapes.shape(n.outputs[0])) == 4
+                  and _axis(n, 4) == 1 and id(n.outputs[0]) not in self.outside
+                  and any(r.op in ("Shape", "Resize") and self._live(r) for r in n.outputs[0].outputs)]
+        for node in shared:  # then: its readers read their parts (the Resizes' groups' Convs among them), and
+            yield "shared", node, None  # each Conv, its own Concat's one reader, is found below
         convs = [(n, self._feeding(ctx, n.inputs[0], shapes)) for n in ctx.graph.nodes
                  if n.op == "Conv" and n.inputs and (shapes.nbytes(n.inputs[0]) or 0) > limit]
         waiting: dict[int, list] = {}
         for node, feeders in convs:
             if feeders is not None:
                 try:
-                    inner = self._source(ctx, node.inputs[0], feeders, shapes, limit, self.outside, "").nodes()
+                    inner = self._source(ctx, node.inputs[0], feeders, shapes, limit, self.outside, "",
+                                         node).nodes()
                 except Refuse:
                     continue
                 waiting[id(node)] = [(n, f) for n, f in convs if any(n is m for m in inner)]
@@ -236,6 +258,8 @@ class BandOversize(Pass):
         kind, node, feeders = match
         if kind == "resize":
             return self._groups(ctx, node, self.shapes, self.limit, self.outside)
+        if kind == "shared":
+            return self._unshared(ctx, node, self.shapes, self.limit)
         if kind == "rows":
             return self._row_chunks(ctx, node, self.shapes, self.limit, self.outside)
         return self._bands(ctx, node, feeders, self.shapes, self.limit, self.outside)
@@ -245,7 +269,7 @@ class BandOversize(Pass):
         waiting for it be matched next."""
         kind, node, _ = match
         self.refused_ids.add(id(node))
-        t = node.outputs[0] if kind == "resize" else node.inputs[0]
+        t = node.outputs[0] if kind in ("resize", "shared") else node.inputs[0]
         if kind == "rows":  # the MatMul's tensor over the limit (`why.details` names the chain's largest)
             t = max([*(i for i in node.inputs if i.name), *node.outputs], key=lambda x: self.shapes.nbytes(x) or 0)
         details = {"tensor": t.name, "size_bytes": self.shapes.nbytes(t), "limit_bytes": self.limit, **why.details}
@@ -264,29 +288,11 @@ class BandOversize(Pass):
         sizers = [r for t in grouped for r in t.outputs if r.op == "Shape"]  # need its shape only: a constant
         readers = list({id(r): r for t in grouped for r in t.outputs if r.op == "Concat"}.values())  # on the
         # channels (`_carriers` checked)
-        mode = node.attrs.get("coordinate_transformation_mode", "half_pixel")
-        mode = mode.decode() if isinstance(mode, bytes) else mode
-        if xs is None or len(xs) != 4 or tuple(os_[:2]) != tuple(xs[:2]) or mode == "tf_crop_and_resize" or \
-                "axes" in node.attrs or node.attrs.get("keep_aspect_ratio_policy", "stretch") not in ("stretch",
-                                                                                                       b"stretch"):
-            raise Refuse(f"{head}: not a 4-D Resize with scale 1 on the batch and channel axes and no roi, axes or "
-                         "aspect-ratio policy")
-        ins = list(node.inputs) + [gs.Variable.empty()] * (4 - len(node.inputs))
-        roi, scales, sizes = ins[1], ins[2], ins[3]
+        self._channelwise(ctx, node, shapes, head)
         why = self.plan.keep_whole.get(node.name)
         if why is not None:
             raise why.prefixed(f"{head}: ")
-        if sizes.name:
-            known = ctx.prover.constant(sizes)
-            if known is not None and [int(v) for v in known.reshape(-1)] != list(os_):
-                raise Refuse(f"{head}: its sizes {known.tolist()} are not its inferred shape {list(os_)}",
-                             sizes=known.reshape(-1).tolist(), shape=os_)
-        elif scales.name:
-            values = ctx.prover.constant(scales)
-            if values is None or values.size != 4 or values[0] != 1 or values[1] != 1:
-                raise Refuse(f"{head}: its scales are not constant with 1 on the batch and channel axes")
-        else:
-            raise Refuse(f"{head}: it has neither scales nor sizes")
+        roi, scales, sizes = _resize_inputs(node)
         channels = xs[1]
         n = math.ceil(size / limit)
         if n > channels:
@@ -341,11 +347,8 @@ class BandOversize(Pass):
             r.inputs.extend(joined)
         for c in carriers:
             c.outputs.clear()
-        for r in sizers:  # Shape(out)[start:end] is known statically: the Shape becomes a Constant of it
-            start, end = int(r.attrs.get("start", 0)), r.attrs.get("end")
-            value = np.array(os_[start:None if end is None else int(end)], np.int64)
-            r.op, r.attrs = "Constant", {"value": ctx.const(f"{r.name}/value", value)}
-            r.inputs.clear()
+        for r in sizers:
+            _shape_constant(ctx, r, os_)
         node.outputs.clear()
         if proof is not None:
             proof.taken(ctx, shapes)
@@ -462,16 +465,122 @@ class BandOversize(Pass):
             return none
         return maker, (w, b), via
 
+    @staticmethod
+    def _channelwise(ctx: Context, node: gs.Node, shapes: Shapes, head: str) -> None:
+        """Refuse a Resize that does not interpolate each channel on its own with weights of the spatial sizes
+        only: a 4-D Resize with scale 1 on the batch and channel axes (constant scales, or sizes that are its
+        inferred shape), no roi, axes or aspect-ratio policy."""
+        xs, os_ = shapes.shape(node.inputs[0]), shapes.shape(node.outputs[0])
+        mode = node.attrs.get("coordinate_transformation_mode", "half_pixel")
+        mode = mode.decode() if isinstance(mode, bytes) else mode
+        if xs is None or os_ is None or len(xs) != 4 or tuple(os_[:2]) != tuple(xs[:2]) or \
+                mode == "tf_crop_and_resize" or "axes" in node.attrs or \
+                node.attrs.get("keep_aspect_ratio_policy", "stretch") not in ("stretch", b"stretch"):
+            raise Refuse(f"{head}: Resize '{node.name}' is not a 4-D Resize with scale 1 on the batch and channel "
+                         "axes and no roi, axes or aspect-ratio policy", resize=node.name)
+        _, scales, sizes = _resize_inputs(node)
+        if sizes.name:
+            known = ctx.prover.constant(sizes)
+            if known is not None and [int(v) for v in known.reshape(-1)] != list(os_):
+                raise Refuse(f"{head}: the sizes {known.tolist()} of Resize '{node.name}' are not its inferred shape "
+                             f"{list(os_)}", sizes=known.reshape(-1).tolist(), shape=os_)
+        elif scales.name:
+            values = ctx.prover.constant(scales)
+            if values is None or values.size != 4 or values[0] != 1 or values[1] != 1:
+                raise Refuse(f"{head}: the scales of Resize '{node.name}' are not constant with 1 on the batch and "
+                             "channel axes")
+        else:
+            raise Refuse(f"{head}: Resize '{node.name}' has neither scales nor sizes")
+
+    def _live(self, node: gs.Node, seen: set[int] | None = None) -> bool:
+        """Whether something the graph computes reads what `node` makes (a graph output, or a live reader): a node
+        an earlier rewrite of this pass replaced stays in the graph, without readers, until cleanup."""
+        seen = set() if seen is None else seen
+        if id(node) in seen:
+            return False
+        seen.add(id(node))
+        return any(id(t) in self.outside or any(self._live(r, seen) for r in t.outputs) for t in node.outputs)
+
+    # -- a channel Concat that several nodes read ---------------------------------------------------------------
+    def _unshared(self, ctx: Context, concat: gs.Node, shapes: Shapes, limit: int) -> Action:
+        """Each reader of a channel Concat over the limit takes its part from the Concat's inputs (BiRefNet_HR's
+        image pyramid, '/Concat_3': 192 MiB at 2048, read by the lateral Conv, a Resize and three Shapes).
+
+        Why: the Concat is made whole as long as one reader reads it whole, and a Conv's bands make their rows of
+        it from its inputs only when the Conv is its one reader. A Shape becomes a Constant of the static shape. A
+        Resize becomes one Resize per Concat input, joined by a Concat on the channels: each channel is
+        interpolated on its own with weights of the spatial sizes only (the channel groups' reasoning; ORT's NCHWc
+        Resize kernel aside, so shown exact like them). The Convs are left its only readers: each one's bands then
+        make their rows from the inputs' rows (`_source`), and once every Conv is in bands the Concat is gone (a
+        Conv whose bands are refused keeps reading it whole, as before)."""
+        out = concat.outputs[0]
+        xs, size = shapes.shape(out), shapes.nbytes(out)
+        head = f"output '{out.name}' ({human(size)}) stays over the {human(limit)} limit"
+        readers = [r for r in out.outputs if self._live(r)]  # (a node an earlier rewrite replaced is still there)
+        for r in readers:
+            if r.op == "Resize" and r.inputs[0] is out:
+                self._channelwise(ctx, r, shapes, head)
+            elif not (r.op == "Shape" or (r.op == "Conv" and r.inputs[0] is out)):
+                raise Refuse(f"{head}: it is read by {r.op} '{r.name}' (each reader must take its part from the "
+                             "Concat's inputs: a Conv, a Resize or a Shape can)", reader=r.name)
+        resizes = [r for r in readers if r.op == "Resize"]
+        convs = [r for r in readers if r.op == "Conv"]
+        sizers = [r for r in readers if r.op == "Shape"]
+        float16 = shapes.dtype(out) == np.float16
+        parts_in = list(concat.inputs)
+        proof = self._proof(ctx, shapes, concat.name, [concat, *resizes], [r.outputs[0] for r in resizes],
+                            float16) if resizes else None
+        first = len(ctx.graph.nodes)
+        for r in resizes:
+            y = r.outputs[0]
+            ys = shapes.shape(y)
+            roi, scales, sizes = _resize_inputs(r)
+            parts = []
+            for k, x in enumerate(parts_in):
+                c = shapes.shape(x)[1]
+                part = ctx.var(f"{y.name}/part{k}", shapes.dtype(y), (ys[0], c, *ys[2:]))
+                part_sizes = ctx.const(f"{r.name}/part{k}/sizes", np.array([ys[0], c, *ys[2:]], np.int64)) \
+                    if sizes.name else sizes
+                ctx.node("Resize", f"{r.name}/part{k}", [x, roi, scales, part_sizes] if sizes.name else
+                         [x, roi, scales], [part], dict(r.attrs))
+                parts.append(part)
+            r.outputs.clear()
+            r.inputs.clear()  # (the Conv's bands below ask whether the Concat has other readers)
+            ctx.node("Concat", f"{r.name}/join", parts, [y], {"axis": 1})
+        for r in sizers:
+            _shape_constant(ctx, r, xs)
+        for r in [r for r in out.outputs if not any(r is x for x in readers)]:
+            r.inputs.clear()  # (what an earlier rewrite replaced: left for cleanup, reading nothing)
+        if proof is not None:
+            proof.taken(ctx, shapes)
+        details = {"tensor": out.name, "size_bytes": size, "limit_bytes": limit,
+                   "inputs": [x.name for x in parts_in], "resizes": [r.name for r in resizes],
+                   "convs": [c.name for c in convs], "shape_readers": len(sizers), **float16_details(float16)}
+        said = [*(f"Resize '{r.name}' becomes one Resize per input joined on the channels" for r in resizes),
+                *([f"its {len(sizers)} Shape reader(s) become Constants of its static shape"] if sizers else []),
+                *([f"{' and '.join(repr(c.name) for c in convs)} are left its only reader(s), for their bands to "
+                   "make their rows from the inputs' rows"] if convs else [])]
+        return Action(self.name, concat.name, concat.op, Outcome.REWRITTEN,
+                      f"read by {len(readers)} nodes, each now taking its part from its {len(parts_in)} inputs: "
+                      + "; ".join(said) + " (each channel is interpolated on its own, but ORT's NCHWc layout runs "
+                      "a Resize of whole channel blocks with a kernel of its own, so it is written only once shown "
+                      "exact)" * bool(resizes) + (FLOAT16_NOTE if float16 and resizes else ""),
+                      tuple(t.name for t in ctx.graph.nodes[first:]), needs_verify=bool(resizes), details=details)
+
     # -- Conv in row bands --------------------------------------------------------------------------------------
     def _source(self, ctx: Context, x: gs.Tensor, feeders: tuple[list[gs.Node], gs.Node], shapes: Shapes,
-                limit: int, outside: set[int], head: str) -> RowSource:
+                limit: int, outside: set[int], head: str, conv: gs.Node | None = None) -> RowSource:
         """How the bands' rows of `x` are made from what `feeders` found making it: its producer computed for
         those rows from the rows of its inputs, each of them sliced from the whole tensor where that fits the
         limit, else made for those rows by its own producer in turn (the nested form: a channel Concat reads a
-        Conv output itself over the limit); `Refuse` when some tensor over the limit cannot be made so."""
+        Conv output itself over the limit); `Refuse` when some tensor over the limit cannot be made so.
+        `conv` (reading `x`): a channel Concat `x` that other Convs read too (the channel groups of one Conv,
+        `_unshared`) is made by each one's bands from its inputs' rows, and is gone once every one of them is."""
         chain, producer = feeders
+        shared_by_convs = conv is not None and not chain and producer.op == "Concat" and _axis(producer, 4) == 1 \
+            and all(r is conv or (r.op == "Conv" and r.inputs[0] is x) for r in x.outputs if self._live(r))
         for t in [x, *(n.outputs[0] for n in chain), *(producer.outputs if chain else ())]:
-            if id(t) in outside or len(t.outputs) != 1:
+            if id(t) in outside or (len(t.outputs) != 1 and not (t is x and shared_by_convs)):
                 raise Refuse(f"{head}: '{t.name}' is also read elsewhere (or outside the rewritten part), so it "
                              "would be needed whole anyway", read_elsewhere=t.name)
         if producer.op == "Concat" and _axis(producer, 4) == 2:  # rows joined: each band slices the inputs it spans
@@ -516,7 +625,7 @@ class BandOversize(Pass):
         y_shape = shapes.shape(conv.outputs[0])
         if y_shape is None or len(y_shape) != 4 or y_shape[2] < 2:
             raise Refuse(f"{head}: the Conv's output shape is not known as [N, M, H, W] with H >= 2")
-        source = self._source(ctx, x, feeders, shapes, limit, outside, head)
+        source = self._source(ctx, x, feeders, shapes, limit, outside, head, conv)
         tail = conv_tail(ctx, conv, shapes)
         if shapes.dtype(x) == np.float16:
             self._shared_constants(ctx, [conv, *(n for n in source.nodes() if n.op == "Conv")], head)

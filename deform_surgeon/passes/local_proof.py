@@ -114,11 +114,12 @@ class LocalProof:
                     if n.name not in seen:
                         seen.add(n.name)
                         self.folded.append(self.facts.learn(ctx, shapes, n))
-        # where the whole side's inputs come from, as far as ORT's NCHWc layout reaches: a Resize (or a Conv) reading
-        # a Conv's output in its NCHWc layout runs another kernel than one reading plain NCHW data
+        # where the whole side's inputs, and the readers' other inputs, come from, as far as ORT's NCHWc layout
+        # reaches: a Resize (or a Conv) reading a Conv's output in its NCHWc layout runs another kernel than one
+        # reading plain NCHW data, and an Add of a Conv's output and another NCHWc tensor is fused into the Conv
         order = {id(n): k for k, n in enumerate(ctx.graph.nodes)}
         before: dict[int, gs.Node] = {}
-        for t in whole_inputs:
+        for t in whole_inputs + [i for r in readers for i in r.inputs if i.name not in made]:
             if t.name in made or self.facts.constants.get(t.name) is not None:
                 continue
             for n in _layout_producers(t):
