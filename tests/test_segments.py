@@ -200,3 +200,16 @@ def test_cli_verify_segment_memory(tmp_path):
     assert proc.stderr.splitlines() == ["deform-surgeon: error: a run in segments equals the whole model's run only "
                                         "at opt level 'disable' (got 'basic': ORT fuses nodes across a segment's edge "
                                         "at the other levels) (give --opt-level disable or no --opt-level)"]
+
+
+def test_patch_verify_runs_in_segments_when_asked(tmp_path):
+    """`patch --verify --segment-memory`: the comparison the user asked for runs in segments at level disable, and
+    no whole run at ORT's default level is added to it."""
+    report = patch(FIXTURES / "gathernd_b2g2.onnx", tmp_path / "p.onnx", verify=True,
+                   verify_options={"segment_memory": 2_000, "iterations": 1})
+    assert report.written and report.verification.identical
+    assert report.verification.opt_level == "disable" and report.verification.segments["original"] > 2
+    with pytest.raises(SurgeonError, match="only at opt level 'disable'"):
+        patch(FIXTURES / "gathernd_b2g2.onnx", tmp_path / "q.onnx", verify=True,
+              verify_options={"segment_memory": 2_000, "opt_level": "all"})
+    assert not (tmp_path / "q.onnx").exists()
