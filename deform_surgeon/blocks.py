@@ -288,6 +288,10 @@ def count_per_block(model: onnx.ModelProto, cpu_nodes: Iterable[str],
 GATHERS = {"Gather", "GatherND"}  # the samplers as the gathernd / gather_elements passes leave them
 CARRIED = ELEMENTWISE_UNARY | ELEMENTWISE_NARY | SHAPE_OPS | {"Transpose"}  # what a chunk is carried through
 MAX_BLOCK_NODES = 400
+# why a DynamicQuantizeLinear (the 8-bit files') stops a split: chunks would each need the whole tensor's scale
+_WHOLE_SCALE = (" (it quantizes the whole tensor with one scale made from its min and max; a min and max of the "
+                "chunks equal ORT's only for inputs without NaN, where ORT's SIMD min/max depends on lanes and "
+                "threads, so no exact split is proven)")
 
 
 @dataclass
@@ -351,7 +355,8 @@ def _cone(seed: gs.Node, graph_outputs: set[int]) -> tuple[list[gs.Node], gs.Nod
                     stack.append(c)
                 else:
                     return nodes, None, (f"'{out.name}' is read by {c.op} '{c.name}', which the split cannot "
-                                         "carry a chunk through")
+                                         "carry a chunk through" + (_WHOLE_SCALE if c.op == "DynamicQuantizeLinear"
+                                                                    else ""))
     if len(convs) != 1:
         return nodes, None, ("the gathered values reach no Conv" if not convs
                              else "the gathered values reach more than one Conv")

@@ -639,3 +639,22 @@ def test_ort_cpu_is_asked_which_float16_tensors_it_holds_in_float32():
                    producer[n.input[0]].op_type == "Reshape"]
     assert relus and not any(t in made for t in relus)
     assert conv_inputs and all(t in made for t in conv_inputs)
+
+
+def test_an_8bit_block_is_refused_with_why_no_split_is_exact(tmp_path):
+    """The 8-bit files (onnxruntime.quantization's dynamic quantization, as transformers.js's model_quantized): the
+    block's sampled values are read by a DynamicQuantizeLinear, which quantizes the whole tensor with one scale. A
+    split would need that scale from the chunks' min and max, the same as ORT's only without NaN: refused, saying
+    so (issue 34, item 2)."""
+    from variant_replicas import build_variants
+
+    import deform_surgeon as ds
+
+    path = build_variants(tmp_path, only=("quantized",))["quantized"]
+    refused = [a for a in ds.inspect(path, max_buffer=1024).actions
+               if a.pass_name == "split" and a.action == Outcome.REFUSED]
+    assert refused
+    for act in refused:
+        assert "is read by DynamicQuantizeLinear" in act.reason, act.reason
+        assert "which the split cannot carry a chunk through (it quantizes the whole tensor with one scale made from " \
+            "its min and max; a min and max of the chunks equal ORT's only for inputs without NaN" in act.reason
