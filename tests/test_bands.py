@@ -187,8 +187,9 @@ def test_the_float16_decoder_tail_is_cut_where_ort_cpu_rounds_and_shown_exact_on
     as in the real BiRefNet-lite 1024 fp16): the Resize in channel groups made by its Conv through the converter's
     Cast, the Cast after it carried per group; the ASPP Concat's Conv in row bands, its cuts Pads where ORT CPU holds
     the values in float32; both shown exact by the whole model at both levels (a local proof would feed float16
-    inputs, rounded already). The Convs whose bias of at most 8 elements ORT would share between the bands are
-    refused with what was measured; the written model has the original's bytes."""
+    inputs, rounded already). The Convs whose bias of at most 8 elements ORT would share between the bands (and
+    then run them on another kernel: measured on the real file) run their bands without it, and one Add after the
+    join adds it; the written model has nothing over the limit and the original's bytes."""
     from variant_replicas import _script
 
     src, out, limit = tmp_path / "tail16.onnx", tmp_path / "tail16.patched.onnx", 150 * KiB
@@ -202,14 +203,39 @@ def test_the_float16_decoder_tail_is_cut_where_ort_cpu_rounds_and_shown_exact_on
         assert act.details["shown_exact"] == "whole_model" and set(act.details["levels"]) == {"disable", "all"}
     patched = onnx.load(str(out))
     cuts = [n for n in patched.graph.node if "/rows" in n.name and n.op_type in ("Pad", "Slice")]
-    assert cuts and {n.op_type for n in cuts} == {"Pad"}  # the branches' Relus run in float32 on ORT CPU
+    relu_cuts = [n for n in cuts if "relu" in n.name]  # the branches' Relus run in float32 on ORT CPU: Pads
+    assert relu_cuts and {n.op_type for n in relu_cuts} == {"Pad"}
+    # Slices only of what a float16 kernel makes: the converter's Cast after the Resize, carried per group (read
+    # in rows by the mask Conv's bands)
+    assert {n.input[0] for n in cuts if n.op_type == "Slice"} == {f"dec_up/group{k}" for k in range(4)}
     for name, bias in (("Conv_ipt_conv_out", "ipt_conv_out_b"), ("Conv_mask", "mask_b")):  # 8 and 1 elements
-        assert acts[name].action == Outcome.REFUSED and acts[name].details["shared"] == bias
+        assert acts[name].action == Outcome.REWRITTEN and acts[name].details["bias_after_join"] == bias
+        assert "is added once (ORT CPU would share a copy of it between the bands" in acts[name].reason
+        assert any(n.op_type == "Add" and n.name == f"{name}/bands/bias" for n in patched.graph.node)
+    assert report.written and over(str(out), limit) == []
     original = onnx.load(src)
     for seed in (0, 1):
         feeds = feeds_for(original, seed)
         for level in LEVELS:
             assert_bytes_equal(run(original, feeds, level), run(str(out), feeds, level))
+
+
+def test_a_float16_conv_with_a_small_bias_and_a_fusable_tail_is_refused_with_what_was_measured():
+    """The bias can wait for the join only where the ops after the Conv give the same bytes fused or not (Relu,
+    Cast); with a Sigmoid after it (which the bias must precede, and which the bands would carry) the bands would
+    share the bias copy ORT CPU makes, and they are refused, naming it."""
+    from variant_replicas import _script
+
+    model = _script().fp16(decoder_tail())
+    mask = next(n for n in model.graph.node if n.name == "Conv_mask")
+    reader = next(n for n in model.graph.node if mask.output[0] in n.input)
+    reader.input[list(reader.input).index(mask.output[0])] = "mask_sigmoid"
+    model.graph.node.insert(list(model.graph.node).index(mask) + 1,
+                            helper.make_node("Sigmoid", [mask.output[0]], ["mask_sigmoid"], name="Sigmoid_mask"))
+    _, actions = patch_in_memory(model, max_buffer=150 * KiB)
+    act = next(a for a in bands_actions(actions) if a.node == "Conv_mask")
+    assert act.action == Outcome.REFUSED and act.details["shared"] == "mask_b", act.reason
+    assert "reads 'mask_b' of 1 element(s), which ORT CPU would share between the bands" in act.reason
 
 
 def test_a_float16_resize_whose_groups_would_read_slices_is_refused(tmp_path):

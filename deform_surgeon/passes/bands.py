@@ -128,6 +128,11 @@ def _axis(node: gs.Node, rank: int) -> int:
     return int(node.attrs.get("axis", 0)) % rank
 
 
+# per-element ops without parameters: after a Conv, the same bytes whether ORT fuses them into it or not (what a
+# float16 Conv whose bias is added after its bands' join leaves whole after that Add)
+_EXACT_TAIL = {"Relu", "Cast"}
+
+
 def _resize_inputs(node: gs.Node) -> tuple[gs.Tensor, gs.Tensor, gs.Tensor]:
     """A Resize's roi, scales and sizes (an empty tensor for one it does not have)."""
     ins = list(node.inputs) + [gs.Variable.empty()] * (4 - len(node.inputs))
@@ -627,8 +632,14 @@ class BandOversize(Pass):
             raise Refuse(f"{head}: the Conv's output shape is not known as [N, M, H, W] with H >= 2")
         source = self._source(ctx, x, feeders, shapes, limit, outside, head, conv)
         tail = conv_tail(ctx, conv, shapes)
+        bias = ctx.prover.constant(conv.inputs[2]) if len(conv.inputs) > 2 and conv.inputs[2].name else None
+        late_bias = shapes.dtype(x) == np.float16 and bias is not None and bias.size <= 8 and \
+            all(t.op in _EXACT_TAIL for t in tail)
+        if late_bias:  # the tail stays whole, after the bias
+            tail = []
         if shapes.dtype(x) == np.float16:
-            self._shared_constants(ctx, [conv, *(n for n in source.nodes() if n.op == "Conv")], head)
+            self._shared_constants(ctx, [*([] if late_bias else [conv]),
+                                         *(n for n in source.nodes() if n.op == "Conv")], head)
         rows_out, rows_x = y_shape[2], xs[2]
 
         def row_bytes(t: gs.Tensor) -> int:
@@ -678,10 +689,16 @@ class BandOversize(Pass):
             tag = f"band{k}"
             x_band = self._made(ctx, source, x0, x1, tag, shapes)
             joined.append(self._through(ctx, [conv, *tail], x_band, window.band_attrs(conv, top, bottom), tag,
-                                        o1 - o0, shapes))
+                                        o1 - o0, shapes, drop_bias=late_bias))
         for node in [conv, *tail]:
             node.outputs.clear()
-        join(ctx, f"{conv.name}/bands/join", joined, end, 2, shapes, self._held(ctx, end))
+        if late_bias:  # the bias added once, after the join (see `_shared_constants`)
+            summed = ctx.var(f"{end.name}/before_bias", shapes.dtype(end), shapes.shape(end))
+            join(ctx, f"{conv.name}/bands/join", joined, summed, 2, shapes, self._held(ctx, end))
+            ctx.node("Add", f"{conv.name}/bands/bias", [summed, ctx.const(f"{conv.inputs[2].name}/after_bands",
+                                                                          bias.reshape(1, -1, 1, 1))], [end])
+        else:
+            join(ctx, f"{conv.name}/bands/join", joined, end, 2, shapes, self._held(ctx, end))
         if proof is not None:
             proof.taken(ctx, shapes)
 
@@ -690,12 +707,15 @@ class BandOversize(Pass):
         details = {"bands": n, "band_rows": [b[1] - b[0] for b in bands], "rows": rows_out, "tensor": x.name,
                    "size_bytes": size, "band_bytes": worst, "limit_bytes": limit, "source": source.node.name,
                    "carried": [t.op for t in tail], "made_in_rows": source.made_in_rows(),
-                   **float16_details(float16)}
+                   "bias_after_join": conv.inputs[2].name if late_bias else None, **float16_details(float16)}
+        late = (f", then its bias of {bias.size} element(s) is added once (ORT CPU would share a copy of it between "
+                "the bands, which then run on another Conv kernel than the whole Conv; its NCHWc kernel adds the "
+                "bias after the sums, as this Add does)") if late_bias else ""
         return Action(self.name, conv.name, conv.op, Outcome.REWRITTEN,
                       f"computed in {n} row bands of {counts} output rows (of {rows_out}): input '{x.name}' "
                       f"({human(size)}) was over the {human(limit)} limit; each band reads its rows of it "
                       f"(with the kernel's halo) from {source.describe(shapes)}; largest band tensor "
-                      f"{human(worst)}; the Conv{carried} runs per band and one Concat joins the bands; each "
+                      f"{human(worst)}; the Conv{carried} runs per band and one Concat joins the bands{late}; each "
                       "output pixel reads the same values, but the summation order of a Conv kernel on fewer rows "
                       "is the implementation's choice, so it is written only once shown exact"
                       + (FLOAT16_NOTE if float16 else ""),
@@ -911,7 +931,11 @@ class BandOversize(Pass):
         the Conv's float16 initializers, which it does for an initializer one node reads; the bands read copies of
         the weights each, but ORT's ConstantSharing merges initializers of up to 8 elements with equal values into
         one, which all the bands then read, and the bands run on another Conv kernel than the whole Conv (measured
-        on the real BiRefNet-lite 1024 fp16: its last Conv, 1 output channel, differs by 5.5e-6 in 2 bands)."""
+        on the real BiRefNet-lite 1024 fp16: its last Conv, 1 output channel, differs by 5.5e-6 in 2 bands).
+        The banded Conv itself avoids it where it can (`_bands`): its bands run without the bias and one Add after
+        the join adds it (MLAS's NCHWc kernel adds the bias after the sums too), when the ops after it are Relu or
+        Cast only (left whole after that Add); a Conv inside the bands' source, or one with a BatchNormalization or
+        another op after it, is refused here."""
         for conv in convs:
             for i in conv.inputs[1:]:
                 value = ctx.prover.constant(i) if i.name else None
@@ -997,7 +1021,7 @@ class BandOversize(Pass):
 
     @staticmethod
     def _through(ctx: Context, nodes: list[gs.Node], x: gs.Tensor, first_attrs: dict, tag: str, rows: int,
-                 shapes: Shapes) -> gs.Tensor:
+                 shapes: Shapes, drop_bias: bool = False) -> gs.Tensor:
         """`x` (the rows of the first node's data input) through copies of `nodes`, a Conv with `first_attrs` and
         then per-channel ops, each reading its predecessor's output: `[N, M, rows, W]`."""
         current, replaced = x, nodes[0].inputs[0]
@@ -1005,7 +1029,7 @@ class BandOversize(Pass):
             out = n.outputs[0]
             s = shapes.shape(out)
             y = ctx.var(f"{out.name}/{tag}", shapes.dtype(out), (*s[:2], rows, *s[3:]))
-            inputs = [current if i is replaced else i for i in n.inputs]
+            inputs = [current if i is replaced else i for i in n.inputs][:2 if drop_bias and k == 0 else None]
             if n.op == "Conv" and shapes.dtype(out) == np.float16:  # its own copy of the weights per band: ORT
                 # CPU makes float32 weights for its NCHWc Conv kernel (level all) only for a float16 initializer
                 # one node reads; bands sharing them would run another Conv kernel than the whole Conv did
