@@ -94,13 +94,15 @@ class VerifyResult:
         return f"verify: FAILED: {self.mismatch.text() if self.mismatch else 'outputs differ'}{self.peak_text()}"
 
     def segment_text(self) -> str:
-        """", in segments of at most 8.00 GB of tensors: the original in 31 (16.20 GB on disk between them at
-        most), the patched in 12 (2.10 GB ...)"."""
+        """", in segments of at most 6.00 GB (5.59 GiB) of tensors: the original in 41 (at most 17.65 GB (16.44 GiB)
+        on disk between them), the patched in 35 (...)"."""
         if self.segment_memory is None:
             return ""
-        counts = ", ".join(f"the {k} in {n} ({self.segment_disk.get(k, 0) / 1e9:.2f} GB on disk between them at "
-                           "most)" for k, n in self.segments.items())
-        return f", in segments of at most {self.segment_memory / 1e9:.2f} GB of tensors: {counts}"
+        from .sizes import human
+
+        counts = ", ".join(f"the {k} in {n} (at most {human(self.segment_disk.get(k, 0))} on disk between them)"
+                           for k, n in self.segments.items())
+        return f", in segments of at most {human(self.segment_memory)} of tensors: {counts}"
 
     def peak_text(self) -> str:
         """"; peak RSS 7.90 GB (the original's run; the patched's 2.41 GB, the caller's 0.31 GB)": what the machine

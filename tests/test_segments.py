@@ -133,8 +133,9 @@ def test_verify_in_segments_passes_and_says_so(exporter_pair):
     assert result.identical, result.summary()
     assert result.opt_level == "disable" and result.segment_memory == 2_000
     assert result.segments["original"] > 2 and result.segments["patched"] > 2
-    assert f", in segments of at most 0.00 GB of tensors: the original in {result.segments['original']} (0.00 GB " \
-        "on disk between them at most), the patched in" in result.summary()
+    disk = result.segment_disk["original"]
+    assert f", in segments of at most 2,000 B of tensors: the original in {result.segments['original']} (at most " \
+        f"{disk:,} B on disk between them), the patched in" in result.summary()
     assert result.to_dict()["segments"] == result.segments
     assert 0 < result.segment_disk["original"] < 10**6 and result.to_dict()["segment_disk"] == result.segment_disk
 
@@ -191,8 +192,8 @@ def test_cli_verify_segment_memory(tmp_path):
     a, b = one_ulp_models(tmp_path)
     proc = cli("verify", a.name, a.name, "--segment-memory", "1kB", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "opt level 'disable', in segments of at most 0.00 GB of tensors: the original in 1 (0.00 GB on disk " \
-        "between them at most), the patched in 1 (" in proc.stdout
+    assert "opt level 'disable', in segments of at most 1,000 B of tensors: the original in 1 (at most " in proc.stdout
+    assert " B on disk between them), the patched in 1 (at most " in proc.stdout
     proc = cli("verify", a.name, b.name, "--segment-memory", "1", cwd=tmp_path)
     assert proc.returncode == 1 and "verify: FAILED: output 'y'" in proc.stdout, proc.stdout + proc.stderr
     proc = cli("verify", a.name, b.name, "--segment-memory", "1", "--opt-level", "basic", cwd=tmp_path)
