@@ -3,10 +3,11 @@ on disk, for a model whose whole run does not fit the machine (the real BiRefNet
 inference of it was killed at 24.3 GB, docs/verify.md).
 
 A segment is a run of consecutive nodes (topological order) whose tensors, those it reads from earlier segments
-and those it makes, add up to at most BYTES by the model's inferred types (patch's type table); a node whose
-tensors alone are more is a segment of its own. Each segment is a model of its own (pieces.sub_model: its nodes
-unchanged, the Constant nodes and initializers it reads copied in), run once per seeded input; what later segments
-or the graph's outputs read is saved as .npy and fed back mapped from the file, and removed after its last reader.
+and those it makes, add up to at most BYTES by the model's inferred types (patch's type table; a tensor it does not
+size counts as its producer's largest input); a node whose tensors alone are more is a segment of its own. Each
+segment is a model of its own (pieces.sub_model: its nodes unchanged, the Constant nodes and initializers it reads
+copied in), run once per seeded input; what later segments or the graph's outputs read is saved as .npy and fed
+back mapped from the file, and removed after its last reader.
 
 Why the bytes are the whole model's: at ONNX Runtime's level `disable` no node is fused with another or changed
 in layout, so each node runs its own kernel on its inputs, and a kernel does not know whether an input came from
@@ -42,7 +43,7 @@ class Segment:
     last: int
     inputs: tuple[str, ...]  # tensors it reads that earlier segments (or the feeds) made
     outputs: tuple[str, ...]  # tensors it makes that later segments or the graph's outputs read
-    nbytes: int  # its inputs' and made tensors' bytes by the inferred types (unknown sizes count 0)
+    nbytes: int  # its inputs' and made tensors' bytes by the inferred types (`planned_bytes`)
 
 
 def tensor_bytes(g: Graph, name: str) -> int:
@@ -63,18 +64,36 @@ def tensor_bytes(g: Graph, name: str) -> int:
     return int(math.prod(dims)) * item
 
 
+def planned_bytes(g: Graph) -> Callable[[str], int]:
+    """A tensor's bytes for planning: by its inferred type, else (a shape inference did not know: the HR 2048
+    original's Swin reshapes, 3,339 tensors) the largest of its producer's inputs, in turn. A memory estimate only:
+    what a segment computes does not depend on it."""
+    known: dict[str, int] = {}
+
+    def size(name: str) -> int:
+        if name not in known:
+            known[name] = tensor_bytes(g, name)
+            k = g.producer.get(name)
+            if not known[name] and k is not None:
+                known[name] = max((size(x) for x in g.nodes[k].input if x and x not in g.constants), default=0)
+        return known[name]
+
+    return size
+
+
 def plan_segments(g: Graph, max_bytes: int) -> list[Segment]:
     """Consecutive nodes of `g` in segments of at most `max_bytes` of tensors each (see the module docstring)."""
+    size = planned_bytes(g)
     spans: list[tuple[int, int, int]] = []
     first, total, seen = 0, 0, set()
     for k, node in enumerate(g.nodes):
         new = [x for x in (*node.input, *node.output) if x and x not in g.constants and x not in seen]
-        add = sum(tensor_bytes(g, x) for x in dict.fromkeys(new))
+        add = sum(size(x) for x in dict.fromkeys(new))
         if k > first and total + add > max_bytes:
             spans.append((first, k - 1, total))
             first, total, seen = k, 0, set()
             new = [x for x in (*node.input, *node.output) if x and x not in g.constants]
-            add = sum(tensor_bytes(g, x) for x in dict.fromkeys(new))
+            add = sum(size(x) for x in dict.fromkeys(new))
         seen.update(new)
         total += add
     if g.nodes:

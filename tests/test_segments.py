@@ -16,7 +16,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from deform_surgeon import SurgeonError, patch, verify
-from deform_surgeon.segments import plan_segments, run_in_segments, segment_graph, tensor_bytes
+from deform_surgeon.segments import plan_segments, planned_bytes, run_in_segments, segment_graph, tensor_bytes
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -214,3 +214,25 @@ def test_patch_verify_runs_in_segments_when_asked(tmp_path):
         patch(FIXTURES / "gathernd_b2g2.onnx", tmp_path / "q.onnx", verify=True,
               verify_options={"segment_memory": 2_000, "opt_level": "all"})
     assert not (tmp_path / "q.onnx").exists()
+
+
+def test_a_tensor_inference_does_not_size_is_planned_as_its_producers_largest_input(tmp_path):
+    """A Reshape to a shape given at run time (inference leaves its output unsized, as the HR original's Swin
+    reshapes): the plan counts it as the Reshape's data input, not as nothing; the segments give the whole bytes."""
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"]), helper.make_node("Relu", ["r"], ["y"])]
+    graph = helper.make_graph(nodes, "unsized", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 64]),
+                                                 helper.make_tensor_value_info("shape", TensorProto.INT64, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, None])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = tmp_path / "unsized.onnx"
+    onnx.save(model, path)
+    g = segment_graph(path)
+    assert tensor_bytes(g, "r") == 0  # (inference does not know it)
+    assert planned_bytes(g)("r") == 64 * 64 * 4 and planned_bytes(g)("y") == 64 * 64 * 4
+    assert len(plan_segments(g, 64 * 64 * 4 * 2)) == 2  # x and r; then r and y: not one segment of x alone
+    feed = {"x": np.random.default_rng(0).random((64, 64), dtype=np.float32), "shape": np.array([128, 32])}
+    (tmp_path / "run").mkdir()
+    saved, count, _ = run_in_segments(g, [feed], 64 * 64 * 4 * 2, tmp_path / "run", disable_session)
+    assert count == 2
+    assert np.load(saved[0][0][1]).tobytes() == disable_session(path).run(None, feed)[0].tobytes()
