@@ -549,9 +549,10 @@ class BandOversize(Pass):
                 ctx.node("Resize", f"{r.name}/part{k}", [x, roi, scales, part_sizes] if sizes.name else
                          [x, roi, scales], [part], dict(r.attrs))
                 parts.append(part)
+            held = self._held(ctx, y)
             r.outputs.clear()
             r.inputs.clear()  # (the Conv's bands below ask whether the Concat has other readers)
-            ctx.node("Concat", f"{r.name}/join", parts, [y], {"axis": 1})
+            join(ctx, f"{r.name}/join", parts, y, 1, shapes, held)
         for r in sizers:
             _shape_constant(ctx, r, xs)
         for r in [r for r in out.outputs if not any(r is x for x in readers)]:
