@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .errors import SurgeonError
+from .heap import release
 from .pieces import Graph, save_model, sub_model, window_inputs
 
 if TYPE_CHECKING:
@@ -199,7 +200,7 @@ def run_in_segments(g: Graph, feeds: Sequence[Mapping[str, np.ndarray]], max_byt
             for y, value in zip(seg.outputs, values, strict=True):
                 disk.save(it, y, value)
             del values
-            malloc_trim()
+            release()
             for x in [x for (i, x) in disk.files if i == it and g.last_read.get(x, -1) <= seg.last
                       and x not in graph_outputs]:
                 disk.drop(it, x)  # what no later segment and no graph output reads
@@ -207,13 +208,3 @@ def run_in_segments(g: Graph, feeds: Sequence[Mapping[str, np.ndarray]], max_byt
         p.unlink()
     outputs = [o.name for o in g.model.graph.output]
     return [[(o, str(disk.files[it, o])) for o in outputs] for it in range(len(feeds))], len(segments), disk.peak
-
-
-def malloc_trim() -> None:
-    """Give freed heap pages back to the system between segments (glibc; elsewhere nothing)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass

@@ -29,8 +29,6 @@ that only sets the layout of a Concat's other input).
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -38,6 +36,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from ..heap import release
 from ..pipeline import Context, Refuse
 
 LEVELS = ("disable", "all")
@@ -200,12 +199,12 @@ def refusal(ctx: Context, proof: LocalProof, outside: Outside | None = None,
 
     for level, ((whole, whole_inputs), (split, split_inputs)), alone in runs:
         expected = ctx.ort_cpu(whole, feed(whole_inputs), level)
-        _release()
+        release()
         got = ctx.ort_cpu(split, feed(split_inputs), level)
-        _release()
+        release()
         diff = _max_diff(expected, got)
         del expected, got  # before the next level's runs (they are as large as the compared tensors)
-        _release()
+        release()
         if diff is not None:
             company = "without its neighbours" if alone else "with its neighbours"
             return Refuse(f"run on its own {company} on ORT CPU (level '{level}'), it does not give the "
@@ -257,25 +256,6 @@ def _untransformed(model: onnx.ModelProto) -> bool:
         return sorted((n.op_type, n.domain or "", tuple(n.input), tuple(n.output)) for n in m.graph.node)
 
     return nodes(ran) == nodes(model)
-
-
-def _release() -> None:
-    """Give the memory freed by a run back to the system: the proofs allocate and free hundreds of MB at a time in
-    pieces below glibc's mmap threshold, which stay in the process's heap (its RSS) unless trimmed."""
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
-
-
-def _libc():
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.malloc_trim.argtypes = [ctypes.c_size_t]
-        return libc
-    except (OSError, AttributeError):  # not glibc: nothing to trim
-        return None
-
-
-_LIBC = _libc()
 
 
 def _same_bytes(a: np.ndarray, b: np.ndarray, step: int = 1 << 24) -> bool:
