@@ -139,6 +139,22 @@ def _resize_inputs(node: gs.Node) -> tuple[gs.Tensor, gs.Tensor, gs.Tensor]:
     return ins[1], ins[2], ins[3]
 
 
+def _resize_part(ctx: Context, resize: gs.Node, x: gs.Tensor, channels: int, name: str, out_name: str,
+                 shapes: Shapes) -> gs.Tensor:
+    """`resize` of `x`, some `channels` of its input (a group, or one input of the Concat it read), with its
+    attributes, roi and scales, and its sizes made a constant for those channels: the output's part."""
+    out = resize.outputs[0]
+    ys = shapes.shape(out)
+    roi, scales, sizes = _resize_inputs(resize)
+    part = ctx.var(out_name, shapes.dtype(out), (ys[0], channels, *ys[2:]))
+    if sizes.name:
+        part_sizes = ctx.const(f"{name}/sizes", np.array([ys[0], channels, *ys[2:]], np.int64))
+        ctx.node("Resize", name, [x, roi, scales, part_sizes], [part], dict(resize.attrs))
+    else:
+        ctx.node("Resize", name, [x, roi, scales], [part], dict(resize.attrs))
+    return part
+
+
 def _shape_constant(ctx: Context, shape_node: gs.Node, shape: tuple[int, ...]) -> None:
     """A Shape of a tensor of static `shape` becomes a Constant of `shape[start:end]` (in place)."""
     start, end = int(shape_node.attrs.get("start", 0)), shape_node.attrs.get("end")
@@ -297,14 +313,12 @@ class BandOversize(Pass):
         why = self.plan.keep_whole.get(node.name)
         if why is not None:
             raise why.prefixed(f"{head}: ")
-        roi, scales, sizes = _resize_inputs(node)
         channels = xs[1]
         n = math.ceil(size / limit)
         if n > channels:
             raise Refuse(f"{head}: one channel alone is {human(size // channels)}", channels=channels,
                          channel_bytes=size // channels)
         groups = _bands(channels, n)
-        dtype = shapes.dtype(out)
         maker, source, via = self._channel_source(ctx, x, node, outside)
         float16 = any(shapes.dtype(t) == np.float16 for t in [x, *grouped])
         if source is None and float16:  # only the whole model shows a float16 rewrite exact
@@ -328,11 +342,7 @@ class BandOversize(Pass):
             base = f"{node.name}/group{k}"
             part_in = self._group_of(ctx, x, (maker, source, via), c0, c1, k, shapes)  # (the Conv making the input,
             # for these output channels only, or a cut of them)
-            group_sizes = (ctx.const(f"{base}/sizes", np.array([os_[0], c1 - c0, *os_[2:]], np.int64))
-                           if sizes.name else sizes)
-            part = ctx.var(f"{out.name}/group{k}", dtype, (os_[0], c1 - c0, *os_[2:]))
-            ctx.node("Resize", base, [part_in, roi, scales, group_sizes] if sizes.name else [part_in, roi, scales],
-                     [part], dict(node.attrs))
+            part = _resize_part(ctx, node, part_in, c1 - c0, base, f"{out.name}/group{k}", shapes)
             parts.append(part)
             made = {id(out): part}
             for c in carriers:  # the elementwise ops between the Resize and the Concats, for these channels
@@ -538,17 +548,8 @@ class BandOversize(Pass):
         first = len(ctx.graph.nodes)
         for r in resizes:
             y = r.outputs[0]
-            ys = shapes.shape(y)
-            roi, scales, sizes = _resize_inputs(r)
-            parts = []
-            for k, x in enumerate(parts_in):
-                c = shapes.shape(x)[1]
-                part = ctx.var(f"{y.name}/part{k}", shapes.dtype(y), (ys[0], c, *ys[2:]))
-                part_sizes = ctx.const(f"{r.name}/part{k}/sizes", np.array([ys[0], c, *ys[2:]], np.int64)) \
-                    if sizes.name else sizes
-                ctx.node("Resize", f"{r.name}/part{k}", [x, roi, scales, part_sizes] if sizes.name else
-                         [x, roi, scales], [part], dict(r.attrs))
-                parts.append(part)
+            parts = [_resize_part(ctx, r, x, shapes.shape(x)[1], f"{r.name}/part{k}", f"{y.name}/part{k}", shapes)
+                     for k, x in enumerate(parts_in)]
             held = self._held(ctx, y)
             r.outputs.clear()
             r.inputs.clear()  # (the Conv's bands below ask whether the Concat has other readers)
