@@ -54,7 +54,7 @@ from .region import Region, find_region, region_model, splice, type_boundary
 from .report import PatchReport
 from .segments import SEGMENT_LEVEL
 from .slices import split_to_slices
-from .verify import DEFAULT_ITERATIONS, check_verify_options
+from .verify import DEFAULT_ITERATIONS, check_verify_options, level_of
 from .verify import verify as verify_models
 
 PATCH_STAGES = ("prove", "export", "write", "verify")  # what `patch(progress=...)` reports, in this order
@@ -420,7 +420,7 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
             # (runs in segments are at level disable: the whole model at ORT's default level was not asked for
             # then, and a level a rewrite asks for is run whole)
             for level in dict.fromkeys([*([] if segmented else ["all"]), *asked]):
-                if all((r.get("opt_level") or (SEGMENT_LEVEL if segmented else "all")) != level for r in runs):
+                if all(level_of(r.get("opt_level"), r.get("segment_memory")) != level for r in runs):
                     extra = {**runs[0], "opt_level": level, "iterations": 1}
                     if level != SEGMENT_LEVEL:
                         extra.pop("segment_memory", None)

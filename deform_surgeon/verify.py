@@ -237,6 +237,14 @@ def check_options(iterations: object, seed: object, opt_level: object, val_range
                                "e.g. {'image': (0.0, 1.0)}")
 
 
+def level_of(opt_level: str | None, segment_memory: int | str | None = None) -> str:
+    """The ORT level a comparison runs at: the one given, else 'all' (ORT's default), or 'disable' for a run in
+    segments (the one level where segments give the whole run's bytes)."""
+    if opt_level is not None:
+        return opt_level
+    return SEGMENT_LEVEL if segment_memory is not None else "all"
+
+
 VERIFY_OPTIONS = ("iterations", "seed", "val_range", "opt_level", "threads", "quiet", "segment_memory")
 
 
@@ -286,7 +294,7 @@ def verify(original: str | Path, patched: str | Path, *, iterations: int | None 
     iterations = DEFAULT_ITERATIONS if iterations is None else iterations
     seed = DEFAULT_SEED if seed is None else seed
     check_options(iterations, seed, opt_level, val_range, threads, segment_memory)
-    opt_level = (SEGMENT_LEVEL if segment_memory is not None else "all") if opt_level is None else opt_level
+    opt_level = level_of(opt_level, segment_memory)
     if not isinstance(quiet, bool):
         raise SurgeonError(None, f"quiet must be True or False (got {quiet!r})")
     from .input_shapes import fix_input_shapes, has_symbolic_dims
