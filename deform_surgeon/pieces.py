@@ -178,8 +178,6 @@ def save_model(model: onnx.ModelProto, path: Path) -> Path:
     return path
 
 
-
-
 def window_inputs(g: Graph, first: int, last: int) -> list[str]:
     """The tensors nodes first..last read that none of them makes, constants excepted, in the order read."""
     made = {y for i in range(first, last + 1) for y in g.nodes[i].output}
