@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from .args import API_NAMES
 from .kernels import KernelReport
 from .pipeline import Action, Outcome
+from .stages import stage_lines
 from .verify import VerifyResult
 
 REPORT_VERSION = 1
@@ -47,6 +48,7 @@ class PatchReport:
     passes: list[str] = field(default_factory=list)  # the registered passes that ran, in order (--skip-pass: not all)
     weights: dict | None = None  # where OUT's weights go and why (surgeon._weights_form), with a browser problem
     stays_over: list[str] = field(default_factory=list)  # tensors the output still makes over the profile's binding
+    stages: list[dict] = field(default_factory=list)  # each stage's wall time and peak RSS (stages.py), in order
 
     @property
     def rewritten(self) -> list[Action]:
@@ -102,6 +104,7 @@ class PatchReport:
             "verification": None if self.verification is None else self.verification.to_dict(),
             "webgpu": None if self.webgpu is None else self.webgpu.to_dict(),
             "weights": self.weights,
+            "stages": self.stages,
             "note": self.note,
         }
 
@@ -163,6 +166,7 @@ class PatchReport:
         if self.verification is not None:
             lines.append(self.verification.summary())
         lines.extend(self.weights_lines())
+        lines.extend(stage_lines(self.stages))
         if self.note:
             lines.append(self.note)
         text = "\n".join(lines)

@@ -54,6 +54,7 @@ from .region import Region, find_region, region_model, splice, type_boundary
 from .report import PatchReport
 from .segments import SEGMENT_LEVEL
 from .slices import split_to_slices
+from .stages import StageClock
 from .verify import DEFAULT_ITERATIONS, check_verify_options, level_of
 from .verify import verify as verify_models
 
@@ -349,141 +350,337 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
     load_model(model_path) if not os.path.isfile(model_path) else None  # a missing input is named first
     if output_path is not None:
         check_io([model_path], output_path, external_data=external_data)
-    stage = progress or (lambda _: None)
-    stage("prove")
+    clock = StageClock(None if progress is None else
+                       lambda name: progress(_PROGRESS[name]) if name in _PROGRESS else None)
+    try:
+        return _stages(model_path, output_path, options, clock, verify=verify, copy_unchanged=copy_unchanged,
+                       strict=strict, verify_options=verify_options, external_data=external_data)
+    finally:
+        clock.close()
+
+
+_PROGRESS = {"lift": "prove", "export": "export", "write": "write", "verify": "verify"}  # stage -> PATCH_STAGES
+
+
+def _stages(model_path: Path, output_path: Path | None, options: Options, clock: StageClock, *, verify: bool,
+            copy_unchanged: bool, strict: bool, verify_options: dict | None, external_data: str) -> PatchReport:
+    """`patch` once its arguments are checked: lift (load, fold, find the regions, run the passes), prove each
+    rewrite that is not exact by construction on its own, export (splice the region into the model), then write
+    while the checks run (`_Writing`), each a stage of `clock`."""
+    clock.enter("lift")
     plan = SplitPlan(check_in_pass=output_path is None)  # written: each rewrite's own proof decides (below)
     lifted, memory = _lift(model_path, options, plan)
-    model, weights, actions, before = lifted.model, lifted.weights, lifted.actions, lifted.ops_before
+    weights = lifted.weights
     external = weights_external(model_path, weights.sources(), external_data)
     as_input = None if external_data == "auto" and weights.external else False  # (None: the input's own form)
     if output_path is not None:
         check_external_output(output_path, model_path, weights, external)
     report = PatchReport(str(model_path), None if output_path is None else str(output_path), False,
-                         vars(options), before, before, actions, passes=passes_run(options))
+                         vars(options), lifted.ops_before, lifted.ops_before, lifted.actions,
+                         passes=passes_run(options))
+    report.stages = clock.rows
     _annotate(report, lifted, memory)
     report.weights = _weights_form(model_path, output_path, weights, external, external_data)
     if strict and report.findings and output_path is not None:
         _strict_note(report)
         return report
     if not report.changed:
-        report.webgpu = lifted.kernels(patched=False)
-        nothing = f"nothing to rewrite in {model_path}" + (
-            f" ({len(report.refused)} node(s) refused: see their reasons)" if report.refused else "")
-        report.note = "; ".join(x for x in (nothing, report.note) if x)
-        if output_path is not None and copy_unchanged:
-            if weights.external or external:  # its data must move beside the copy: same tensors, re-pointed
-                stage("write")
-                save_model_atomic(model, output_path, weights=weights, external=as_input or external)
-            else:
-                copy_atomic(model_path, output_path, check=weights.check_unchanged)
-            report.written = True
-            report.note += f"; wrote an unchanged copy to {output_path}"
-        elif output_path is not None:
-            report.note += "; no output written (--copy-unchanged writes an unchanged copy)"
-        if not report.written:  # what a page would be given is the input, as it is
-            report.weights = _weights_form(model_path, None, weights, weights.external, "auto")
-        return report
-
+        return _unchanged(report, lifted, output_path, copy_unchanged, external, as_input, clock)
     if output_path is not None:
+        clock.enter("prove")
         lifted, memory = _prove_locally(model_path, options, plan, lifted, memory)
-        model, weights = lifted.model, lifted.weights
         report.actions = lifted.actions
         _annotate(report, lifted, memory)
         if strict and report.findings:  # a rewrite its proof undid is refused now
             _strict_note(report)
             return report
-    stage("export")
+    clock.enter("export")
     patched, region = lifted.patched()
     report.ops_after = op_histogram(patched)
     report.webgpu = lifted.kernels(patched=True)
     if output_path is None:
         check_spliced(patched, region, f"{model_path} (patched)", weights)
         return report
+    return _Writing(model_path, output_path, options, plan, report, lifted, memory, verify, verify_options or {},
+                    as_input or external, strict, clock).run()
 
-    def _write(patched: onnx.ModelProto, region: onnx.ModelProto, verify_fn: Callable[[Path], None] | None) -> None:
-        """Write `patched` while its whole-model check runs on a second core; the file takes OUT's place only
-        after the check (and `verify_fn`) passed."""
-        checking = Background(check_spliced, patched, region, output_path, weights)
+
+def _unchanged(report: PatchReport, lifted: Lifted, output_path: Path | None, copy_unchanged: bool,
+               external: bool, as_input: bool | None, clock: StageClock) -> PatchReport:
+    """Nothing to rewrite: nothing written unless `copy_unchanged` (then an exact copy of the input)."""
+    model_path, weights = Path(report.model), lifted.weights
+    report.webgpu = lifted.kernels(patched=False)
+    nothing = f"nothing to rewrite in {model_path}" + (
+        f" ({len(report.refused)} node(s) refused: see their reasons)" if report.refused else "")
+    report.note = "; ".join(x for x in (nothing, report.note) if x)
+    if output_path is not None and copy_unchanged:
+        if weights.external or external:  # its data must move beside the copy: same tensors, re-pointed
+            clock.enter("write")
+            save_model_atomic(lifted.model, output_path, weights=weights, external=as_input or external)
+        else:
+            copy_atomic(model_path, output_path, check=weights.check_unchanged)
+        report.written = True
+        report.note += f"; wrote an unchanged copy to {output_path}"
+    elif output_path is not None:
+        report.note += "; no output written (--copy-unchanged writes an unchanged copy)"
+    if not report.written:  # what a page would be given is the input, as it is
+        report.weights = _weights_form(model_path, None, weights, weights.external, "auto")
+    return report
+
+
+class _Unshown(Exception):
+    """Why a check did not show the rewrites not exact by construction exact, from the check to the undo:
+    `undo`, the rewrites shown wrong and why (a float16 proof's difference); or `level` and `candidates`, the
+    whole-model check that differed and the rewrites it checked (`_Writing.culprits` then finds which)."""
+
+    def __init__(self, text: str, *, undo: dict[str, Refuse] | None = None, level: str = "all",
+                 candidates: list[str] | None = None) -> None:
+        super().__init__(text)
+        self.text, self.undo, self.level, self.candidates = text, undo or {}, level, candidates or []
+
+
+@dataclass
+class _Writing:
+    """The last stages of `patch`: write OUT while its checks run on the written file, and when a check shows a
+    rewrite not exact, undo that rewrite only and write again.
+
+    The checks, in order: each float16 rewrite's own proof (`_prove_float16`: on the nodes around it, held to the
+    roundings ORT CPU chooses in the original and in the patched model); then, for the rewrites still not shown
+    exact (and all with `verify`), the whole patched model against the original on ORT CPU at the levels they ask.
+    A float16 proof that disproves a rewrite names it; a whole-model check that differs names only the level, and
+    `culprits` finds the rewrite(s) that make the difference by a search over them, as `bisect` searches over
+    prefixes of a model. The file takes OUT's place only after every check passed."""
+
+    model_path: Path
+    output_path: Path
+    options: Options
+    plan: SplitPlan
+    report: PatchReport
+    lifted: Lifted
+    memory: str
+    verify: bool
+    verify_options: dict
+    external: bool | None
+    strict: bool
+    clock: StageClock
+    undone: dict[str, Refuse] = dataclasses.field(default_factory=dict)
+
+    def run(self) -> PatchReport:
+        while True:
+            self.clock.enter("write")
+            patched, region = self.lifted.patched()
+            check = self._check if self.verify or self._unproven() else None
+            try:
+                self._write(patched, region, check)
+            except VerificationError as exc:
+                cause = exc.__cause__
+                if not isinstance(cause, _Unshown):
+                    raise
+                self.clock.enter("undo")
+                found = cause.undo or self.culprits(cause)
+                if not found:  # the model differs without the rewrites checked: not theirs to undo
+                    raise
+                self._undo(found)
+                if self.strict and self.report.findings:  # the rewrites undone are refused now
+                    _strict_note(self.report)
+                    return self.report
+                continue
+            self.report.written = True
+            return self.report
+
+    def _unproven(self) -> list:
+        return [a for a in self.report.actions if a.needs_verify and a.action == Outcome.REWRITTEN]
+
+    def _write(self, patched: onnx.ModelProto, region: onnx.ModelProto,
+               check: Callable[[Path], None] | None) -> None:
+        """Write `patched` while its spliced graph is checked on a second core; the file takes OUT's place only
+        after that and `check(tmp)` passed."""
+        weights = self.lifted.weights
+        checking = Background(check_spliced, patched, region, self.output_path, weights)
         try:
-            save_model_atomic(patched, output_path, verify=verify_fn, weights=weights, check=checking.result,
-                              external=as_input or external)
+            save_model_atomic(patched, self.output_path, verify=check, weights=weights, check=checking.result,
+                              external=self.external)
         finally:
             checking.close()
 
-    def _verify(tmp: Path, whole_check: bool = False) -> None:
-        stage("verify")
-        runs = [verify_options or {}] if verify else [{**(verify_options or {}), "iterations": 1}]
-        if whole_check:  # what ORT runs by default, and the levels a rewrite asks for (a float16 split: both)
-            asked = [lvl for a in report.actions if a.needs_verify and a.action == Outcome.REWRITTEN
-                     for lvl in a.details.get("verify_levels", ())]
-            segmented = runs[0].get("segment_memory") is not None
-            # (runs in segments are at level disable: the whole model at ORT's default level was not asked for
-            # then, and a level a rewrite asks for is run whole)
-            for level in dict.fromkeys([*([] if segmented else ["all"]), *asked]):
-                if all(level_of(r.get("opt_level"), r.get("segment_memory")) != level for r in runs):
-                    extra = {**runs[0], "opt_level": level, "iterations": 1}
-                    if level != SEGMENT_LEVEL:
-                        extra.pop("segment_memory", None)
-                    runs.append(extra)
+    def _check(self, tmp: Path) -> None:
+        self.clock.enter("verify")
+        float16 = [a for a in self._unproven() if a.details.get("float16")]
+        if float16:
+            self._prove_float16(float16, tmp)
+        unproven = self._unproven()
+        runs = self._runs(unproven)
         for kwargs in runs:
-            try:
-                result = verify_models(model_path, tmp, **kwargs, input_shapes=options.input_shapes)
-            except VerificationError:
-                raise
-            except SurgeonError as exc:
-                weights.check_unchanged()  # an input changed under the comparison: that is the problem to name
-                if exc.path != str(tmp):  # the original (or an option) is at fault: bad input
-                    raise
-                problem = f"the patched model {exc.problem}, where the original runs; not written"
-                raise VerificationError(output_path, problem) from (
-                    _Unshown(f"it could not be run: {exc.problem}") if whole_check else None)
+            result = self._compare(tmp, kwargs)
             if kwargs is runs[0]:  # the comparison the user asked for (the others only show rewrites exact)
-                report.verification = result if verify else None
+                self.report.verification = result if self.verify else None
             if not result.identical:
-                weights.check_unchanged()
+                self.lifted.weights.check_unchanged()
                 found = result.mismatch.text() if result.mismatch else "outputs differ"
-                raise VerificationError(output_path, f"patched model differs from the original, not written: {found}"
-                                        ) from _Unshown(f"it differed from the original ({found}, opt level "
-                                                        f"'{result.opt_level}')")
-        if whole_check:
+                raise VerificationError(self.output_path, "patched model differs from the original, not written: "
+                                        f"{found}") from (_Unshown(found, level=result.opt_level, candidates=[
+                                            a.node for a in unproven]) if unproven else None)
+        if unproven:
             checked = "; ".join(f"level '{r.get('opt_level') or 'all'}', "
                                 f"{r.get('iterations') or DEFAULT_ITERATIONS} input(s)" for r in runs)
-            report.actions = [dataclasses.replace(a, reason=f"{a.reason}: verified byte-identical before "
-                                                  f"writing ({checked})",
-                                                  details={**a.details, "shown_exact": "whole_model",
-                                                           "levels": [r.get("opt_level") or "all" for r in runs]})
-                              if a.needs_verify else a for a in report.actions]
+            self._mark({a.node for a in unproven}, f"verified byte-identical before writing ({checked})",
+                       {"shown_exact": "whole_model", "levels": [r.get("opt_level") or "all" for r in runs]})
 
-    stage("write")
-    unproven = [a for a in report.actions if a.needs_verify and a.action == Outcome.REWRITTEN]
-    if not unproven:
-        _write(patched, region, _verify if verify else None)
-        report.written = True
-        return report
-    try:
-        _write(patched, region, lambda tmp: _verify(tmp, True))
-    except VerificationError as exc:
-        if not isinstance(exc.__cause__, _Unshown):
+    def _runs(self, unproven: list) -> list[dict]:
+        """The comparisons of the whole model: the user's (`verify`), and for the rewrites not shown exact one
+        input at ORT's default level and at each level a rewrite asks for (a float16 rewrite: both)."""
+        runs = [self.verify_options] if self.verify else [{**self.verify_options, "iterations": 1}] if unproven \
+            else []
+        if not unproven:
+            return runs
+        asked = [lvl for a in unproven for lvl in a.details.get("verify_levels", ())]
+        segmented = runs[0].get("segment_memory") is not None
+        # (runs in segments are at level disable: the whole model at ORT's default level was not asked for then,
+        # and a level a rewrite asks for is run whole)
+        for level in dict.fromkeys([*([] if segmented else ["all"]), *asked]):
+            if all(level_of(r.get("opt_level"), r.get("segment_memory")) != level for r in runs):
+                runs.append(self._at(level))
+        return runs
+
+    def _at(self, level: str) -> dict:
+        extra = {**self.verify_options, "opt_level": level, "iterations": 1}
+        if level != SEGMENT_LEVEL:
+            extra.pop("segment_memory", None)
+        return extra
+
+    def _compare(self, path: Path, kwargs: dict):
+        try:
+            return verify_models(self.model_path, path, **kwargs, input_shapes=self.options.input_shapes)
+        except VerificationError:
             raise
-        why = (f"not shown exact on the whole model: with {'it' if len(unproven) == 1 else 'these'} (the rewrites not "
-               f"exact by construction: {', '.join(sorted({a.pass_name for a in unproven}))}) the whole patched "
-               f"model was checked on ORT CPU and {exc.__cause__}")
-        plan.keep_whole.update({a.node: Refuse(why, undone="whole_model") for a in unproven})
-        report.verification = None
-        lifted, memory = _lift(model_path, options, plan, rounds=0)
-        patched, region = lifted.patched()
-        report.actions, report.ops_after = lifted.actions, op_histogram(patched)
-        report.webgpu = lifted.kernels(patched=True)
-        kinds = ", ".join(f"{sum(a.pass_name == k for a in unproven)} {k}" for k in sorted({a.pass_name for a in
-                                                                                              unproven}))
-        _annotate(report, lifted, f"{len(unproven)} rewrite(s) undone ({kinds}): not shown exact on the whole model "
-                                  "(see their lines)", memory)
-        if strict and report.findings:  # the rewrites undone are refused now
-            _strict_note(report)
-            return report
-        _write(patched, region, _verify if verify else None)
-    report.written = True
-    return report
+        except SurgeonError as exc:
+            self.lifted.weights.check_unchanged()  # an input changed under the comparison: the problem to name
+            if exc.path != str(path):  # the original (or an option) is at fault: bad input
+                raise
+            problem = f"the patched model {exc.problem}, where the original runs; not written"
+            unproven = self._unproven()
+            raise VerificationError(self.output_path, problem) from (
+                _Unshown(f"it could not be run: {exc.problem}", level=kwargs.get("opt_level") or "all",
+                         candidates=[a.node for a in unproven]) if unproven else None)
+
+    def _prove_float16(self, actions: list, tmp: Path) -> None:
+        """The float16 rewrites' proofs (passes/float16_proof.py): each connected group of the nodes they changed,
+        between the model without them and the written file, held to ORT CPU's graphs of both. A group shown exact
+        marks its rewrites so, one that differs is raised (its rewrites undone), and one whose proof cannot stand
+        for the model leaves its rewrites to the whole-model check."""
+        from .passes.float16_proof import ModelView, Unshown, groups, refusal
+        from .passes.local_proof import LEVELS
+        from .passes.precision import file_roundings
+
+        shown, disproved, left = set(), {}, {}
+        with self._aside([a.node for a in actions], "float16") as before_path:
+            read = file_roundings([(before_path, level) for level in LEVELS] + [(tmp, level) for level in LEVELS])
+            roundings = {(path == tmp, level): r for (path, level), r in read.items()}
+            before, after = ModelView(before_path), ModelView(tmp)
+            for group in groups(before, after):
+                covered = [a.node for a in actions if group.made & set(a.new_nodes)]
+                if not covered:
+                    continue
+                why = refusal(group, before, after, lambda patched, level: roundings[(patched, level)],
+                              self.lifted.ctx.ort_cpu)
+                if why is None:
+                    shown.update(covered)
+                elif isinstance(why, Unshown):
+                    left.update(dict.fromkeys(covered, str(why)))
+                else:
+                    disproved.update({node: why.prefixed("not shown exact: ", undone="on_its_own",
+                                                         together=sorted(covered)) for node in covered})
+            del before, after
+        shown -= set(left) | set(disproved)  # (a rewrite in two groups: each must show it)
+        if disproved:
+            raise VerificationError(self.output_path, f"{len(disproved)} float16 rewrite(s) not shown exact on "
+                                    "their own") from _Unshown("a float16 proof differs", undo=disproved)
+        levels = " and ".join(f"'{x}'" for x in LEVELS)
+        self._mark(shown, "shown exact before writing, on its own: the nodes it changed (with the rewrites they "
+                          "touch), beside the nodes they replaced, with their readers and the producers ORT CPU "
+                          f"rounds their inputs by, on ORT CPU at levels {levels} (seeded inputs of the real "
+                          "shapes), where ORT CPU runs them as in the model without it and in the written file "
+                          "(read from its graphs)", {"shown_exact": "on_its_own", "levels": list(LEVELS)})
+        self.report.actions = [dataclasses.replace(a, details={**a.details, "not_shown_on_its_own": left[a.node]})
+                               if a.node in left and a.needs_verify else a for a in self.report.actions]
+
+    def _mark(self, nodes: set[str], how: str, details: dict) -> None:
+        self.report.actions = [dataclasses.replace(a, needs_verify=False, reason=f"{a.reason}: {how}",
+                                                   details={**a.details, **details})
+                               if a.node in nodes and a.needs_verify else a for a in self.report.actions]
+
+    def culprits(self, cause: _Unshown) -> dict[str, Refuse]:
+        """The rewrites among `cause.candidates` that make the whole model differ at `cause.level`, each with the
+        difference measured when it was added: a search over prefixes of them (the model with a prefix applied and
+        the rest undone), one rewrite found per binary search; {} when the model differs with all of them undone."""
+        rest, level = list(cause.candidates), cause.level
+        if self._differs(rest, level) is not None:
+            return {}
+        bad: dict[str, Refuse] = {}
+        text = cause.text
+        while rest:
+            lo, hi = 0, len(rest)  # rest[:lo] applied: identical; rest[:hi] applied: differs (`text`)
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                found = self._differs([*bad, *rest[mid:]], level)
+                if found is None:
+                    lo = mid
+                else:
+                    hi, text = mid, found
+            node = rest.pop(hi - 1)
+            bad[node] = Refuse(f"not shown exact on the whole model: with it the whole patched model was checked on "
+                               f"ORT CPU and it differed from the original ({text}, opt level '{level}'); found by "
+                               f"a search over the {len(cause.candidates)} rewrite(s) the check covered, the others "
+                               "kept", undone="whole_model", level=level, difference=text)
+            if not rest:
+                break
+            text = self._differs(list(bad), level)
+            if text is None:
+                break
+        return bad
+
+    def _differs(self, undo: list[str], level: str) -> str | None:
+        """The whole model's first difference from the original at `level` (one input) with `undo` kept whole and
+        every other rewrite applied; None when byte-identical."""
+        with self._aside(undo, "undo") as path:
+            result = self._compare(path, self._at(level))
+        return None if result.identical else (result.mismatch.text() if result.mismatch else "outputs differ")
+
+    @contextmanager
+    def _aside(self, undo: list[str], what: str) -> Iterator[Path]:
+        """The patched model with `undo` kept whole, written to a temporary folder (removed after), the plan as it
+        was after: what the undo search compares, and what a float16 proof's whole side is held to."""
+        import tempfile
+
+        saved = {k: dict(getattr(self.plan, k)) for k in ("keep_whole", "proofs", "chunks", "min_chunks")}
+        self.plan.keep_whole.update({n: Refuse("kept whole aside") for n in undo})
+        try:
+            lifted, _ = _lift(self.model_path, self.options, self.plan, rounds=0)
+            patched, _ = lifted.patched()
+            with tempfile.TemporaryDirectory(prefix=f"deform-surgeon-{what}-") as folder:
+                path = Path(folder) / self.output_path.name
+                save_model_atomic(patched, path, weights=lifted.weights, external=self.external)
+                del lifted, patched
+                yield path
+        finally:
+            for k, v in saved.items():
+                getattr(self.plan, k).clear()
+                getattr(self.plan, k).update(v)
+
+    def _undo(self, found: dict[str, Refuse]) -> None:
+        """Keep `found` whole, lift again and prove again (keeping a node whole changes its neighbours' context)."""
+        self.undone.update(found)
+        self.plan.keep_whole.update(found)
+        self.report.verification = None
+        lifted, memory = _lift(self.model_path, self.options, self.plan, rounds=0)
+        self.lifted, self.memory = _prove_locally(self.model_path, self.options, self.plan, lifted, memory)
+        patched, _ = self.lifted.patched()
+        self.report.actions, self.report.ops_after = self.lifted.actions, op_histogram(patched)
+        self.report.webgpu = self.lifted.kernels(patched=True)
+        kinds = Counter(a.pass_name for a in self.report.actions if a.node in self.undone)
+        _annotate(self.report, self.lifted, f"{len(self.undone)} rewrite(s) undone ("
+                  + ", ".join(f"{c} {k}" for k, c in sorted(kinds.items())) + "): not shown exact (see their lines); "
+                  "the others written", self.memory)
 
 
 def _prove_locally(model_path: str | Path, options: Options, plan: SplitPlan, lifted: Lifted, memory: str,
@@ -590,38 +787,34 @@ def _outside_readers(lifted: Lifted):
     made_by_constant = {o: k for k, n in enumerate(graph.node) if n.op_type == "Constant" for o in n.output}
     types = lifted.ctx.types
 
+    def spec(k: int):
+        node, facts = graph.node[k], Facts()
+        for t in [*node.input, *node.output]:
+            if not t or t in facts.types:
+                continue
+            try:
+                elem, shape = types[t]
+                dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
+            except Exception:  # noqa: BLE001 (no type known: the proof says so)
+                elem, shape, dtype = 0, None, None
+            facts.types[t] = (np.dtype(dtype), tuple(shape)) if dtype is not None and shape and all(
+                isinstance(d, int) for d in shape) else None
+            value = None
+            if t in lifted.weights.tensors:
+                value = lifted.weights.read(t)
+            elif t in made_by_constant:
+                c = graph.node[made_by_constant[t]]
+                value = next((onnx.numpy_helper.to_array(a.t) for a in c.attribute if a.name == "value"), None)
+            facts.constants[t] = value
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        attrs = {k: (onnx.numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto) else v)
+                 for k, v in attrs.items()}
+        return NodeSpec(node.op_type, node.name, tuple(node.input), tuple(node.output), attrs), facts
+
     def readers(name: str) -> list:
-        out = []
-        for k in index.get(name, []):
-            node, facts = graph.node[k], Facts()
-            for t in [*node.input, *node.output]:
-                if not t or t in facts.types:
-                    continue
-                try:
-                    elem, shape = types[t]
-                    dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
-                except Exception:  # noqa: BLE001 (no type known: the proof says so)
-                    elem, shape, dtype = 0, None, None
-                facts.types[t] = (np.dtype(dtype), tuple(shape)) if dtype is not None and shape and all(
-                    isinstance(d, int) for d in shape) else None
-                value = None
-                if t in lifted.weights.tensors:
-                    value = lifted.weights.read(t)
-                elif t in made_by_constant:
-                    c = graph.node[made_by_constant[t]]
-                    value = next((onnx.numpy_helper.to_array(a.t) for a in c.attribute if a.name == "value"), None)
-                facts.constants[t] = value
-            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-            attrs = {k: (onnx.numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto) else v)
-                     for k, v in attrs.items()}
-            out.append((NodeSpec(node.op_type, node.name, tuple(node.input), tuple(node.output), attrs), facts))
-        return out
+        return [spec(k) for k in index.get(name, [])]
 
     return readers
-
-
-class _Unshown(Exception):
-    """Why the whole-model check of a split Conv failed, from `_verify` to the fallback that undoes the split."""
 
 
 def _annotate(report: PatchReport, lifted: Lifted, *lines: str) -> None:

@@ -116,7 +116,7 @@ class VerifyResult:
         return f"; peak RSS {self.peak_rss[top] / 1e9:.2f} GB ({what}{'; ' + rest if rest else ''})"
 
 
-def _ort_level(name: str):
+def ort_level(name: str):
     import onnxruntime as ort
 
     return {
@@ -135,7 +135,7 @@ def run_ort_cpu(model: onnx.ModelProto, feeds: dict[str, np.ndarray], level: str
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.graph_optimization_level = _ort_level(level)
+    options.graph_optimization_level = ort_level(level)
     options.enable_cpu_mem_arena = False  # one run: its memory goes back when the session ends, not to an arena
     if quiet:
         options.log_severity_level = 3
@@ -332,7 +332,7 @@ def verify(original: str | Path, patched: str | Path, *, iterations: int | None 
         G_LOGGER.module_severity = G_LOGGER.CRITICAL
         onnxruntime.set_default_logger_severity(4)
     try:
-        level = _ort_level(opt_level)
+        level = ort_level(opt_level)
 
         def session_options():
             options = onnxruntime.SessionOptions()

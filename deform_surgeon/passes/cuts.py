@@ -58,22 +58,9 @@ def made_by_ort(model_path: str | Path) -> frozenset[str]:
 
     Why ask ORT: which ops have float16 CPU kernels, and which nodes its isolated-node rule moves to float32, is
     ORT's kernel registry and ORT's walk of the graph; a table here would drift from the installed ORT."""
-    import tempfile
+    from .precision import rounding
 
-    import onnx
-    import onnxruntime as ort
-
-    with tempfile.TemporaryDirectory(prefix="ds-fp16-") as tmp:
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        options.log_severity_level = 3
-        options.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")
-        options.add_session_config_entry("session.optimized_model_external_initializers_file_name", "weights.bin")
-        options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
-        ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
-        optimized = onnx.load(options.optimized_model_filepath, load_external_data=False)
-    return frozenset(o for n in optimized.graph.node if not n.name.startswith("InsertedPrecisionFreeCast_")
-                     for o in n.output)
+    return rounding(model_path, "disable").made_by_model()
 
 
 def cut(ctx: Context, base: str, t: gs.Tensor, start: int, end: int, axis: int, out: gs.Tensor, size: int,

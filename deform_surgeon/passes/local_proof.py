@@ -90,6 +90,8 @@ class LocalProof:
     readers: list[NodeSpec] = field(default_factory=list)  # the nodes reading `ends` then
     folded: list[NodeSpec] = field(default_factory=list)  # constant-only computations feeding either (see taken)
     layout: list[NodeSpec] = field(default_factory=list)  # the producers of the whole side's inputs (see taken)
+    float16: bool = False  # a float16 rewrite's proof (float16_proof.py): read out and shared as in the model
+    opset: int | None = None  # the model's (None: the region graph's)
 
     def taken(self, ctx: Context, shapes) -> LocalProof:
         """Take the rewritten side and the readers of its ends, just after the rewrite: each proof then shows the
@@ -143,7 +145,8 @@ def refusal(ctx: Context, proof: LocalProof, outside: Outside | None = None,
             constant: Callable[[str], np.ndarray | None] | None = None) -> Refuse | None:
     """Why the rewritten side is not shown to give the whole side's bytes (None: it is), see the module docstring;
     a difference it measured is in the refusal's details (`level`, `max_diff`).
-    `outside(name)`: the readers of a tensor outside `ctx.graph` (the rest of the model), with their facts."""
+    `outside(name)`: the readers of a tensor outside `ctx.graph` (the rest of the model), with their facts.
+    (A float16 rewrite is shown exact by float16_proof.py.)"""
     facts, parts = proof.facts, proof.parts
     if isinstance(parts, str):
         return Refuse(parts or "the rewritten side was not taken")
@@ -166,16 +169,27 @@ def refusal(ctx: Context, proof: LocalProof, outside: Outside | None = None,
     context = {level: (proof.folded + proof.layout, readers, compared) for level in LEVELS}
     runs = []
     for level in LEVELS:
-        models = _sides(ctx, proof, parts, *context[level])
+        models = side_models(ctx, proof, parts, *context[level])
         alone = False
         if level == "disable" and not isinstance(models, Refuse) and \
                 _float32_only(facts, [*proof.folded, *proof.whole, *parts]) and \
                 all(_untransformed(m) for m, _ in models):  # each kernel reads only its inputs: no neighbours
-            models = _sides(ctx, proof, parts, proof.folded, [], [t.name for t in proof.ends])
+            models = side_models(ctx, proof, parts, proof.folded, [], [t.name for t in proof.ends])
             alone = True
         if isinstance(models, Refuse):
             return models
         runs.append((level, models, alone))
+    return compare_sides(proof, runs, ctx.ort_cpu)
+
+
+Runner = Callable[[onnx.ModelProto, dict[str, np.ndarray], str], list[np.ndarray]]
+
+
+def compare_sides(proof: LocalProof, runs: list, run: Runner) -> Refuse | None:
+    """Run each level's two sides (`runs`: (level, ((whole, inputs), (rewritten, inputs)), alone)) on seeded
+    inputs and compare their outputs byte for byte: None when they agree at every level, else the `Refuse` with
+    the level and the largest difference."""
+    facts = proof.facts
     sources = {}  # every input a side reads -> its whole-side tensor (a chunk: the tensor it holds rows of)
     for _, models, _ in runs:
         for _, inputs in models:
@@ -198,11 +212,11 @@ def refusal(ctx: Context, proof: LocalProof, outside: Outside | None = None,
         return out
 
     for level, ((whole, whole_inputs), (split, split_inputs)), alone in runs:
-        expected = ctx.ort_cpu(whole, feed(whole_inputs), level)
+        expected = run(whole, feed(whole_inputs), level)
         release()
-        got = ctx.ort_cpu(split, feed(split_inputs), level)
+        got = run(split, feed(split_inputs), level)
         release()
-        diff = _max_diff(expected, got)
+        diff = _max_diff(*_in_common(whole, expected, split, got))
         del expected, got  # before the next level's runs (they are as large as the compared tensors)
         release()
         if diff is not None:
@@ -211,6 +225,16 @@ def refusal(ctx: Context, proof: LocalProof, outside: Outside | None = None,
                           f"whole node's bytes (max diff {diff:.2g}): the kernel's summation order depends on the "
                           "shapes it is given", level=level, max_diff=diff, neighbours=not alone)
     return None
+
+
+def _in_common(whole: onnx.ModelProto, expected: list[np.ndarray], split: onnx.ModelProto, got: list[np.ndarray]
+               ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The outputs both sides make, by name, in the whole side's order (a float16 side may also make the outputs
+    of the readers that share a stored tensor as in the model, `_shared`: not compared)."""
+    theirs = dict(zip((o.name for o in split.graph.output), got, strict=True))
+    pairs = [(a, theirs[o.name]) for o, a in zip(whole.graph.output, expected, strict=True)
+             if not o.name.endswith("/shared")]
+    return [a for a, _ in pairs], [b for _, b in pairs]
 
 
 def _max_diff(expected: list[np.ndarray], got: list[np.ndarray]) -> float | None:
@@ -222,12 +246,55 @@ def _max_diff(expected: list[np.ndarray], got: list[np.ndarray]) -> float | None
     return None
 
 
-def _sides(ctx: Context, proof: LocalProof, parts: list[NodeSpec], before: list[NodeSpec], after: list[NodeSpec],
-           outputs: list[str]) -> list[tuple[onnx.ModelProto, list[str]]] | Refuse:
-    """The whole side's and the rewritten side's models, each between `before` and `after`, making `outputs`."""
-    models = [_model(ctx, before + side + after, outputs, proof.facts) for side in (proof.whole, parts)]
+def side_models(ctx: Context, proof: LocalProof, parts: list[NodeSpec], before: list[NodeSpec], after: list[NodeSpec],
+           outputs: list[str], shared: Callable[[str], int] | None = None, cast: set[str] | None = None
+           ) -> list[tuple[onnx.ModelProto, list[str]]] | Refuse:
+    """The whole side's and the rewritten side's models, each between `before` and `after`, making `outputs`
+    (those in `cast` through a Cast to float32, which reads the float32 values ORT holds as they are; a float16
+    proof's stored tensors shared as in the model: `_shared`)."""
+    opset = proof.opset or getattr(ctx.graph, "opset", None) or 17
+    if not proof.float16:
+        models = [_model(opset, before + side + after, outputs, proof.facts) for side in (proof.whole, parts)]
+    else:
+        casts = [NodeSpec("Cast", f"{o}/as_float32", (o,), (f"{o}/as_float32",), {"to": onnx.TensorProto.FLOAT})
+                 for o in outputs if o in (cast or ())]
+        for c in casts:
+            typ = proof.facts.types.get(c.inputs[0])
+            proof.facts.types[c.outputs[0]] = None if typ is None else (np.dtype(np.float32), typ[1])
+        after = after + casts
+        outputs = [f"{o}/as_float32" if o in (cast or ()) else o for o in outputs]
+        models = []
+        for side in (proof.whole, parts):
+            nodes = before + side + after
+            also = _shared(nodes, proof.facts, shared)
+            models.append(_model(opset, nodes + also, outputs + [a.outputs[0] for a in also], proof.facts))
     why = next((m for m in models if isinstance(m, str)), None)
     return Refuse(why) if why is not None else models
+
+
+def _shared(nodes: list[NodeSpec], facts: Facts, readers: Callable[[str], int] | None) -> list[NodeSpec]:
+    """An Identity for each stored tensor the nodes read that more nodes read in the model (`readers(name)`):
+    ORT CPU makes a float32 copy of a float16 initializer, and then runs a Conv on its NCHWc kernel, only where one
+    node reads it (measured: BiRefNet's float16 files share one zero bias between 25 Convs, which run as
+    FusedConv), so a proof reads such a tensor twice as well."""
+    if readers is None:
+        return []
+    count: dict[str, int] = {}
+    for n in nodes:
+        for i in n.inputs:
+            if i and facts.constants.get(i) is not None and np.asarray(facts.constants[i]).dtype.kind == "f":
+                count[i] = count.get(i, 0) + 1
+    return [NodeSpec("Add", f"{name}/shared", (name, f"{name}/shared_by"), (f"{name}/shared",), {})
+            for name, k in count.items() if readers(name) > k and _note_types(facts, name)]
+
+
+def _note_types(facts: Facts, name: str) -> bool:
+    """The types of a `_shared` reader's tensors: an Add of the stored tensor and a one-element input, which ORT
+    CPU cannot fold to a constant and runs, as the model's other readers, on the float32 copy."""
+    value = np.asarray(facts.constants[name])
+    facts.types[f"{name}/shared_by"] = (value.dtype, (1,))
+    facts.types[f"{name}/shared"] = (value.dtype, tuple(value.shape) or (1,))
+    return True
 
 
 def _float32_only(facts: Facts, nodes: list[NodeSpec]) -> bool:
@@ -376,7 +443,7 @@ def _walk_back(ctx: Context, ends: list[gs.Tensor], stops: set[str], facts: Fact
     return [facts.learn(ctx, shapes, n) for n in sorted(seen.values(), key=lambda n: order.get(id(n), -1))]
 
 
-def _model(ctx: Context, nodes: list[NodeSpec], outputs: list[str], facts: Facts
+def _model(opset: int, nodes: list[NodeSpec], outputs: list[str], facts: Facts
            ) -> tuple[onnx.ModelProto, list[str]] | str:
     """A model of `nodes`: every tensor they read and do not make is a constant (an initializer) or an input."""
     helper = onnx.helper
@@ -407,7 +474,6 @@ def _model(ctx: Context, nodes: list[NodeSpec], outputs: list[str], facts: Facts
     ins, outs = [info(n) for n in inputs], [info(n) for n in outputs]
     if any(i is None for i in ins + outs):
         return "a tensor at the rewrite's edge has no known type"
-    opset = getattr(ctx.graph, "opset", None) or 17
     model = helper.make_model(helper.make_graph(protos, "local_proof", ins, outs, inits),
                               opset_imports=[helper.make_opsetid("", int(opset))])
     return model, inputs

@@ -1,0 +1,153 @@
+"""`patch`'s write stage: one rewrite undone at a time, float16 rewrites shown exact on their own, stage costs.
+
+A check that fails undoes only the rewrite(s) that make the difference (found by a search over the rewrites the
+check covered, as `bisect` searches over prefixes), names each with the difference measured, and writes the rest;
+a float16 rewrite is shown exact on the nodes around it when ORT CPU rounds them as in the whole models
+(passes/precision.py); the report gives each stage's wall time and peak RSS.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+import pytest
+from graphs import decoder_tail
+from helpers import FIXTURES, assert_bytes_equal
+from test_bands import LEVELS, KiB, bands_actions, feeds_for, over, run
+
+from deform_surgeon import patch
+from deform_surgeon import surgeon as surgeon_module
+from deform_surgeon.cli import main as cli_main
+from deform_surgeon.pipeline import Outcome
+
+LIMIT = 300 * KiB  # the decoder tail's four rewrites (test_bands.py)
+
+
+def _scale(graph: gs.Graph, node: gs.Node, by: float) -> None:
+    """`node`'s output multiplied by `by`: a Mul after it, which its readers read instead."""
+    out = node.outputs[0]
+    raw = gs.Variable(f"{out.name}/planted", dtype=out.dtype, shape=out.shape)
+    node.outputs[0] = raw
+    graph.nodes.append(gs.Node("Mul", f"{node.name}/planted", inputs=[raw, gs.Constant(
+        f"{node.name}/planted_by", np.array(by, np.float32))], outputs=[out]))
+
+
+def _plant_wrong(monkeypatch, node: str, proofs: bool = False) -> list[str]:
+    """Every lift of the decoder tail gets one wrong rewrite: the first band Conv made for `node` reads its weights
+    scaled by 1.001 (a rewrite whose proof was wrong). Without `proofs`, no rewrite is shown exact on its own, so
+    all four are left to the whole-model check. Returns the lifts' planted node names (one per lift with it)."""
+    real_run = surgeon_module._run
+    planted: list[str] = []
+
+    def run_with_a_wrong_rewrite(model_path, options, plan=None):
+        lifted = real_run(model_path, options, plan)
+        act = next((a for a in lifted.actions if a.node == node and a.action == Outcome.REWRITTEN), None)
+        if act is not None:
+            made = set(act.new_nodes)
+            conv = next(n for n in lifted.graph.nodes if n.name in made and n.op == "Conv")
+            _scale(lifted.graph, conv, 1.001)
+            planted.append(conv.name)
+        return lifted
+
+    monkeypatch.setattr(surgeon_module, "_run", run_with_a_wrong_rewrite)
+    if not proofs:
+        monkeypatch.setattr(surgeon_module, "_prove_locally", lambda path, options, plan, lifted, memory: (
+            lifted, memory))
+    return planted
+
+
+def test_a_wrong_rewrite_planted_among_correct_ones_is_the_only_one_undone(tmp_path, monkeypatch):
+    """Four rewrites left to the whole-model check, one of them planted wrong: the check differs, the search finds
+    that one (named with the difference it measured), undoes it alone, and the other three are written, shown
+    exact on the whole model; the written file gives the original's bytes at both levels."""
+    planted = _plant_wrong(monkeypatch, "Conv_att_conv1")
+    src, out = tmp_path / "tail.onnx", tmp_path / "tail.patched.onnx"
+    onnx.save(decoder_tail(), src)
+    report = patch(src, out, max_buffer=LIMIT)
+    acts = {a.node: a for a in bands_actions(report.actions)}
+    wrong = acts["Conv_att_conv1"]
+    assert wrong.action == Outcome.REFUSED and wrong.details["undone"] == "whole_model"
+    assert wrong.details["level"] == "all" and "differs (max |diff|" in wrong.details["difference"]
+    assert "found by a search over the 4 rewrite(s) the check covered, the others kept" in wrong.reason
+    others = [a for name, a in acts.items() if name != "Conv_att_conv1"]
+    assert len(others) == 3 and all(a.action == Outcome.REWRITTEN and a.details["shown_exact"] == "whole_model"
+                                    for a in others)
+    assert "1 rewrite(s) undone (1 bands): not shown exact (see their lines); the others written" in report.note
+    assert report.written and planted  # (the planted node was in the lifts the search made)
+    patched = onnx.load(out)
+    assert not any(n.name.startswith("Conv_att_conv1/") for n in patched.graph.node)  # kept whole
+    assert any(n.name.startswith("Conv_mask/") for n in patched.graph.node)  # the others written
+    assert over(str(out), LIMIT) == ["att_cat"]  # only what the undone rewrite would have fitted
+    model = onnx.load(src)
+    for seed in (0, 1):
+        feeds = feeds_for(model, seed)
+        for level in LEVELS:
+            assert_bytes_equal(run(model, feeds, level), run(str(out), feeds, level))
+    stages = [s["stage"] for s in report.stages]
+    assert stages[:5] == ["lift", "prove", "export", "write", "verify"] and stages[5] == "undo"
+
+
+def test_two_wrong_rewrites_are_both_found(tmp_path, monkeypatch):
+    """Two planted wrong: each found by its own search, both undone, the other two written."""
+    _plant_wrong(monkeypatch, "Conv_att_conv1")
+    second = surgeon_module._run
+
+    def and_the_mask(model_path, options, plan=None):
+        lifted = second(model_path, options, plan)
+        act = next((a for a in lifted.actions if a.node == "Conv_mask" and a.action == Outcome.REWRITTEN), None)
+        if act is not None:
+            conv = next(n for n in lifted.graph.nodes if n.name in set(act.new_nodes) and n.op == "Conv")
+            _scale(lifted.graph, conv, 0.999)
+        return lifted
+
+    monkeypatch.setattr(surgeon_module, "_run", and_the_mask)
+    src, out = tmp_path / "tail.onnx", tmp_path / "tail.patched.onnx"
+    onnx.save(decoder_tail(), src)
+    report = patch(src, out, max_buffer=LIMIT)
+    acts = {a.node: a for a in bands_actions(report.actions)}
+    assert {n for n, a in acts.items() if a.action == Outcome.REFUSED} == {"Conv_att_conv1", "Conv_mask"}
+    assert {n for n, a in acts.items() if a.action == Outcome.REWRITTEN} == {"Conv_ipt_conv_out", "Resize_dec_up"}
+    assert report.written
+    model = onnx.load(src)
+    feeds = feeds_for(model, 0)
+    for level in LEVELS:
+        assert_bytes_equal(run(model, feeds, level), run(str(out), feeds, level))
+
+
+def test_a_difference_none_of_the_rewrites_makes_is_not_blamed_on_them(tmp_path, monkeypatch):
+    """When the model differs with every checked rewrite undone (here an exact-by-construction pass made wrong),
+    no rewrite is blamed: the patch fails as a failed verification does, and nothing is written."""
+    from deform_surgeon.errors import VerificationError
+
+    _plant_wrong(monkeypatch, "Conv_att_conv1")
+    real_run = surgeon_module._run
+
+    def everything_wrong(model_path, options, plan=None):
+        lifted = real_run(model_path, options, plan)
+        relu = next(n for n in lifted.graph.nodes if n.op == "Relu")
+        relu.op = "Sigmoid"  # outside any rewrite the search can undo
+        return lifted
+
+    monkeypatch.setattr(surgeon_module, "_run", everything_wrong)
+    src, out = tmp_path / "tail.onnx", tmp_path / "tail.patched.onnx"
+    onnx.save(decoder_tail(), src)
+    with pytest.raises(VerificationError, match="patched model differs from the original, not written"):
+        patch(src, out, max_buffer=LIMIT)
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["tail.onnx"]
+
+
+def test_the_report_gives_each_stage_its_time_and_peak(tmp_path, capsys):
+    """`--report` JSON and the terminal report: each stage in order, its wall time and peak RSS read from the
+    process (a positive number of bytes), the child processes' largest."""
+    src = FIXTURES / "decoder_gathernd_fp16.onnx"
+    out, report_json = tmp_path / "out.onnx", tmp_path / "report.json"
+    assert cli_main(["patch", str(src), str(out), "--max-buffer", "110000", "--report", str(report_json)]) == 0
+    stages = json.loads(report_json.read_text())["stages"]
+    assert [s["stage"] for s in stages] == ["lift", "prove", "export", "write", "verify"]
+    assert all(s["seconds"] >= 0 and s["peak_rss_bytes"] > 10**6 and s["children_peak_rss_bytes"] >= 0
+               for s in stages)
+    printed = capsys.readouterr().out
+    assert "stages (wall time / peak RSS): lift " in printed and ", verify " in printed
