@@ -1,11 +1,13 @@
-"""Where a `patch` spends its time and memory: each stage's wall time and peak resident memory, for the report.
+"""Where a `patch` spends its time and memory: each stage's wall time and the resident memory reached by its end,
+for the report.
 
 Why per stage: a user who finds a patch slow or large must see which stage it is (the lift, the proofs, the
-whole-model check, the undo search) before choosing an option; one total says nothing of that. The peak of each
-stage is the process's own high-water mark (Linux's VmHWM), reset when the stage begins (writing 5 to
-/proc/self/clear_refs), so a later stage's peak is its own and not the largest so far; the forked children that
-check a model on a second core are counted by the largest one so far (`children_peak_rss_bytes`: the kernel keeps
-no per-stage figure for them). Where /proc cannot be read (not Linux), the peak is the process's largest so far.
+whole-model check, the undo search) before choosing an option; one total says nothing of that. The memory is the
+process's high-water mark (Linux's VmHWM) at the end of each stage: the stage where it rises is the one that needed
+the memory. It is never reset (resetting it, through /proc/self/clear_refs, would also erase the peak the kernel
+reports for the whole process, which `/usr/bin/time` and the cost script read). The forked children that check a
+model on a second core are counted by the largest one so far (`children_peak_rss_bytes`). Where /proc cannot be
+read (not Linux), the peak is the process's largest so far from getrusage.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ class StageClock:
 
     def enter(self, name: str) -> None:
         self.close()
-        _reset_peak()
         self._running = (name, time.perf_counter())
         if self.progress is not None:
             self.progress(name)
@@ -51,17 +52,8 @@ def stage_lines(rows: list[dict]) -> list[str]:
 
     parts = [f"{r['stage']} {r['seconds']:.1f} s / {human(r['peak_rss_bytes'])}" for r in rows]
     child = max((r["children_peak_rss_bytes"] for r in rows), default=0)
-    return ["stages (wall time / peak RSS): " + ", ".join(parts)
+    return ["stages (wall time / peak RSS reached by its end): " + ", ".join(parts)
             + (f"; checks in child processes: {human(child)} at most" if child else "")]
-
-
-def _reset_peak() -> None:
-    if sys.platform.startswith("linux"):
-        try:
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
-        except OSError:  # a kernel without it, or a sandbox: the peak is the largest so far
-            pass
 
 
 def _peak() -> int:

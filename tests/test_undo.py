@@ -150,4 +150,4 @@ def test_the_report_gives_each_stage_its_time_and_peak(tmp_path, capsys):
     assert all(s["seconds"] >= 0 and s["peak_rss_bytes"] > 10**6 and s["children_peak_rss_bytes"] >= 0
                for s in stages)
     printed = capsys.readouterr().out
-    assert "stages (wall time / peak RSS): lift " in printed and ", verify " in printed
+    assert "stages (wall time / peak RSS reached by its end): lift " in printed and ", verify " in printed

@@ -44,12 +44,15 @@ class Unshown(Refuse):
 
 
 class ModelView:
-    """A model file read for proofs: its nodes by name, who makes and reads each tensor, the types shape inference
-    gives them, and the values of its stored tensors and Constant nodes (read when asked)."""
+    """A model file read for proofs: its nodes by name, who makes and reads each tensor, their types (the file's
+    own declarations first, then shape inference of its skeleton, contrib ops included) and the values of its
+    stored tensors and Constant nodes, read from the file when asked (model_io: no weight is loaded whole)."""
 
     def __init__(self, path: str | Path) -> None:
+        from ..model_io import infer_value_types, load_model
+
         self.path = Path(path)
-        model = onnx.load(str(path), load_external_data=False)
+        model, self.weights = load_model(path)
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
         self.graph = model.graph
         self.nodes = list(model.graph.node)
@@ -63,13 +66,31 @@ class ModelView:
                 if i:
                     self.readers[i].append(n)
         self.stored = {t.name: t for t in model.graph.initializer}
-        self.types = _types(model)
+        self.declared = {vi.name: vi for vi in model.graph.value_info}
+        self.inferred = infer_value_types(model, self.weights)
+
+    def type(self, name: str) -> tuple[np.dtype, tuple[int, ...]] | None:
+        if name in self.declared:
+            tt = self.declared[name].type.tensor_type
+            dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim)
+            if tt.elem_type and tt.HasField("shape") and all(d is not None for d in dims):
+                return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)), dims
+        if name not in self.inferred:
+            return None
+        elem, shape = self.inferred[name]
+        if shape is None or not all(isinstance(d, int) for d in shape):
+            return None
+        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem)), tuple(shape)
 
     def value(self, name: str) -> np.ndarray | None:
+        if name in self.weights.tensors:
+            return self.weights.read(name)
         if name in self.stored:
-            return onnx.numpy_helper.to_array(self.stored[name], base_dir=str(self.path.parent))
+            return onnx.numpy_helper.to_array(self.stored[name])
         node = self.producer.get(name)
         if node is not None and node.op_type == "Constant":
+            if name in self.weights.tensors:
+                return self.weights.read(name)
             return next((onnx.numpy_helper.to_array(a.t) for a in node.attribute if a.name == "value"), None)
         return None
 
@@ -78,34 +99,14 @@ class ModelView:
         `facts`."""
         for t in [*node.input, *node.output]:
             if t and t not in facts.types:
-                facts.types[t] = self.types.get(t)
+                facts.types[t] = self.type(t)
                 facts.constants[t] = None if t in node.output else self.value(t)
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         attrs = {k: (onnx.numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto) else v)
-                 for k, v in attrs.items()}
+                 for k, v in attrs.items() if not (node.op_type == "Constant" and k == "value")}
+        if node.op_type == "Constant" and "value" in {a.name for a in node.attribute}:
+            attrs["value"] = self.value(node.output[0])  # (a stored value: read from the file)
         return NodeSpec(node.op_type, node.name, tuple(node.input), tuple(node.output), attrs)
-
-
-def _types(model: onnx.ModelProto) -> dict[str, tuple[np.dtype, tuple[int, ...]] | None]:
-    """Shape inference's types, of a skeleton of `model` (its stored tensors as typed inputs: their bytes are not
-    copied)."""
-    helper = onnx.helper
-    stored = [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in model.graph.initializer]
-    skeleton = helper.make_model(helper.make_graph(model.graph.node, "skeleton", [*model.graph.input, *stored],
-                                                   model.graph.output), opset_imports=model.opset_import)
-    skeleton.ir_version = model.ir_version
-    inferred = onnx.shape_inference.infer_shapes(skeleton, data_prop=True)
-    types: dict = {}
-    for vi in [*model.graph.value_info, *inferred.graph.value_info, *inferred.graph.input,
-               *inferred.graph.output]:  # (what the file declares first: the passes' own types)
-        tt = vi.type.tensor_type
-        dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim)
-        known = tt.elem_type and tt.HasField("shape") and all(d is not None for d in dims)
-        if types.get(vi.name) is None:
-            types[vi.name] = (np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)), dims) if known else None
-    for t in model.graph.initializer:
-        types[t.name] = (np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)), tuple(t.dims))
-    return types
 
 
 @dataclass
@@ -241,6 +242,11 @@ def context_of(proof: LocalProof, hood: Hood, roundings: Roundings, rounds: int 
     for level in LEVELS:
         original, patched = roundings(False, level), roundings(True, level)
         halo, after, observed = list(chain), list(readers), list(readers)
+        if level == "disable":  # no fusion: each node's kernel reads only its inputs, as they are read
+            if any(original.read.get((r.name, e)) != patched.read.get((r.name, e))
+                   for r in readers for e in r.inputs if e in {t.name for t in proof.ends}):
+                return Unshown("the rewrite's readers read its outputs otherwise after it (level 'disable')")
+            after, observed = [], []  # compared at the ends: the readers run the same kernels on the same bytes
         found: dict[str, str] = {}
         for _ in range(rounds):
             compared = list(dict.fromkeys(o for r in observed for o in r.outputs if o)) or \
@@ -266,6 +272,8 @@ def context_of(proof: LocalProof, hood: Hood, roundings: Roundings, rounds: int 
             flipped = [s for s in observed if any(o in found for o in s.outputs)]
             down = {c.name: c for s in flipped for o in s.outputs if o for c in hood.consumers(o)
                     if c.name not in have}
+            if not observed and any(t.name in found for t in proof.ends):  # the ends, read out: their readers
+                down = {r.name: r for r in readers if r.name not in have}
             if not up and not down:
                 break
             halo = sorted({s.name: s for s in [*halo, *up.values()]}.values(), key=lambda s: hood.order(s.name))
