@@ -566,11 +566,7 @@ def _load_inputs(inputs: str | Path | Mapping[str, Any] | None, seed: int, model
         source: object = "inputs"
     else:
         source = inputs
-        try:
-            with np.load(inputs, allow_pickle=False) as f:
-                given = {k: f[k] for k in f.files}
-        except (OSError, ValueError) as e:
-            raise SurgeonError(inputs, f"cannot be read as a .npz of input arrays ({e})") from None
+        given = _read_npz(Path(inputs))
     inits = {i.name for i in model.graph.initializer}
     wanted = [i.name for i in model.graph.input if i.name not in inits]
     missing = [n for n in wanted if n not in given]
@@ -579,7 +575,73 @@ def _load_inputs(inputs: str | Path | Mapping[str, Any] | None, seed: int, model
         problems = ([f"misses {', '.join(missing)}"] if missing else []) + (
             [f"names no input {', '.join(extra)}"] if extra else [])
         raise SurgeonError(source, "; ".join(problems), f"{path} takes {', '.join(wanted)}")
+    for vi in (i for i in model.graph.input if i.name in given):
+        if (why := _unlike(vi, given[vi.name])) is not None:
+            raise SurgeonError(source, f"input {vi.name}: {why}", f"{path} takes {vi.name} as {_input_type(vi)}")
     return {n: np.ascontiguousarray(given[n]) for n in wanted}, []
+
+
+NPZ_LIMIT = 16 << 30  # bytes an .npz of inputs may unpack to (a header claiming 37 GiB was a MemoryError)
+
+
+def _read_npz(path: Path) -> dict:
+    """The arrays of an .npz file: a regular file (a FIFO would block), each array's header read before its
+    data, so a file that cannot be read or claims more than `NPZ_LIMIT` is one line, not a traceback."""
+    import stat
+    import zipfile
+
+    import numpy as np
+
+    try:
+        if not stat.S_ISREG(path.stat().st_mode):
+            raise SurgeonError(path, "is not a regular file (an .npz of input arrays is)")
+        with zipfile.ZipFile(path) as z:
+            total = 0
+            for info in z.infolist():
+                with z.open(info) as f:
+                    version = np.lib.format.read_magic(f)
+                    header = {(1, 0): np.lib.format.read_array_header_1_0,
+                              (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+                    if header is None:
+                        continue  # (format 3: np.load reads it; a failure there is still one line)
+                    shape, _, dtype = header(f)
+                total += int(np.prod(shape, dtype=object)) * dtype.itemsize
+            if total > NPZ_LIMIT:
+                raise SurgeonError(path, f"its arrays would take {total:,} bytes, more than {NPZ_LIMIT:,}")
+        with np.load(path, allow_pickle=False) as f:
+            return {k: f[k] for k in f.files}
+    except SurgeonError:
+        raise
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, MemoryError, KeyError) as e:
+        raise SurgeonError(path, f"cannot be read as a .npz of input arrays ({type(e).__name__}: {e})") from None
+
+
+def _input_type(vi) -> str:
+    import onnx
+
+    t = vi.type.tensor_type
+    dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in t.shape.dim]
+    return f"{onnx.helper.tensor_dtype_to_np_dtype(t.elem_type)} {dims}"
+
+
+def _unlike(vi, array) -> str | None:
+    """Why `array` cannot be fed as graph input `vi` (its element type, its rank, a fixed dim), or None."""
+    import onnx
+
+    t = vi.type.tensor_type
+    if t.elem_type and array.dtype != onnx.helper.tensor_dtype_to_np_dtype(t.elem_type):
+        return f"the file gives {array.dtype}, the model takes {_input_type(vi)}"
+    if t.HasField("shape"):
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+        if len(dims) != array.ndim or any(d is not None and d != a for d, a in zip(dims, array.shape, strict=False)):
+            return f"the file gives shape {list(array.shape)}, the model takes {_input_type(vi)}"
+    return None
+
+
+def _check_timeout(value: object, name: str) -> None:
+    """A run's time limit is a positive, finite number of seconds (NaN compared false with 0 and was taken)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise SurgeonError(None, f"{name} must be a positive number of seconds (got {value!r})")
 
 
 @api_call
@@ -602,6 +664,8 @@ def bisect(model: str | Path, *, runtime: str = "node", bundle: str = "webgpu", 
     msg = missing_setup(runtime)
     if msg:
         raise SurgeonError(None, str(SetupMissing(msg)))
+    if timeout is not None:
+        _check_timeout(timeout, "timeout")
     profile = resolve_profile(device_profile)
     where = runtime if runtime == "node" else f"browser/{bundle}"
     run = webgpu_run(runtime, bundle, profile, DEFAULT_TIMEOUT if timeout is None else timeout)
@@ -715,8 +779,7 @@ class BisectTool(Tool):
         from .args import INPUT_SHAPES
         from .io_check import check_io
 
-        if args.timeout <= 0:
-            raise SurgeonError(None, "--timeout must be positive")
+        _check_timeout(args.timeout, "--timeout")
         import onnxruntime
 
         onnxruntime.set_default_logger_severity(3)  # ORT CPU's warnings about a prefix's unused weights are noise

@@ -109,6 +109,16 @@ def plan_segments(g: Graph, max_bytes: int) -> list[Segment]:
     return segments
 
 
+def _stored(g: Graph, name: str) -> np.ndarray:
+    """The value of an initializer (the model is loaded with its weights here)."""
+    import onnx
+
+    found = next((t for t in g.model.graph.initializer if t.name == name), None)
+    if found is None:
+        raise SurgeonError(None, f"graph output '{name}' is made by no node and is no stored tensor")
+    return onnx.numpy_helper.to_array(found)
+
+
 def segment_graph(path: str | Path, input_shapes: Mapping[str, Sequence[int]] | None = None) -> Graph:
     """The model at `path` (weights in memory: the segments copy what they read) with patch's type table, its
     input dims fixed where given; a model with float16 tensors or subgraphs is refused (module docstring)."""
@@ -204,6 +214,9 @@ def run_in_segments(g: Graph, feeds: Sequence[Mapping[str, np.ndarray]], max_byt
             for x in [x for (i, x) in disk.files if i == it and g.last_read.get(x, -1) <= seg.last
                       and x not in graph_outputs]:
                 disk.drop(it, x)  # what no later segment and no graph output reads
+        for o in graph_outputs:
+            if (it, o) not in disk.files:  # a graph output no node makes: a stored tensor, given as it is
+                disk.save(it, o, _stored(g, o))
     for p in folder.glob(f"{name}.segment*.onnx*"):
         p.unlink()
     outputs = [o.name for o in g.model.graph.output]

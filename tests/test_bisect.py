@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -260,6 +261,42 @@ def test_inputs_from_a_file_and_bad_input_are_one_line(chain64: Path, tmp_path: 
     assert main(["bisect", str(not_onnx), "--no-repro"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not.onnx" in err[0]
+
+
+@pytest.mark.parametrize("case", ["empty", "not_a_zip", "huge_header", "fifo", "dtype", "shape"])
+def test_bad_inputs_files_are_one_line(chain64: Path, tmp_path: Path, case: str) -> None:
+    """Fourth round: an empty .npz (EOFError), a header claiming 37 GiB (MemoryError), a FIFO (hung), an array of
+    the wrong dtype or shape (reported as "ORT CPU fails on this model"): each one line naming the file."""
+    import os
+    import zipfile
+
+    path = tmp_path / "in.npz"
+    if case == "empty":
+        path.write_bytes(b"")
+    elif case == "not_a_zip":
+        path.write_bytes(b"PK\x03\x04 not really")
+    elif case == "huge_header":
+        header = {"descr": "<f4", "fortran_order": False, "shape": (10_000_000_000,)}
+        with zipfile.ZipFile(path, "w") as z, z.open("x.npy", "w") as f:
+            np.lib.format.write_array_header_1_0(f, header)
+    elif case == "fifo":
+        os.mkfifo(path)
+    else:
+        bad = np.zeros((1, 4, 8, 8), np.float64) if case == "dtype" else np.zeros((1, 4, 8, 9), np.float32)
+        np.savez(path, x=bad)
+    expected = {"empty": "cannot be read as a .npz", "not_a_zip": "cannot be read as a .npz",
+                "huge_header": "its arrays would take 40,000,000,000 bytes", "fifo": "is not a regular file",
+                "dtype": "input x: the file gives float64, the model takes float32 [1, 4, 8, 8]",
+                "shape": "input x: the file gives shape [1, 4, 8, 9]"}[case]
+    with pytest.raises(ds.SurgeonError, match=re.escape(expected)) as info:
+        bisect_with(chain64, PlantedRuntime(), "stub", inputs=path)
+    assert info.value.path == str(path) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), 0, -1, "5", True])
+def test_a_timeout_that_is_no_positive_number_of_seconds_is_refused(timeout) -> None:
+    with pytest.raises(ds.SurgeonError, match="timeout must be a positive number of seconds"):
+        ds.bisect("model.onnx", timeout=timeout)
 
 
 def test_bisect_is_a_command_and_an_api_name() -> None:

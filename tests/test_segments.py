@@ -128,6 +128,18 @@ def test_outputs_also_read_later_and_constant_outputs(tmp_path):
     assert [a.tobytes() for a in whole] == [b.tobytes() for b in pieces]
 
 
+def test_a_graph_output_that_is_a_stored_tensor(tmp_path):
+    """A graph output no node makes (an initializer given as it is) is an output of the run in segments too (it
+    was refused: "fails to run on ORT CPU with the seeded inputs ((0, 'w'))"); verify in segments passes."""
+    model = onnx.load(branchy(tmp_path))
+    model.graph.output.append(helper.make_tensor_value_info("k", TensorProto.FLOAT, [3]))
+    onnx.save(model, tmp_path / "stored_out.onnx")
+    whole, pieces, _ = whole_and_segmented(tmp_path / "stored_out.onnx", 1, tmp_path / "run")
+    assert len(whole) == 8 and [a.tobytes() for a in whole] == [b.tobytes() for b in pieces]  # 2 feeds, 4 each
+    result = verify(tmp_path / "stored_out.onnx", tmp_path / "stored_out.onnx", segment_memory=1)
+    assert result.identical, result.summary()
+
+
 def test_verify_in_segments_passes_and_says_so(exporter_pair):
     result = verify(*exporter_pair, segment_memory=2_000, iterations=2)
     assert result.identical, result.summary()
