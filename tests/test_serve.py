@@ -290,6 +290,48 @@ def test_serves_the_external_data_a_model_names_and_no_other_file(tmp_path: Path
         srv.server_close()
 
 
+def test_a_model_folder_serves_only_what_the_pipeline_reads(tmp_path: Path) -> None:
+    """A transformers.js folder at /models/<label>/: its two configs, the model file and the data file it names;
+    `.env`, `.git/config`, a private note and another dtype's file are not served (they were: 200)."""
+    import onnx
+
+    folder = tmp_path / "birefnet"
+    (folder / "onnx").mkdir(parents=True)
+    (folder / ".git").mkdir()
+    onnx.save(onnx.load(str(ORIGINAL)), str(folder / "onnx" / "model.onnx"), save_as_external_data=True,
+              location="model.onnx_data", size_threshold=0)
+    for name, text in (("config.json", "{}"), ("preprocessor_config.json", "{}"), (".env", "SECRET=1"),
+                       (".git/config", "[core]"), ("notes_private.txt", "private"), ("onnx/model_q4.onnx", "x")):
+        (folder / name).write_text(text)
+    web = tmp_path / "onnxruntime-web"
+    web.mkdir()
+    app = ServeApp([ServedModel.load("original", folder)], None, ort_web=web)
+    srv = make_server(app)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        for rel in ("config.json", "preprocessor_config.json", "onnx/model.onnx", "onnx/model.onnx_data"):
+            assert _request(srv, "GET", f"/models/original/{rel}") == (200, (folder / rel).read_bytes()), rel
+        for rel in (".env", ".git/config", "notes_private.txt", "onnx/model_q4.onnx", "onnx/", "%2e%2e/x"):
+            assert _request(srv, "GET", f"/models/original/{rel}")[0] == 404, rel
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_the_pages_inputs_go_to_a_folder_of_the_servers_own(tmp_path: Path) -> None:
+    """Not a fixed shared /tmp/deform-surgeon-serve-inputs/<hash>.npz, which could be another user's file: a
+    folder this process made, readable by its user only."""
+    import stat
+
+    from deform_surgeon.serve.server import _save_input
+
+    a = _save_input({"x": np.zeros(3, np.float32)}, "0123456789abcdef0123")
+    b = _save_input({"x": np.ones(3, np.float32)}, "fedcba98765432100000")
+    assert a.parent == b.parent and a.parent.name.startswith("deform-surgeon-serve-inputs-")
+    assert stat.S_IMODE(a.parent.stat().st_mode) == 0o700
+    assert np.load(a)["x"].tolist() == [0, 0, 0] and np.load(b)["x"].tolist() == [1, 1, 1]
+
+
 @pytest.mark.webgpu
 @needs_runtimes
 def test_any_image_model_runs_and_shows_its_first_output(tmp_path: Path) -> None:

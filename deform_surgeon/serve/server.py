@@ -135,6 +135,17 @@ class ServedModel:
             values = self._session.run(names, feeds)
         return {n: np.asarray(v) for n, v in zip(names, values, strict=True)}
 
+    def folder_files(self) -> set[str]:
+        """The files of its transformers.js folder a page is given (paths from the folder's root): the two
+        configs the pipeline reads, the model file and the data files it names; nothing else of the folder (a
+        `.env`, `.git/`, notes) is served."""
+        if self.folder is None:
+            return set()
+        root = self.folder.root
+        files = [self.folder.model, *(self.path.parent / e for e in self.external)]
+        return {"config.json", "preprocessor_config.json"} | {Path(os.path.relpath(f, root)).as_posix()
+                                                               for f in files}
+
     def to_config(self) -> dict[str, Any]:
         folder = None if self.folder is None else {  # served at /models/<label>/ for transformers.js
             "id": self.label, "file": self.folder.file_name, "dtype": self.folder.dtype, "root": str(self.folder.root)}
@@ -237,14 +248,18 @@ class ServeApp:
         return out
 
 
+_INPUTS: list[Path] = []  # this process's own folder for the page's inputs (made once, mode 0700)
+
+
 def _save_input(feeds: dict[str, np.ndarray], key: str) -> Path:
-    """The page's input as an .npz that outlives the server (named by its hash, in the temp folder), for the
+    """The page's input as an .npz that outlives the server (named by its hash, in a folder of this process's own
+    that only its user can read: a shared, fixed folder could hold another user's file under that name), for the
     `bisect --inputs` command the page suggests when an output differs."""
     import tempfile
 
-    folder = Path(tempfile.gettempdir()) / "deform-surgeon-serve-inputs"
-    folder.mkdir(exist_ok=True)
-    path = folder / f"{key[:16]}.npz"
+    if not _INPUTS:
+        _INPUTS.append(Path(tempfile.mkdtemp(prefix="deform-surgeon-serve-inputs-")))
+    path = _INPUTS[0] / f"{key[:16]}.npz"
     if not path.exists():
         np.savez(path, **feeds)
     return path
@@ -347,7 +362,8 @@ class _Handler(BaseHTTPRequestHandler):
         if path.startswith("/models/"):  # a transformers.js model folder, by its model's label
             label, _, rel = path[len("/models/"):].partition("/")
             model = app.models.get(label)
-            file = _inside(model.folder.root, rel) if model and model.folder else None
+            allowed = model is not None and rel in model.folder_files()
+            file = _inside(model.folder.root, rel) if allowed else None
             return self._file(file) if file else self._send(HTTPStatus.NOT_FOUND)
         return self._send(HTTPStatus.NOT_FOUND)
 
