@@ -469,8 +469,27 @@ def _chunks_in_config(value, name: str) -> int:
         value = next((value[k] for k in (name, name.removesuffix(".onnx")) if k in value), 0)
     try:
         return int(value or 0)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # (an infinite count: 0 here, and the config is not rewritten)
         return 0
+
+
+def _not_json(name: str) -> float:
+    """`NaN`, `Infinity`, `-Infinity`: Python's json takes them, JavaScript's JSON.parse does not."""
+    raise ValueError(f"{name} is not JSON")
+
+
+def _not_finite(value) -> bool:
+    """Whether a number in `value` is not finite (a literal such as 1e400: read as infinity, it would be written
+    back as `Infinity`, which JSON.parse rejects)."""
+    import math
+
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_not_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_not_finite(v) for v in value)
+    return False
 
 
 def update_transformers_config(out_dir: Path, written: list[Path]) -> str | None:
@@ -485,9 +504,16 @@ def update_transformers_config(out_dir: Path, written: list[Path]) -> str | None
     if not ours or not config_path.is_file():
         return None
     try:
-        config = json.loads(config_path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return f"{config_path}: not read as JSON, so not updated: transformers.js may not fetch the external data"
+        raw = config_path.read_bytes()
+        config = json.loads(raw.decode("utf-8-sig"), parse_constant=_not_json)  # (transformers.js reads a BOM)
+        written_back = json.dumps(config, indent=2, ensure_ascii=False).encode("utf-8")
+    except (OSError, UnicodeError, ValueError, RecursionError) as e:
+        return (f"{config_path}: not read as JSON that can be written back ({type(e).__name__}), so not updated: "
+                "transformers.js may not fetch the external data")
+    if _not_finite(config):
+        return (f"{config_path}: holds a number JavaScript's JSON reads otherwise (over a float's range), so not "
+                "updated: transformers.js may not fetch the external data")
+    del written_back  # (only asked: a value UTF-8 cannot write back, a lone surrogate, is refused above)
     if not isinstance(config, dict):
         return None
     section = config.get("transformers.js_config")
@@ -498,8 +524,9 @@ def update_transformers_config(out_dir: Path, written: list[Path]) -> str | None
     if all(_chunks_in_config(before, name) == n for name, n in wanted.items()):
         return None
     config["transformers.js_config"] = {**section, "use_external_data_format": wanted}
+    bom = "\ufeff" if raw.startswith(b"\xef\xbb\xbf") else ""
     with atomic_path(config_path, suffix=".json") as tmp:
-        tmp.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+        tmp.write_text(bom + json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     shown = ", ".join(f"{k}: {v}" for k, v in wanted.items() if v)
     return (f"{config_path}: transformers.js_config.use_external_data_format set to the data files written "
             f"({shown or 'none'}), so transformers.js fetches them")

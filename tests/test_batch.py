@@ -221,3 +221,43 @@ def test_make_batch_target():
     proc = subprocess.run(["make", "-s", "-o", ".venv/.installed", "batch"], cwd=root, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode != 0 and "usage: make batch MANIFEST=" in proc.stdout
+
+
+@pytest.mark.parametrize("case", ["infinity", "overflow_count", "big_float_elsewhere", "deep", "lone_surrogate"])
+def test_a_config_json_that_cannot_be_written_back_is_left_as_it_was_in_one_line(tmp_path, case):
+    """Fourth round: `use_external_data_format` of Infinity or 1e400 (OverflowError), 5,000 levels of nesting
+    (RecursionError), a lone surrogate (UnicodeEncodeError) ended in tracebacks after the models were written, and a
+    valid `"max_value": 1e400` elsewhere was written back as `Infinity` (JSON.parse rejects it). Now the config is
+    left as copied, byte for byte, and one line says why."""
+    from deform_surgeon.batch import update_transformers_config
+
+    (tmp_path / "onnx").mkdir()
+    model = tmp_path / "onnx" / "model.onnx"
+    model.write_bytes(b"")
+    (tmp_path / "onnx" / "model.onnx_data").write_bytes(b"")
+    text = {"infinity": '{"transformers.js_config": {"use_external_data_format": Infinity}}',
+            "overflow_count": '{"transformers.js_config": {"use_external_data_format": {"model.onnx": 1e400}}}',
+            "big_float_elsewhere": '{"max_value": 1e400}',
+            "deep": "[" * 5000 + "]" * 5000,
+            "lone_surrogate": '{"name": "\\ud800"}'}[case]
+    (tmp_path / "config.json").write_text(text)
+    said = update_transformers_config(tmp_path, [model])
+    assert said is not None and said.startswith(f"{tmp_path / 'config.json'}: ") and "not updated" in said
+    assert "\n" not in said and (tmp_path / "config.json").read_text() == text
+
+
+def test_a_config_json_with_a_bom_is_updated_and_keeps_it(tmp_path):
+    """transformers.js reads a config.json that starts with a UTF-8 BOM; it was left unread ("not JSON")."""
+    from deform_surgeon.batch import update_transformers_config
+
+    (tmp_path / "onnx").mkdir()
+    model = tmp_path / "onnx" / "model.onnx"
+    model.write_bytes(b"")
+    (tmp_path / "onnx" / "model.onnx_data").write_bytes(b"")
+    (tmp_path / "config.json").write_bytes("\ufeff".encode() + b'{"model_type": "birefnet", "x": "\xc3\xa9"}')
+    said = update_transformers_config(tmp_path, [model])
+    assert said and "set to the data files written (model.onnx: 1)" in said
+    raw = (tmp_path / "config.json").read_bytes()
+    assert raw.startswith("\ufeff".encode())
+    config = json.loads(raw.decode("utf-8-sig"))
+    assert config["x"] == "é" and config["transformers.js_config"]["use_external_data_format"] == {"model.onnx": 1}
