@@ -363,16 +363,21 @@ def search(g: Graph, run: Callable[[int], RunOutcome], progress: Progress = None
     steps: list[dict[str, Any]] = []
     notes: list[str] = []
     done: dict[int, RunOutcome] = {}
+    recorded = dict(replay.known) if replay is not None else {}  # what the file said, before this search
+    contradicted: list[str] = []
 
     def step(k: int, again: bool = False) -> RunOutcome:
         if k in done and not (again and done[k].replayed):
             return done[k]
-        if not again and replay is not None and k in replay.known:
+        if not again and not contradicted and replay is not None and k in replay.known:
             o = done[k] = RunOutcome(replay.known[k], replayed=True)
             if progress:
                 progress(f"prefix 1..{k + 1} (ends at {g.describe(k)}): {o.status}, from {replay.path}")
             return o
         o = done[k] = run(k)
+        if k in recorded and _bad(recorded[k]) != o.bad:
+            contradicted.append(f"{'the whole model' if k == last else g.describe(k)}: {recorded[k]} in the file, "
+                                f"{o.status} now")
         steps.append({"prefix_end": k, "node": g.nodes[k].name, "status": o.status})
         if replay is not None:
             replay.record(k, g.nodes[k].name, o.status)
@@ -381,9 +386,9 @@ def search(g: Graph, run: Callable[[int], RunOutcome], progress: Progress = None
                      f"(ends at {g.describe(k)}): {o.status}")
         return o
 
-    whole = step(last)
+    whole = step(last, again=True)  # (always run: a recorded "agrees" would end the search unrun)
     if not whole.bad:
-        return whole, None, len(steps), steps, notes
+        return whole, None, len(steps), steps, _replay_notes(notes, replay, contradicted)
     lo, lo_out, hi, hi_out = -1, None, last, whole
     if marked is not None:
         m = marked()
@@ -409,21 +414,43 @@ def search(g: Graph, run: Callable[[int], RunOutcome], progress: Progress = None
                 notes.append(f"the marked-outputs run named {g.describe(candidate)} first; the unmodified prefixes "
                              "do not confirm it (marking every tensor an output changes what the runtime computes), "
                              "so the prefixes decided")
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        o = step(mid)
-        if o.bad:
-            hi, hi_out = mid, o
-        else:
-            lo, lo_out = mid, o
-    if hi_out.replayed:  # the finding reads the tensors' verdicts: the two prefixes run again
-        hi_out = step(hi, again=True)
-    if lo_out is not None and lo_out.replayed:
-        lo_out = step(lo, again=True)
+    while True:
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            o = step(mid)
+            if o.bad:
+                hi, hi_out = mid, o
+            else:
+                lo, lo_out = mid, o
+        if hi_out.replayed:  # the finding reads the tensors' verdicts: the two prefixes run again
+            hi_out = step(hi, again=True)
+        if lo_out is not None and lo_out.replayed:
+            lo_out = step(lo, again=True)
+        if hi_out.bad and (lo_out is None or not lo_out.bad):
+            break
+        # a verdict of the file was contradicted by this run's: the search goes on from what was measured now
+        for k in [k for k, o in done.items() if o.replayed]:
+            del done[k]
+        lo, lo_out, hi, hi_out = -1, None, last, whole
+        for k, o in sorted(done.items()):
+            if o.bad and k < hi:
+                hi, hi_out = k, o
+        for k, o in sorted(done.items()):
+            if not o.bad and lo < k < hi:
+                lo, lo_out = k, o
+    return whole, _finding(g, hi, hi_out, lo_out), len(steps), steps, _replay_notes(notes, replay, contradicted)
+
+
+def _bad(status: str) -> bool:
+    return status != AGREE  # (as RunOutcome.bad)
+
+
+def _replay_notes(notes: list[str], replay: Replay | None, contradicted: list[str]) -> list[str]:
     if replay is not None and replay.loaded:
         notes.append(f"{replay.loaded} verdict(s) from {replay.path}, an earlier search of this model on this "
-                     "runtime")
-    return whole, _finding(g, hi, hi_out, lo_out), len(steps), steps, notes
+                     "runtime" + (f"; this run contradicted them ({'; '.join(contradicted)}), so the search went on "
+                                  "from what was measured now" if contradicted else ""))
+    return notes
 
 
 def _finding(g: Graph, k: int, at: RunOutcome, before: RunOutcome | None) -> Finding:
@@ -670,13 +697,26 @@ def bisect(model: str | Path, *, runtime: str = "node", bundle: str = "webgpu", 
     where = runtime if runtime == "node" else f"browser/{bundle}"
     run = webgpu_run(runtime, bundle, profile, DEFAULT_TIMEOUT if timeout is None else timeout)
     return bisect_with(model, run, where, input_shapes=input_shapes, seed=seed, inputs=inputs, repro_dir=repro_dir,
-                       progress=progress, marked=marked, replay=replay, profile=getattr(profile, "name", None))
+                       progress=progress, marked=marked, replay=replay, profile=getattr(profile, "name", None),
+                       timeout=DEFAULT_TIMEOUT if timeout is None else timeout)
+
+
+def _file_sha256(path: Path) -> str:
+    """The model file's content (a replay file of another model of the same size and node names was taken)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()[:32]
 
 
 def bisect_with(model: str | Path, run: RunFn, where: str, *, input_shapes: Mapping[str, Sequence[int]] | None = None,
                 seed: int = 0, inputs: str | Path | Mapping[str, Any] | None = None,
                 repro_dir: str | Path | None = None, progress: Progress = None, marked: bool = False,
-                replay: str | Path | None = None, profile: str | None = None) -> BisectResult:
+                replay: str | Path | None = None, profile: str | None = None, timeout: float | None = None
+                ) -> BisectResult:
     """`bisect` on any runtime `run(model_path, feeds) -> RunOutcome` (the real ones: `webgpu_run`); `replay`: a
     JSON file of the search's verdicts, read where it exists and written after each run (`Replay`)."""
     import onnx
@@ -706,8 +746,9 @@ def bisect_with(model: str | Path, run: RunFn, where: str, *, input_shapes: Mapp
         import numpy as np
 
         digest = hashlib.sha256(b"".join(np.ascontiguousarray(feeds[n]).tobytes() for n in sorted(feeds)))
-        log = Replay.open(replay, {"model_bytes": path.stat().st_size, "nodes": len(g.nodes),
+        log = Replay.open(replay, {"model_sha256": _file_sha256(path), "nodes": len(g.nodes),
                                    "first": g.nodes[0].name, "last": g.nodes[-1].name, "runtime": where,
+                                   "timeout": timeout,
                                    "device_profile": profile, "inputs_sha256": digest.hexdigest()[:16],
                                    "input_shapes": {k: list(v) for k, v in shapes.items()} if shapes else None})
     result = BisectResult(str(path), where, len(g.nodes), notes=notes)

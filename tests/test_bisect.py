@@ -155,9 +155,10 @@ class Interrupted(Exception):
 
 def test_an_interrupted_search_goes_on_from_its_replay_file(chain64: Path, tmp_path: Path) -> None:
     """Each run's verdict is in the replay file as it comes; a search stopped after 4 of its 7 runs (the whole
-    model, prefix ends 31, 47, 39) goes on from them: the same node, with the 3 runs left (35, 37, 36). Run again
-    from the finished file, it runs only the two prefixes the finding reads (their tensors' verdicts are not
-    kept)."""
+    model, prefix ends 31, 47, 39) goes on from them: the same node, with the whole model run again (always: a
+    recorded verdict of it would end or start the search unchecked) and the 3 runs left (35, 37, 36). Run again
+    from the finished file, it runs the whole model and the two prefixes the finding reads (their tensors'
+    verdicts are not kept)."""
     replay = tmp_path / "search.json"
     first = PlantedRuntime(planted={"n37"})
 
@@ -173,15 +174,52 @@ def test_an_interrupted_search_goes_on_from_its_replay_file(chain64: Path, tmp_p
     again = PlantedRuntime(planted={"n37"})
     result = bisect_with(chain64, again, "stub", replay=replay)
     assert result.finding.node == "n37" and result.finding.inputs["t36"].startswith("byte-identical")
-    assert again.runs == result.search_runs == 7 - 4
-    assert any("4 verdict(s) from" in n for n in result.notes)
-    text = result.format()  # the whole model's verdict is the recorded one, and said to be
-    assert "whole model: differs (the verdict of an earlier run, from the replay file)" in text
-    assert "runs: 3 on stub (0 whole model + 3 prefixes" in text
+    assert again.runs == result.search_runs == 1 + 7 - 4
+    assert any("4 verdict(s) from" in n and "contradicted" not in n for n in result.notes)
+    text = result.format()
+    assert "runs: 4 on stub (1 whole model + 3 prefixes" in text
     assert len(json.loads(replay.read_text())["steps"]) == 7  # every prefix end the search ran, once
-    # a finished search run again from its file: only the two prefixes the finding reads
+    # a finished search run again from its file: the whole model and the two prefixes the finding reads
     third = PlantedRuntime(planted={"n37"})
-    assert bisect_with(chain64, third, "stub", replay=replay).finding.node == "n37" and third.runs == 2
+    assert bisect_with(chain64, third, "stub", replay=replay).finding.node == "n37" and third.runs == 3
+
+
+def test_a_replay_file_the_runs_contradict_is_not_believed(chain64: Path, tmp_path: Path) -> None:
+    """Fourth round: a file whose verdicts this run contradicts (every run timed out and was recorded `fails`; a
+    file saying the whole model agrees; a hand-edited one naming a node that differs where it does not) named a
+    wrong node or "nothing differs". The whole model is always run, and where a run contradicts the file the search
+    goes on from what was measured now, and says so."""
+    replay = tmp_path / "search.json"
+    bisect_with(chain64, PlantedRuntime(planted={"n37"}), "stub", replay=replay)
+    data = json.loads(replay.read_text())
+    for lie in ("fails", "agrees"):  # every verdict, the whole model's included
+        data["steps"] = [{"prefix_end": k, "status": lie} for k in range(64)]
+        replay.write_text(json.dumps(data))
+        runtime = PlantedRuntime(planted={"n37"})
+        result = bisect_with(chain64, runtime, "stub", replay=replay)
+        assert result.finding is not None and result.finding.node == "n37", lie
+        assert any("this run contradicted them" in n for n in result.notes), result.notes
+    data["steps"] = [{"prefix_end": 4, "status": "agrees"}, {"prefix_end": 5, "status": "differs"}]
+    replay.write_text(json.dumps(data))  # "n5 differs": hand-edited
+    result = bisect_with(chain64, PlantedRuntime(planted={"n37"}), "stub", replay=replay)
+    assert result.finding.node == "n37" and result.finding.outputs["t37"]["kind"] == "differs"
+
+
+def test_a_replay_file_of_another_model_or_timeout_is_refused(chain64: Path, tmp_path: Path) -> None:
+    """A file of another model with the same size, node count and first/last node names was accepted; the replay
+    is now identified by the model's content, and by the time limit (a run that timed out is recorded `fails`)."""
+    replay = tmp_path / "search.json"
+    bisect_with(chain64, PlantedRuntime(planted={"n5"}), "stub", replay=replay, timeout=0.05)
+    with pytest.raises(ds.SurgeonError, match=r"records another search: timeout 0.05 \(now 600"):
+        bisect_with(chain64, PlantedRuntime(planted={"n5"}), "stub", replay=replay, timeout=600.0)
+    other = tmp_path / "other.onnx"
+    model = onnx.load(str(chain64))
+    w = next(t for t in model.graph.initializer if t.raw_data)
+    w.raw_data = bytes(len(w.raw_data))  # same size, same nodes, other weights
+    onnx.save(model, other)
+    assert other.stat().st_size == chain64.stat().st_size
+    with pytest.raises(ds.SurgeonError, match="records another search: model_sha256"):
+        bisect_with(other, PlantedRuntime(planted={"n5"}), "stub", replay=replay, timeout=0.05)
 
 
 def test_a_replay_file_of_another_search_is_refused(chain64: Path, tmp_path: Path) -> None:
