@@ -313,8 +313,8 @@ class Replay:
                 data = json.loads(path.read_text())
                 recorded = data["search"]
                 known = {int(s["prefix_end"]): str(s["status"]) for s in data["steps"]}
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                raise SurgeonError(path, f"is not a bisect replay file ({e.__class__.__name__}: {e})",
+            except (OSError, ValueError, KeyError, TypeError, OverflowError, RecursionError) as e:
+                raise SurgeonError(path, f"is not a bisect replay file ({e.__class__.__name__}: {str(e)[:200]})",
                                    "give --replay a new file name, or the file an earlier bisect wrote") from None
             if recorded != key:
                 what = ", ".join(f"{k} {recorded.get(k)!r} (now {v!r})" for k, v in key.items()

@@ -222,6 +222,18 @@ def test_a_replay_file_of_another_model_or_timeout_is_refused(chain64: Path, tmp
         bisect_with(other, PlantedRuntime(planted={"n5"}), "stub", replay=replay, timeout=0.05)
 
 
+@pytest.mark.parametrize("text", ['{"search": {}, "steps": [{"prefix_end": Infinity, "status": "agrees"}]}',
+                                  "[" * 5000 + "]" * 5000], ids=["infinity", "deep"])
+def test_a_replay_file_with_an_infinite_step_or_deep_nesting_is_one_line(chain64: Path, tmp_path: Path,
+                                                                        text: str) -> None:
+    """Fourth round: OverflowError and RecursionError tracebacks."""
+    replay = tmp_path / "search.json"
+    replay.write_text(text)
+    with pytest.raises(ds.SurgeonError, match="is not a bisect replay file") as info:
+        bisect_with(chain64, PlantedRuntime(), "stub", replay=replay)
+    assert info.value.path == str(replay) and "\n" not in str(info.value)
+
+
 def test_a_replay_file_of_another_search_is_refused(chain64: Path, tmp_path: Path) -> None:
     replay = tmp_path / "search.json"
     bisect_with(chain64, PlantedRuntime(planted={"n5"}), "stub", replay=replay)
