@@ -414,12 +414,14 @@ def _unchanged(report: PatchReport, lifted: Lifted, output_path: Path | None, co
         f" ({len(report.refused)} node(s) refused: see their reasons)" if report.refused else "")
     report.note = "; ".join(x for x in (nothing, report.note) if x)
     if output_path is not None and copy_unchanged:
+        data = None
         if weights.external or external:  # its data must move beside the copy: same tensors, re-pointed
             clock.enter("write")
-            save_model_atomic(lifted.model, output_path, weights=weights, external=as_input or external)
+            data = save_model_atomic(lifted.model, output_path, weights=weights, external=as_input or external)
         else:
             copy_atomic(model_path, output_path, check=weights.check_unchanged)
         report.written = True
+        _data_written(report, data)
         report.note += f"; wrote an unchanged copy to {output_path}"
     elif output_path is not None:
         report.note += "; no output written (--copy-unchanged writes an unchanged copy)"
@@ -471,7 +473,7 @@ class _Writing:
             patched, region = self.lifted.patched()
             check = self._check if self.verify or self._unproven() else None
             try:
-                self._write(patched, region, check)
+                data = self._write(patched, region, check)
             except VerificationError as exc:
                 cause = exc.__cause__
                 if not isinstance(cause, _Unshown):
@@ -486,20 +488,21 @@ class _Writing:
                     return self.report
                 continue
             self.report.written = True
+            _data_written(self.report, data)
             return self.report
 
     def _unproven(self) -> list:
         return [a for a in self.report.actions if a.needs_verify and a.action == Outcome.REWRITTEN]
 
     def _write(self, patched: onnx.ModelProto, region: onnx.ModelProto,
-               check: Callable[[Path], None] | None) -> None:
+               check: Callable[[Path], None] | None) -> Path | None:
         """Write `patched` while its spliced graph is checked on a second core; the file takes OUT's place only
-        after that and `check(tmp)` passed."""
+        after that and `check(tmp)` passed. Returns the data file written beside it (None: one file)."""
         weights = self.lifted.weights
         checking = Background(check_spliced, patched, region, self.output_path, weights)
         try:
-            save_model_atomic(patched, self.output_path, verify=check, weights=weights, check=checking.result,
-                              external=self.external)
+            return save_model_atomic(patched, self.output_path, verify=check, weights=weights,
+                                     check=checking.result, external=self.external)
         finally:
             checking.close()
 
@@ -896,6 +899,17 @@ def _weights_form(model_path: Path, output_path: Path | None, weights: Weights, 
     why = "--external-data never" if choice == "never" else "as the input's"
     return {"external_data": None, "why": why,
             "browser_problem": single_file_problem(Path(output_path or model_path).name, size)}
+
+
+def _data_written(report: PatchReport, data: Path | None) -> None:
+    """The report's weights form as written: the data file's name where one was written, and none where the model
+    had no stored tensor to put there (`--external-data always` of such a model named a file that did not exist)."""
+    w = report.weights
+    if w and w.get("external_data") and data is None:
+        report.weights = {**w, "external_data": None,
+                          "why": f"{w['why']}, but it has no stored tensor to put in a data file: written as one file"}
+    elif w and data is not None:
+        report.weights = {**w, "external_data": data.name}
 
 
 def _switches(**flags: object) -> None:

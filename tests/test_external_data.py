@@ -187,3 +187,20 @@ def test_data_chunks_counts_transformers_js_names(tmp_path):
     for name in ("model.onnx_data", "model.onnx_data_1", "model.onnx_data_3"):
         (tmp_path / name).write_bytes(b"")
     assert data_chunks(model) == 2  # _3 without _2 is not one of transformers.js's chunks
+
+
+def test_the_report_names_a_data_file_only_where_one_was_written(tmp_path):
+    """Fourth round: `--external-data always` on a model with no stored tensor said a page needs
+    `externalData: [{path: 'out.onnx_data'}]`, and no such file was written. The report now says what was written:
+    one file there; the data file's own name where there is one."""
+    import deform_surgeon as ds
+
+    small = tmp_path / "small.onnx"  # every initializer under 4 KiB: none is a stored tensor
+    small.write_bytes((FIXTURES / "gathernd_b2g2.onnx").read_bytes())
+    report = ds.patch(small, tmp_path / "out.onnx", external_data="always")
+    assert report.written and not (tmp_path / "out.onnx_data").exists() and not (tmp_path / "out.onnx.data").exists()
+    assert report.weights["external_data"] is None and "no stored tensor" in report.weights["why"]
+    assert "externalData" not in report.format()
+    big = ds.patch(FIXTURES / "decoder_gathernd.onnx", tmp_path / "big.onnx", external_data="always")
+    assert big.weights["external_data"] == "big.onnx_data" and (tmp_path / "big.onnx_data").is_file()
+    assert "externalData: [{path: 'big.onnx_data'" in big.format()

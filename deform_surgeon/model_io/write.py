@@ -91,9 +91,10 @@ def save_model_atomic(
     weights: Weights | None = None,
     check: Callable[[], None] | None = None,
     external: bool | None = None,
-) -> None:
+) -> Path | None:
     """Write `model` to a temporary file, check its size, run `check()` and `verify(tmp_path)` if given (either may
-    raise: the temporary file is then removed), then rename it into place.
+    raise: the temporary file is then removed), then rename it into place. Returns the external data file written
+    beside it, or None when there was nothing to put there (a model with no stored tensor is one file).
 
     The model is written record by record (wire.py): no second copy of it is built in memory, and the bytes of
     the stored tensors (`weights`) go from file to file. `external`: None keeps the input's form (its external
@@ -127,6 +128,7 @@ def save_model_atomic(
     except OSError as exc:
         weights.check_unchanged()  # an input removed or replaced under the writer: that is the file to name
         raise SurgeonError(target, f"could not be written ({exc.strerror or exc})") from None
+    return data_target if to_data else None
 
 
 def weights_external(model_path: str | Path, input_data: Iterable[str | Path], choice: str) -> bool:
