@@ -34,6 +34,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -738,6 +739,10 @@ def bisect_with(model: str | Path, run: RunFn, where: str, *, input_shapes: Mapp
     g = Graph.of(loaded, path)
     if not g.nodes:
         raise SurgeonError(path, "has no nodes to bisect")
+    twice = sorted(m for m, c in Counter(n.name for n in g.nodes).items() if c > 1 and m)
+    if twice:  # (onnx.checker passes such a model; ORT refuses it: every prefix and repro would fail the same)
+        raise SurgeonError(path, f"names {len(twice)} node name(s) more than once ({', '.join(twice[:3])}), "
+                                 "which onnxruntime refuses", "give each node its own name")
     feeds, notes = _load_inputs(inputs, seed, loaded, path)
     log = None
     if replay is not None:

@@ -343,6 +343,19 @@ def test_bad_inputs_files_are_one_line(chain64: Path, tmp_path: Path, case: str)
     assert info.value.path == str(path) and "\n" not in str(info.value)
 
 
+def test_a_model_with_duplicate_node_names_is_one_line(chain64: Path, tmp_path: Path) -> None:
+    """Fourth round: onnx.checker passes it, ORT refuses it, and bisect ended in a traceback in the repro window."""
+    model = onnx.load(str(chain64))
+    model.graph.node[3].name = model.graph.node[2].name
+    path = tmp_path / "twice.onnx"
+    onnx.save(model, path)
+    onnx.checker.check_model(model)
+    with pytest.raises(ds.SurgeonError, match=r"names 1 node name\(s\) more than once \(n2\), which onnxruntime "
+                                              "refuses") as info:
+        bisect_with(path, PlantedRuntime(), "stub")
+    assert info.value.path == str(path)
+
+
 @pytest.mark.parametrize("timeout", [float("nan"), float("inf"), 0, -1, "5", True])
 def test_a_timeout_that_is_no_positive_number_of_seconds_is_refused(timeout) -> None:
     with pytest.raises(ds.SurgeonError, match="timeout must be a positive number of seconds"):
