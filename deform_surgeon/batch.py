@@ -469,7 +469,7 @@ def _chunks_in_config(value, name: str) -> int:
         value = next((value[k] for k in (name, name.removesuffix(".onnx")) if k in value), 0)
     try:
         return int(value or 0)
-    except (TypeError, ValueError, OverflowError):  # (an infinite count: 0 here, and the config is not rewritten)
+    except (TypeError, ValueError):
         return 0
 
 
@@ -506,14 +506,12 @@ def update_transformers_config(out_dir: Path, written: list[Path]) -> str | None
     try:
         raw = config_path.read_bytes()
         config = json.loads(raw.decode("utf-8-sig"), parse_constant=_not_json)  # (transformers.js reads a BOM)
-        written_back = json.dumps(config, indent=2, ensure_ascii=False).encode("utf-8")
     except (OSError, UnicodeError, ValueError, RecursionError) as e:
-        return (f"{config_path}: not read as JSON that can be written back ({type(e).__name__}), so not updated: "
-                "transformers.js may not fetch the external data")
+        return (f"{config_path}: not read as JSON ({type(e).__name__}), so not updated: transformers.js may not "
+                "fetch the external data")
     if _not_finite(config):
         return (f"{config_path}: holds a number JavaScript's JSON reads otherwise (over a float's range), so not "
                 "updated: transformers.js may not fetch the external data")
-    del written_back  # (only asked: a value UTF-8 cannot write back, a lone surrogate, is refused above)
     if not isinstance(config, dict):
         return None
     section = config.get("transformers.js_config")
@@ -525,8 +523,13 @@ def update_transformers_config(out_dir: Path, written: list[Path]) -> str | None
         return None
     config["transformers.js_config"] = {**section, "use_external_data_format": wanted}
     bom = "\ufeff" if raw.startswith(b"\xef\xbb\xbf") else ""
+    try:
+        out = (bom + json.dumps(config, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+    except (UnicodeError, RecursionError) as e:  # (a lone surrogate: read, but not writable as UTF-8)
+        return (f"{config_path}: not written back as read ({type(e).__name__}), so not updated: transformers.js "
+                "may not fetch the external data")
     with atomic_path(config_path, suffix=".json") as tmp:
-        tmp.write_text(bom + json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        tmp.write_bytes(out)
     shown = ", ".join(f"{k}: {v}" for k, v in wanted.items() if v)
     return (f"{config_path}: transformers.js_config.use_external_data_format set to the data files written "
             f"({shown or 'none'}), so transformers.js fetches them")

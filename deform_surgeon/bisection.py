@@ -376,7 +376,7 @@ def search(g: Graph, run: Callable[[int], RunOutcome], progress: Progress = None
                 progress(f"prefix 1..{k + 1} (ends at {g.describe(k)}): {o.status}, from {replay.path}")
             return o
         o = done[k] = run(k)
-        if k in recorded and _bad(recorded[k]) != o.bad:
+        if k in recorded and RunOutcome(recorded[k]).bad != o.bad:
             contradicted.append(f"{'the whole model' if k == last else g.describe(k)}: {recorded[k]} in the file, "
                                 f"{o.status} now")
         steps.append({"prefix_end": k, "node": g.nodes[k].name, "status": o.status})
@@ -440,10 +440,6 @@ def search(g: Graph, run: Callable[[int], RunOutcome], progress: Progress = None
             if not o.bad and lo < k < hi:
                 lo, lo_out = k, o
     return whole, _finding(g, hi, hi_out, lo_out), len(steps), steps, _replay_notes(notes, replay, contradicted)
-
-
-def _bad(status: str) -> bool:
-    return status != AGREE  # (as RunOutcome.bad)
 
 
 def _replay_notes(notes: list[str], replay: Replay | None, contradicted: list[str]) -> list[str]:

@@ -790,32 +790,29 @@ def _outside_readers(lifted: Lifted):
     made_by_constant = {o: k for k, n in enumerate(graph.node) if n.op_type == "Constant" for o in n.output}
     types = lifted.ctx.types
 
-    def spec(k: int):
-        node, facts = graph.node[k], Facts()
-        for t in [*node.input, *node.output]:
-            if not t or t in facts.types:
-                continue
-            try:
-                elem, shape = types[t]
-                dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
-            except Exception:  # noqa: BLE001 (no type known: the proof says so)
-                elem, shape, dtype = 0, None, None
-            facts.types[t] = (np.dtype(dtype), tuple(shape)) if dtype is not None and shape and all(
-                isinstance(d, int) for d in shape) else None
-            value = None
-            if t in lifted.weights.tensors:
-                value = lifted.weights.read(t)
-            elif t in made_by_constant:
-                c = graph.node[made_by_constant[t]]
-                value = next((onnx.numpy_helper.to_array(a.t) for a in c.attribute if a.name == "value"), None)
-            facts.constants[t] = value
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-        attrs = {k: (onnx.numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto) else v)
-                 for k, v in attrs.items()}
-        return NodeSpec(node.op_type, node.name, tuple(node.input), tuple(node.output), attrs), facts
-
     def readers(name: str) -> list:
-        return [spec(k) for k in index.get(name, [])]
+        out = []
+        for k in index.get(name, []):
+            node, facts = graph.node[k], Facts()
+            for t in [*node.input, *node.output]:
+                if not t or t in facts.types:
+                    continue
+                try:
+                    elem, shape = types[t]
+                    dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
+                except Exception:  # noqa: BLE001 (no type known: the proof says so)
+                    elem, shape, dtype = 0, None, None
+                facts.types[t] = (np.dtype(dtype), tuple(shape)) if dtype is not None and shape and all(
+                    isinstance(d, int) for d in shape) else None
+                value = None
+                if t in lifted.weights.tensors:
+                    value = lifted.weights.read(t)
+                elif t in made_by_constant:
+                    c = graph.node[made_by_constant[t]]
+                    value = next((onnx.numpy_helper.to_array(a.t) for a in c.attribute if a.name == "value"), None)
+                facts.constants[t] = value
+            out.append((NodeSpec.of(node), facts))
+        return out
 
     return readers
 

@@ -89,8 +89,6 @@ class ModelView:
             return onnx.numpy_helper.to_array(self.stored[name])
         node = self.producer.get(name)
         if node is not None and node.op_type == "Constant":
-            if name in self.weights.tensors:
-                return self.weights.read(name)
             return next((onnx.numpy_helper.to_array(a.t) for a in node.attribute if a.name == "value"), None)
         return None
 
@@ -101,12 +99,10 @@ class ModelView:
             if t and t not in facts.types:
                 facts.types[t] = self.type(t)
                 facts.constants[t] = None if t in node.output else self.value(t)
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-        attrs = {k: (onnx.numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto) else v)
-                 for k, v in attrs.items() if not (node.op_type == "Constant" and k == "value")}
-        if node.op_type == "Constant" and "value" in {a.name for a in node.attribute}:
-            attrs["value"] = self.value(node.output[0])  # (a stored value: read from the file)
-        return NodeSpec(node.op_type, node.name, tuple(node.input), tuple(node.output), attrs)
+        if node.op_type == "Constant" and any(a.name == "value" for a in node.attribute):
+            # (its bytes may be a stored tensor, cut out of the loaded model: read from the file)
+            return NodeSpec("Constant", node.name, (), tuple(node.output), {"value": self.value(node.output[0])})
+        return NodeSpec.of(node)
 
 
 @dataclass

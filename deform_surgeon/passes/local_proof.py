@@ -29,6 +29,7 @@ that only sets the layout of a Concat's other input).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -54,6 +55,14 @@ class NodeSpec:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     attrs: dict
+
+    @classmethod
+    def of(cls, node: onnx.NodeProto) -> NodeSpec:
+        """A node of an ONNX model (its tensor attributes as arrays)."""
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        return cls(node.op_type, node.name, tuple(node.input), tuple(node.output),
+                   {k: (onnx.numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto) else v)
+                    for k, v in attrs.items()})
 
 
 @dataclass
@@ -246,9 +255,9 @@ def _max_diff(expected: list[np.ndarray], got: list[np.ndarray]) -> float | None
     return None
 
 
-def side_models(ctx: Context, proof: LocalProof, parts: list[NodeSpec], before: list[NodeSpec], after: list[NodeSpec],
-           outputs: list[str], shared: Callable[[str], int] | None = None, cast: set[str] | None = None
-           ) -> list[tuple[onnx.ModelProto, list[str]]] | Refuse:
+def side_models(ctx: Context | None, proof: LocalProof, parts: list[NodeSpec], before: list[NodeSpec],
+                after: list[NodeSpec], outputs: list[str], shared: Callable[[str], int] | None = None,
+                cast: set[str] | None = None) -> list[tuple[onnx.ModelProto, list[str]]] | Refuse:
     """The whole side's and the rewritten side's models, each between `before` and `after`, making `outputs`
     (those in `cast` through a Cast to float32, which reads the float32 values ORT holds as they are; a float16
     proof's stored tensors shared as in the model: `_shared`)."""
@@ -273,28 +282,25 @@ def side_models(ctx: Context, proof: LocalProof, parts: list[NodeSpec], before: 
 
 
 def _shared(nodes: list[NodeSpec], facts: Facts, readers: Callable[[str], int] | None) -> list[NodeSpec]:
-    """An Identity for each stored tensor the nodes read that more nodes read in the model (`readers(name)`):
-    ORT CPU makes a float32 copy of a float16 initializer, and then runs a Conv on its NCHWc kernel, only where one
-    node reads it (measured: BiRefNet's float16 files share one zero bias between 25 Convs, which run as
-    FusedConv), so a proof reads such a tensor twice as well."""
+    """One more reader of each stored float tensor the nodes read that more nodes read in the model
+    (`readers(name)`): ORT CPU makes a float32 copy of a float16 initializer, and then runs a Conv on its NCHWc
+    kernel, only where one node reads it (measured: BiRefNet's float16 files share one zero bias between 25 Convs,
+    which run as FusedConv), so a proof reads such a tensor twice as well. The reader is an Add of the tensor and a
+    one-element input, which ORT CPU cannot fold to a constant and runs, as the model's other readers, on the
+    float32 copy."""
     if readers is None:
         return []
-    count: dict[str, int] = {}
-    for n in nodes:
-        for i in n.inputs:
-            if i and facts.constants.get(i) is not None and np.asarray(facts.constants[i]).dtype.kind == "f":
-                count[i] = count.get(i, 0) + 1
-    return [NodeSpec("Add", f"{name}/shared", (name, f"{name}/shared_by"), (f"{name}/shared",), {})
-            for name, k in count.items() if readers(name) > k and _note_types(facts, name)]
-
-
-def _note_types(facts: Facts, name: str) -> bool:
-    """The types of a `_shared` reader's tensors: an Add of the stored tensor and a one-element input, which ORT
-    CPU cannot fold to a constant and runs, as the model's other readers, on the float32 copy."""
-    value = np.asarray(facts.constants[name])
-    facts.types[f"{name}/shared_by"] = (value.dtype, (1,))
-    facts.types[f"{name}/shared"] = (value.dtype, tuple(value.shape) or (1,))
-    return True
+    count: Counter = Counter(i for n in nodes for i in n.inputs
+                             if i and facts.constants.get(i) is not None
+                             and np.asarray(facts.constants[i]).dtype.kind == "f")
+    added = []
+    for name, k in count.items():
+        if readers(name) > k:
+            value = np.asarray(facts.constants[name])
+            facts.types[f"{name}/shared_by"] = (value.dtype, (1,))
+            facts.types[f"{name}/shared"] = (value.dtype, tuple(value.shape) or (1,))
+            added.append(NodeSpec("Add", f"{name}/shared", (name, f"{name}/shared_by"), (f"{name}/shared",), {}))
+    return added
 
 
 def _float32_only(facts: Facts, nodes: list[NodeSpec]) -> bool:
