@@ -13,13 +13,16 @@ stays over the device profile (`patch`, `batch`: the report's status `refused`, 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
+import logging
 import os
 import re
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -60,13 +63,16 @@ class PatchTool(Tool):
                             help="output path (default: <name>.patched.onnx beside input)")
         output = self.write.add_to(parser)
         output.add_argument("--report", metavar="FILE.json", help="also write the report as JSON")
+        output.add_argument("--no-progress", action="store_true",
+                            help="no progress lines on stderr (shown only when stderr is a terminal)")
         VERBOSE.add_to(output)
 
     def run(self, args: argparse.Namespace) -> int:
         out = args.output or str(Path(args.model).with_suffix("")) + ".patched.onnx"
         check_io([args.model], out, [("--report", args.report)], external_data=args.external_data or "auto")
-        report = patch(args.model, out, **self.write.parse(args), **self.rewrite.parse(args),
-                       verify_options=self.comparison.for_model(args, args.model))
+        with _progress_lines(not args.no_progress and sys.stderr.isatty()):
+            report = patch(args.model, out, **self.write.parse(args), **self.rewrite.parse(args),
+                           verify_options=self.comparison.for_model(args, args.model))
         print(report.format(verbose=args.verbose, cli=True))
         if args.verbose and args.start_note:  # whether this run has glibc's huge pages (__main__.py), and why
             print(args.start_note)
@@ -79,6 +85,27 @@ class PatchTool(Tool):
             print(f"refused: {report.findings}" + (f"; {out} written all the same" if report.written else ""))
             return FINDING_EXIT
         return 0
+
+
+@contextlib.contextmanager
+def _progress_lines(shown: bool) -> Iterator[None]:
+    """The stages and steps of a patch (stages.py) on stderr while it runs, one line each, when `shown`: on a
+    terminal, where a user waits for it; not in a pipe or a log, where only the report and errors are read."""
+    if not shown:
+        yield
+        return
+    from .stages import LOG
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("deform-surgeon: %(message)s"))
+    level = LOG.level
+    LOG.setLevel(logging.INFO)
+    LOG.addHandler(handler)
+    try:
+        yield
+    finally:
+        LOG.removeHandler(handler)
+        LOG.setLevel(level)
 
 
 class InspectTool(Tool):

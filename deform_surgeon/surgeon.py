@@ -54,7 +54,7 @@ from .region import Region, find_region, region_model, splice, type_boundary
 from .report import PatchReport
 from .segments import SEGMENT_LEVEL
 from .slices import split_to_slices
-from .stages import StageClock
+from .stages import StageClock, step
 from .verify import DEFAULT_ITERATIONS, check_verify_options, level_of
 from .verify import verify as verify_models
 
@@ -552,6 +552,8 @@ class _Writing:
         return extra
 
     def _compare(self, path: Path, kwargs: dict):
+        step(f"the whole model against the original on ORT CPU, level '{kwargs.get('opt_level') or 'all'}'"
+             + (f", in segments of {kwargs['segment_memory']}" if kwargs.get("segment_memory") else ""))
         try:
             return verify_models(self.model_path, path, **kwargs, input_shapes=self.options.input_shapes)
         except VerificationError:
@@ -576,14 +578,19 @@ class _Writing:
         from .passes.precision import file_roundings
 
         shown, disproved, left = set(), {}, {}
+        step(f"the model without the {len(actions)} float16 rewrite(s), for their proofs")
         with self._aside([a.node for a in actions], "float16") as before_path:
+            step("ORT CPU's graphs of it and of the written file, at each level")
             read = file_roundings([(before_path, level) for level in LEVELS] + [(tmp, level) for level in LEVELS])
             roundings = {(path == tmp, level): r for (path, level), r in read.items()}
             before, after = ModelView(before_path), ModelView(tmp)
-            for group in groups(before, after):
+            found = groups(before, after)
+            for k, group in enumerate(found, 1):
                 covered = [a.node for a in actions if group.made & set(a.new_nodes)]
                 if not covered:
                     continue
+                step(f"float16 proof {k} of {len(found)}: {len(covered)} rewrite(s), {len(group.whole)} node(s) "
+                     f"replaced by {len(group.parts)}")
                 why = refusal(group, before, after, lambda patched, level: roundings[(patched, level)],
                               self.lifted.ctx.ort_cpu)
                 if why is None:
@@ -645,6 +652,7 @@ class _Writing:
     def _differs(self, undo: list[str], level: str) -> str | None:
         """The whole model's first difference from the original at `level` (one input) with `undo` kept whole and
         every other rewrite applied; None when byte-identical."""
+        step(f"the search: {len(undo)} rewrite(s) kept whole")
         with self._aside(undo, "undo") as path:
             result = self._compare(path, self._at(level))
         return None if result.identical else (result.mismatch.text() if result.mismatch else "outputs differ")
@@ -703,8 +711,11 @@ def _prove_locally(model_path: str | Path, options: Options, plan: SplitPlan, li
             break
         outside = _outside_readers(lifted)
         constant = _outside_constants(lifted)
-        failed = {a.node: why for a in unproven
-                  if (why := refusal(lifted.ctx, plan.proofs[a.node], outside, constant)) is not None}
+        failed = {}
+        for k, a in enumerate(unproven, 1):
+            step(f"local proof {k} of {len(unproven)}: {a.pass_name} '{a.node}'")
+            if (why := refusal(lifted.ctx, plan.proofs[a.node], outside, constant)) is not None:
+                failed[a.node] = why
         if not failed:
             levels = " and ".join(f"'{x}'" for x in LEVELS)
             lifted.actions = [dataclasses.replace(a, needs_verify=False, reason=(

@@ -9,13 +9,17 @@ a float16 rewrite is shown exact on the nodes around it when ORT CPU rounds them
 from __future__ import annotations
 
 import json
+import os
+import re
+from pathlib import Path
 
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 import pytest
 from graphs import decoder_tail
-from helpers import FIXTURES, assert_bytes_equal
+from helpers import ENTRY_POINTS, FIXTURES, assert_bytes_equal
+from helpers import run as run_command
 from test_bands import LEVELS, KiB, bands_actions, feeds_for, over, run
 
 from deform_surgeon import patch
@@ -151,3 +155,49 @@ def test_the_report_gives_each_stage_its_time_and_peak(tmp_path, capsys):
                for s in stages)
     printed = capsys.readouterr().out
     assert "stages (wall time / peak RSS reached by its end): lift " in printed and ", verify " in printed
+
+
+def _stderr_on_a_terminal(*args: str, cwd: Path) -> tuple[int, str, str]:
+    """The command with its stderr on a pseudo-terminal (as at a user's shell), stdout a pipe: exit code, stderr,
+    stdout. The terminal is read until the command closes it, then the command is waited for."""
+    import pty
+    import subprocess
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([*ENTRY_POINTS["module"], *args], cwd=cwd, stdout=subprocess.PIPE, stderr=slave)
+    os.close(slave)
+    err = b""
+    while True:
+        try:
+            data = os.read(master, 1 << 16)
+        except OSError:  # (Linux: EIO once the other end is closed)
+            break
+        if not data:
+            break
+        err += data
+    os.close(master)
+    out = proc.stdout.read()
+    proc.stdout.close()
+    return proc.wait(), err.decode().replace("\r\n", "\n"), out.decode()
+
+
+def test_a_patch_on_a_terminal_shows_each_stage_and_step(tmp_path):
+    """On a terminal `patch` says, while it runs, each stage it enters and each proof it runs (with the stage's
+    time so far and the memory in use), so a user waiting minutes sees it move; in a pipe, and with
+    `--no-progress`, stderr stays empty (the report on stdout is the same either way)."""
+    src = FIXTURES / "decoder_gathernd.onnx"
+    code, err, out = _stderr_on_a_terminal("patch", str(src), str(tmp_path / "a.onnx"), "--max-buffer", "40000",
+                                           cwd=tmp_path)
+    assert code == 3, err  # (a tensor stays over so small a limit: refused as a finding, written all the same)
+    lines = err.splitlines()
+    assert [x for x in lines if re.fullmatch(r"deform-surgeon: \w+", x)][:4] == [
+        f"deform-surgeon: {s}" for s in ("lift", "prove", "export", "write")]
+    proofs = [x for x in lines if "local proof" in x]
+    assert proofs and all(re.fullmatch(r"deform-surgeon: prove \d+ s, .* resident: local proof \d+ of \d+: "
+                                       r"split '\w+'", x) for x in proofs), lines
+    piped = run_command("patch", src, tmp_path / "b.onnx", "--max-buffer", "40000", cwd=tmp_path)
+    quiet = _stderr_on_a_terminal("patch", str(src), str(tmp_path / "c.onnx"), "--max-buffer", "40000",
+                                  "--no-progress", cwd=tmp_path)
+    assert (piped.returncode, piped.stderr) == (3, "") and quiet[:2] == (3, "")
+    same = re.compile(r"stages \(.*|wrote .*|/tmp/\S+")  # (times and paths differ between the runs)
+    assert same.sub("", piped.stdout) == same.sub("", out) == same.sub("", quiet[2])

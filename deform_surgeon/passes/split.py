@@ -75,6 +75,7 @@ from ..budget import human
 from ..ops import ELEMENTWISE_NARY, ELEMENTWISE_UNARY, SHAPE_OPS
 from ..pipeline import Action, Context, Outcome, Pass, Refuse
 from ..shapes import Shapes
+from ..stages import step
 from .cuts import FLOAT16_NOTE, cut, float16_details, join
 from .local_proof import LocalProof, record
 
@@ -364,6 +365,8 @@ class SplitBlocks(Pass):
             if why_whole is None:
                 key = (conv.name, tuple(counts))
                 if key not in self.plan.checked:
+                    if self.plan.check_in_pass:
+                        step(f"Conv '{conv.name}' in {len(counts)} chunks against it whole, on ORT CPU")
                     self.plan.checked[key] = (self._conv_split_refusal(ctx, block, tail, shapes, counts)
                                               if self.plan.check_in_pass else None)
                 why_whole = self.plan.checked[key]
