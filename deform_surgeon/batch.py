@@ -51,8 +51,11 @@ import os
 import queue
 import signal
 import sys
+import threading
 import time
 import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -344,8 +347,10 @@ def _context():
     if "forkserver" in methods:
         ctx = multiprocessing.get_context("forkserver")
         # every worker is forked from a server that has imported the patch and verify stacks once
+        # (and its workers are born ignoring Ctrl-C: ctrl_c_ignored says why)
         ctx.set_forkserver_preload(["deform_surgeon.surgeon", "deform_surgeon.verify", "onnxruntime",
-                                    "polygraphy.backend.onnxrt", "polygraphy.comparator"])
+                                    "polygraphy.backend.onnxrt", "polygraphy.comparator",
+                                    "deform_surgeon.ctrl_c_ignored"])
         return ctx
     return multiprocessing.get_context("spawn")
 
@@ -371,9 +376,10 @@ def run(entries: list[Entry], jobs: int, progress: Progress | None = None) -> fl
                 proc = ctx.Process(target=_work, args=(e.number, {"input": e.input, "output": e.output,
                                                                    "options": e.options, "threads": threads},
                                                        messages), daemon=True)
-                proc.start()
-                e.stage, e.status, e.ran = "start", "running", True
-                running[e.number] = (e, proc, time.perf_counter())
+                with _signals_held():
+                    proc.start()
+                    e.stage, e.status, e.ran = "start", "running", True
+                    running[e.number] = (e, proc, time.perf_counter())
             try:
                 msg = messages.get(timeout=0.2)
             except queue.Empty:
@@ -411,6 +417,30 @@ def run(entries: list[Entry], jobs: int, progress: Progress | None = None) -> fl
         if progress:
             progress.close()
     return time.perf_counter() - start
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM held back while a worker starts and is entered in `running`, then handled as they would
+    have been. Raised inside `Process.start()`, they left a worker the batch did not know of and so did not stop:
+    it went on after the batch had exited, and printed a traceback when the queue it was to read was gone."""
+    if threading.current_thread() is not threading.main_thread():  # (signals are the main thread's)
+        yield
+        return
+    held: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, _frame: held.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if held:
+            handler = previous[held[0]]
+            if callable(handler):  # the CLI's (raise KeyboardInterrupt / Terminated), or Python's own
+                handler(held[0], None)
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(held[0])
 
 
 def _handle(msg, by_number: dict[int, Entry], running: dict, progress: Progress | None) -> None:

@@ -777,6 +777,43 @@ def test_ctrl_c_stops_a_batch_and_its_workers_quietly(tmp_path):
         assert name.endswith((".patched.onnx", ".patched.onnx.data")), left
 
 
+def _grandchildren(pid: int) -> int:
+    """How many children the children of `pid` have, read from /proc: batch's workers (the fork server's)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):  # not a process, or one that ended meanwhile
+            continue
+    children = {p for p, parent in parents.items() if parent == pid}
+    return sum(parent in children for parent in parents.values())
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the workers in /proc")
+def test_ctrl_c_while_batch_workers_start_is_one_line(tmp_path):
+    """Fourth round: about 1 Ctrl-C in 15 while the workers started printed a multiprocessing traceback after
+    "interrupted": a Ctrl-C inside `Process.start()` left a worker the batch did not know of, so did not stop; it
+    read its start-up data after the batch had exited and removed the queue's semaphore (FileNotFoundError). Ctrl-C
+    the moment the first, then the second worker exists, a few times over: one line, exit 130, every time."""
+    for k in range(4):
+        copy_fixture("decoder_gathernd.onnx", tmp_path, f"m{k}.onnx")
+    before = state(tmp_path)
+    for attempt in range(8):
+        proc = subprocess.Popen([*DS, "batch", "--glob", "m*.onnx", "--jobs", "2", "--no-progress"], cwd=tmp_path,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        while proc.poll() is None and _grandchildren(proc.pid) < 1 + attempt % 2:
+            time.sleep(0.001)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=300)
+        assert (proc.returncode, err) == (130, "deform-surgeon: interrupted\n"), f"attempt {attempt}: {out}{err}"
+        left = {k for k in state(tmp_path) if k not in before}
+        assert not {n for n in left if n.startswith(".") or "tmp" in n}, left  # no temporaries
+        for name in left:  # a worker that finished before the signal: its output is complete
+            assert name.endswith(".patched.onnx"), left
+            (tmp_path / name).unlink()
+
+
 # ------------------------------------------------------------------------------------------- folders out of reach
 def _without_permission_bypass() -> list[str]:
     """The prefix that runs a command without the capability to bypass file permissions (root has it)."""
