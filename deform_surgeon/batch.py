@@ -50,20 +50,21 @@ import multiprocessing
 import os
 import queue
 import signal
+import stat
 import sys
 import threading
 import time
 import tomllib
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .args import PATCH_GROUPS, manifest_options, manifest_problem, val_ranges_for
 from .budget import human
 from .errors import SurgeonError
-from .io_check import FilePlan, external_locations
-from .model_io import atomic_path, copy_atomic, external_data_path, temp_prefix, weights_external
+from .io_check import FilePlan, external_locations, file_kind
+from .model_io import atomic_path, external_data_path, temp_prefix, weights_external
 from .report import FINDING_EXIT, OK, REFUSED, UNCHANGED
 
 OPTIONS = manifest_options()  # entry option (an API keyword of `patch`: args.PATCH_GROUPS) -> accepted Python types
@@ -92,6 +93,7 @@ class Entry:
     ran: bool = False  # a worker was started (entries failed while planning get no report file)
     report_written: bool = False
     data_files: list[Path] = field(default_factory=list)  # the input's external data files
+    external: bool = False  # planned: its output will have its weights in a data file (`weights_external`)
 
 
 # ---------------------------------------------------------------------------------------------------- planning
@@ -200,7 +202,7 @@ def plan_folder(folder: str, out_dir: str, cli: dict, summary: str | None = None
     for root, dirs, files in os.walk(src, followlinks=True):  # links to folders: see _folder_link
         dirs[:] = [d for d in sorted(dirs) if not d.startswith(".") and _folder_link(Path(root) / d, src)]
         for name in sorted(files):
-            if not name.startswith("."):
+            if not name.startswith(".") and _regular_file_in(Path(root) / name, src):
                 (models if name.endswith(".onnx") else others).append(Path(root) / name)
     if not models:
         raise SurgeonError(src, "no .onnx model in this folder", "give a model folder (e.g. a repository's onnx/)")
@@ -228,8 +230,62 @@ def plan_folder(folder: str, out_dir: str, cli: dict, summary: str | None = None
         if real != out.resolve() and out.resolve() not in real.parents:
             raise SurgeonError(folder_out, f"leads outside OUTDIR ({out}) through a link, to {real}",
                                "outputs are written inside OUTDIR only: remove the link or give another OUTDIR")
-    _check_collisions(entries, summary, copies, make_folders=True)
+    _check_collisions(entries, summary, copies, make_folders=True, whole=True)
     return entries, copies
+
+
+def _regular_file_in(path: Path, src: Path) -> bool:
+    """True for a file of DIR that batch reads or copies as it is: a regular file inside DIR (itself, or a link to
+    one). Anything else is refused, one line, before anything is written: a link leading outside DIR (a link to
+    /dev/zero made the copy endless; a folder's links out were refused, its files' were copied), a broken link, a
+    FIFO, a socket or a device (they hung the copy or failed it once other files were written)."""
+    try:
+        real = path.resolve(strict=True)
+        mode = real.stat().st_mode
+    except FileNotFoundError:
+        raise SurgeonError(path, "is a link to nothing", "remove the link, or copy its file in") from None
+    except (OSError, RuntimeError) as exc:  # (RuntimeError: a loop of links)
+        raise SurgeonError(path, f"cannot be read ({getattr(exc, 'strerror', None) or exc})") from None
+    if src.resolve() not in real.parents:
+        raise SurgeonError(path, f"is a link to a file outside DIR ({real})", "batch DIR OUTDIR reads files inside "
+                           "DIR only: copy the file in (cp -L), or give the folder that holds it as DIR")
+    if not stat.S_ISREG(mode):
+        raise SurgeonError(path, f"is {file_kind(mode)}, not a regular file", "batch DIR OUTDIR reads and copies "
+                           "regular files only: remove it from DIR")
+    return True
+
+
+def copy_files(copies: list[tuple[Path, Path]]) -> None:
+    """Copy DIR's other files (`copies`: source, target) into OUTDIR, all or none: each into a temporary name beside
+    its target, and all renamed into place once every one is copied (a copy that fails, or Ctrl-C, leaves OUTDIR as
+    it was: a FIFO config.json left an empty OUTDIR/onnx/ and the files before it copied)."""
+    with ExitStack() as staged:  # (each atomic_path renames on a clean exit, and removes its file on any other)
+        for source, target in copies:
+            _copy_bounded(source, staged.enter_context(atomic_path(target, suffix=source.suffix)))
+
+
+def _copy_bounded(source: Path, target: Path) -> None:
+    """Copy at most the bytes `source` has when it is opened (its fstat size), and only from a regular file: what
+    was checked can be swapped for a FIFO or a device before the copy, and a file that grows meanwhile would make
+    it endless. O_NONBLOCK: opening a FIFO does not wait for a writer."""
+    try:
+        fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise SurgeonError(source, f"cannot be read ({exc.strerror or exc})") from None
+    try:
+        opened = os.fstat(fd)
+        mode, left = opened.st_mode, opened.st_size
+        if not stat.S_ISREG(mode):
+            raise SurgeonError(source, f"is {file_kind(mode)}, not a regular file", "batch DIR OUTDIR copies "
+                               "regular files only: remove it from DIR")
+        with open(target, "wb") as out:
+            while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
+                out.write(chunk)
+                left -= len(chunk)
+    except OSError as exc:
+        raise SurgeonError(target, f"could not be written ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
 
 
 def _folder_link(path: Path, src: Path) -> bool:
@@ -256,11 +312,12 @@ def _folder_link(path: Path, src: Path) -> bool:
 
 
 def _check_collisions(entries: list[Entry], summary: str | None = None,
-                      copies: list[tuple[Path, Path]] = (), make_folders: bool = False) -> None:
+                      copies: list[tuple[Path, Path]] = (), make_folders: bool = False, whole: bool = False) -> None:
     """Fail every entry that would write where an earlier entry writes, or where any entry reads (a model or one
     of its external data files), or into a folder that is missing or not writable (see io_check). A `--summary`
     or a file to copy (`copies`: source, target) that collides with any of them fails the whole batch
-    (`SurgeonError`). With `make_folders`, the output folders are created after the reads are known."""
+    (`SurgeonError`), and with `whole` (a model folder, whose OUTDIR is one whole) so does an entry's output. With
+    `make_folders`, the output folders are created after the reads are known, and taken back on a refusal."""
     files = FilePlan()
     for e in entries:
         if e.error is None:
@@ -277,7 +334,7 @@ def _check_collisions(entries: list[Entry], summary: str | None = None,
                 missing = [p for p in (folder, *folder.parents) if not p.exists()]
                 folder.mkdir(parents=True, exist_ok=True)
                 created += reversed(missing)
-        _check_writes(entries, files, summary, copies)
+        _check_writes(entries, files, summary, copies, whole)
     except BaseException:  # a batch refused up front leaves OUTDIR as it found it (it left empty folders)
         for folder in reversed(created):
             try:
@@ -288,24 +345,23 @@ def _check_collisions(entries: list[Entry], summary: str | None = None,
 
 
 def _check_writes(entries: list[Entry], files: FilePlan, summary: str | None,
-                  copies: list[tuple[Path, Path]]) -> None:
+                  copies: list[tuple[Path, Path]], whole: bool = False) -> None:
     """The write half of `_check_collisions`, once the output folders are there."""
     for e in entries:
         if e.error is not None:
             continue
-        if not Path(e.output).parent.is_dir():
-            e.error = f"{e.output}: output folder {Path(e.output).parent} does not exist or is not a folder"
-            continue
-        if e.report and not Path(e.report).parent.is_dir():
-            e.error = f"{e.report}: report folder {Path(e.report).parent} does not exist or is not a folder"
-            continue
         try:
-            external = weights_external(e.input, e.data_files, e.options.get("external_data") or "auto")
+            for path, what in ((e.output, "output"), (e.report, "report")):
+                if path and not Path(path).parent.is_dir():
+                    raise SurgeonError(path, f"{what} folder {Path(path).parent} does not exist or is not a folder")
+            e.external = weights_external(e.input, e.data_files, e.options.get("external_data") or "auto")
             files.write_model(e.output, e.data_files, role=f"the output of entry {e.number} ({e.input})",
-                              external=external)
+                              external=e.external)
             if e.report:
                 files.write(f"the report of entry {e.number} ({e.input})", e.report)
         except SurgeonError as exc:
+            if whole:
+                raise
             e.error = exc.one_line()
     for source, target in copies:
         files.write(f"the copy of {source}", target)
@@ -753,8 +809,7 @@ def main(manifest: str | None, globs: list[str], cli: dict, jobs: int | None, su
     copies: list[tuple[Path, Path]] = []
     if out_folder is not None:
         entries, copies = plan_folder(manifest, out_folder, cli, summary_json)
-        for source, target in copies:
-            copy_atomic(source, target)
+        copy_files(copies)
     else:
         entries = plan(manifest, globs, cli, summary_json)
     jobs = max(1, min(jobs, sum(e.error is None for e in entries) or 1))
