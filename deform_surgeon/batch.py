@@ -28,7 +28,9 @@ Manifest (paths relative to the manifest's folder)::
 A model folder instead of a manifest (`deform-surgeon batch DIR OUTDIR`): every `.onnx` below DIR (a
 transformers.js repository's `onnx/` folder, say: one file per dtype) is patched into the same relative name in
 OUTDIR, an unchanged model copied, each with its external data beside it; every other file (configs, tokenizer,
-README) is copied unchanged, hidden files and folders (`.git`) are not; and one table says per variant its size,
+README) is copied unchanged, all or none, hidden files and folders (`.git`) are not; only regular files inside DIR
+are read, and anything that cannot be read or written refuses the folder before anything is written (exit 2), a
+config.json transformers.js would misread included (`TransformersConfig`); and one table says per variant its size,
 how many deform blocks have a WebGPU kernel for every node, which nodes remain without one (kernels.py), the
 verification and the time. Why `batch` and not `patch DIR OUTDIR`: a folder is a list of models, and batch already
 runs each in its own process (one variant that fails or runs out of memory fails alone), with its progress, reports,
