@@ -28,7 +28,9 @@ Manifest (paths relative to the manifest's folder)::
 A model folder instead of a manifest (`deform-surgeon batch DIR OUTDIR`): every `.onnx` below DIR (a
 transformers.js repository's `onnx/` folder, say: one file per dtype) is patched into the same relative name in
 OUTDIR, an unchanged model copied, each with its external data beside it; every other file (configs, tokenizer,
-README) is copied unchanged, hidden files and folders (`.git`) are not; and one table says per variant its size,
+README) is copied unchanged, all or none, hidden files and folders (`.git`) are not; only regular files inside DIR
+are read, and anything that cannot be read or written refuses the folder before anything is written (exit 2), a
+config.json transformers.js would misread included (`TransformersConfig`); and one table says per variant its size,
 how many deform blocks have a WebGPU kernel for every node, which nodes remain without one (kernels.py), the
 verification and the time. Why `batch` and not `patch DIR OUTDIR`: a folder is a list of models, and batch already
 runs each in its own process (one variant that fails or runs out of memory fails alone), with its progress, reports,
@@ -46,21 +48,27 @@ from __future__ import annotations
 
 import glob as globlib
 import json
+import math
 import multiprocessing
 import os
 import queue
+import re
 import signal
+import stat
 import sys
+import threading
 import time
 import tomllib
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .args import PATCH_GROUPS, manifest_options, manifest_problem, val_ranges_for
 from .budget import human
 from .errors import SurgeonError
-from .io_check import FilePlan, external_locations
-from .model_io import atomic_path, copy_atomic, external_data_path, temp_prefix, weights_external
+from .io_check import FilePlan, external_locations, file_kind
+from .model_io import atomic_path, external_data_path, temp_prefix, weights_external
 from .report import FINDING_EXIT, OK, REFUSED, UNCHANGED
 
 OPTIONS = manifest_options()  # entry option (an API keyword of `patch`: args.PATCH_GROUPS) -> accepted Python types
@@ -89,6 +97,7 @@ class Entry:
     ran: bool = False  # a worker was started (entries failed while planning get no report file)
     report_written: bool = False
     data_files: list[Path] = field(default_factory=list)  # the input's external data files
+    external: bool = False  # planned: its output will have its weights in a data file (`weights_external`)
 
 
 # ---------------------------------------------------------------------------------------------------- planning
@@ -179,8 +188,9 @@ def plan(manifest: str | None, globs: list[str], cli: dict, summary: str | None 
 
 
 def plan_folder(folder: str, out_dir: str, cli: dict, summary: str | None = None
-                ) -> tuple[list[Entry], list[tuple[Path, Path]]]:
-    """The entries of `batch DIR OUTDIR` (module docstring) and the (source, target) files to copy unchanged.
+                ) -> tuple[list[Entry], list[tuple[Path, Path]], TransformersConfig | None]:
+    """The entries of `batch DIR OUTDIR` (module docstring), the (source, target) files to copy unchanged, and
+    OUTDIR's config.json as read (`TransformersConfig.planned`).
 
     OUTDIR and the subfolders the outputs need are created once everything else checked; OUTDIR inside DIR (a
     second run would take the outputs for inputs) and every write onto a read are refused (`SurgeonError`) before
@@ -197,7 +207,7 @@ def plan_folder(folder: str, out_dir: str, cli: dict, summary: str | None = None
     for root, dirs, files in os.walk(src, followlinks=True):  # links to folders: see _folder_link
         dirs[:] = [d for d in sorted(dirs) if not d.startswith(".") and _folder_link(Path(root) / d, src)]
         for name in sorted(files):
-            if not name.startswith("."):
+            if not name.startswith(".") and _regular_file_in(Path(root) / name, src):
                 (models if name.endswith(".onnx") else others).append(Path(root) / name)
     if not models:
         raise SurgeonError(src, "no .onnx model in this folder", "give a model folder (e.g. a repository's onnx/)")
@@ -225,8 +235,77 @@ def plan_folder(folder: str, out_dir: str, cli: dict, summary: str | None = None
         if real != out.resolve() and out.resolve() not in real.parents:
             raise SurgeonError(folder_out, f"leads outside OUTDIR ({out}) through a link, to {real}",
                                "outputs are written inside OUTDIR only: remove the link or give another OUTDIR")
-    _check_collisions(entries, summary, copies, make_folders=True)
-    return entries, copies
+    with _folders_made({Path(e.output).parent for e in entries} | {t.parent for _, t in copies}):
+        _check_collisions(entries, summary, copies, whole=True)
+        config = TransformersConfig.planned(out, copies, entries)
+    return entries, copies, config
+
+
+def _regular_file_in(path: Path, src: Path) -> bool:
+    """True for a file of DIR that batch reads or copies as it is: a regular file inside DIR (itself, or a link to
+    one). Anything else is refused, one line, before anything is written: a link leading outside DIR (a link to
+    /dev/zero made the copy endless; a folder's links out were refused, its files' were copied), a broken link, a
+    FIFO, a socket or a device (they hung the copy or failed it once other files were written)."""
+    try:
+        real = path.resolve(strict=True)
+        mode = real.stat().st_mode
+    except FileNotFoundError:
+        raise SurgeonError(path, "is a link to nothing", "remove the link, or copy its file in") from None
+    except (OSError, RuntimeError) as exc:  # (RuntimeError: a loop of links)
+        raise SurgeonError(path, f"cannot be read ({getattr(exc, 'strerror', None) or exc})") from None
+    if src.resolve() not in real.parents:
+        raise SurgeonError(path, f"is a link to a file outside DIR ({real})", "batch DIR OUTDIR reads files inside "
+                           "DIR only: copy the file in (cp -L), or give the folder that holds it as DIR")
+    if not stat.S_ISREG(mode):
+        raise SurgeonError(path, f"is {file_kind(mode)}, not a regular file", "batch DIR OUTDIR reads and copies "
+                           "regular files only: remove it from DIR")
+    return True
+
+
+def copy_files(copies: list[tuple[Path, Path]]) -> None:
+    """Copy DIR's other files (`copies`: source, target) into OUTDIR, all or none: each into a temporary name beside
+    its target, and all renamed into place once every one is copied (a copy that fails, or Ctrl-C, leaves OUTDIR as
+    it was: a FIFO config.json left an empty OUTDIR/onnx/ and the files before it copied)."""
+    with ExitStack() as staged:  # (each atomic_path renames on a clean exit, and removes its file on any other)
+        for source, target in copies:
+            _copy_bounded(source, staged.enter_context(atomic_path(target, suffix=source.suffix)))
+
+
+def _copy_bounded(source: Path, target: Path) -> None:
+    """Copy `source` into `target` as `_regular_bytes` reads it."""
+    try:
+        with open(target, "wb") as out:
+            for chunk in _regular_bytes(source):
+                out.write(chunk)
+    except OSError as exc:
+        raise SurgeonError(target, f"could not be written ({exc.strerror or exc})") from None
+
+
+def _regular_bytes(source: Path) -> Iterator[bytes]:
+    """The bytes of `source`, at most as many as it has when opened (its fstat size), and only from a regular file:
+    what was checked can be swapped for a FIFO or a device before it is read, and a file that grows meanwhile would
+    make the copy endless. O_NONBLOCK: opening a FIFO does not wait for a writer."""
+    try:
+        fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise SurgeonError(source, f"cannot be read ({exc.strerror or exc})") from None
+    try:
+        opened = os.fstat(fd)
+        if not stat.S_ISREG(opened.st_mode):
+            raise SurgeonError(source, f"is {file_kind(opened.st_mode)}, not a regular file", "batch DIR OUTDIR "
+                               "reads and copies regular files only: remove it from DIR")
+        left = opened.st_size
+        while left > 0:
+            try:
+                chunk = os.read(fd, min(left, 1 << 20))
+            except OSError as exc:
+                raise SurgeonError(source, f"cannot be read ({exc.strerror or exc})") from None
+            if not chunk:
+                break
+            left -= len(chunk)
+            yield chunk
+    finally:
+        os.close(fd)
 
 
 def _folder_link(path: Path, src: Path) -> bool:
@@ -253,11 +332,11 @@ def _folder_link(path: Path, src: Path) -> bool:
 
 
 def _check_collisions(entries: list[Entry], summary: str | None = None,
-                      copies: list[tuple[Path, Path]] = (), make_folders: bool = False) -> None:
+                      copies: list[tuple[Path, Path]] = (), whole: bool = False) -> None:
     """Fail every entry that would write where an earlier entry writes, or where any entry reads (a model or one
     of its external data files), or into a folder that is missing or not writable (see io_check). A `--summary`
     or a file to copy (`copies`: source, target) that collides with any of them fails the whole batch
-    (`SurgeonError`). With `make_folders`, the output folders are created after the reads are known."""
+    (`SurgeonError`), and with `whole` (a model folder, whose OUTDIR is one whole) so does an entry's output."""
     files = FilePlan()
     for e in entries:
         if e.error is None:
@@ -267,15 +346,22 @@ def _check_collisions(entries: list[Entry], summary: str | None = None,
                 e.error = exc.one_line()
     for source, _ in copies:
         files.read(source, f"the input {source}")
-    created: list[Path] = []  # the folders made here, taken back if the batch is refused below
+    _check_writes(entries, files, summary, copies, whole)
+
+
+@contextmanager
+def _folders_made(folders: set[Path]) -> Iterator[None]:
+    """Make `folders` (and the ones above them that are missing) for the checks in the block, which need them;
+    a refusal in the block takes back the ones made here: a batch refused up front leaves OUTDIR as it found it
+    (it left empty folders)."""
+    created: list[Path] = []
     try:
-        if make_folders:
-            for folder in sorted({Path(e.output).parent for e in entries} | {t.parent for _, t in copies}):
-                missing = [p for p in (folder, *folder.parents) if not p.exists()]
-                folder.mkdir(parents=True, exist_ok=True)
-                created += reversed(missing)
-        _check_writes(entries, files, summary, copies)
-    except BaseException:  # a batch refused up front leaves OUTDIR as it found it (it left empty folders)
+        for folder in sorted(folders):
+            missing = [p for p in (folder, *folder.parents) if not p.exists()]
+            folder.mkdir(parents=True, exist_ok=True)
+            created += reversed(missing)
+        yield
+    except BaseException:
         for folder in reversed(created):
             try:
                 folder.rmdir()
@@ -285,24 +371,23 @@ def _check_collisions(entries: list[Entry], summary: str | None = None,
 
 
 def _check_writes(entries: list[Entry], files: FilePlan, summary: str | None,
-                  copies: list[tuple[Path, Path]]) -> None:
+                  copies: list[tuple[Path, Path]], whole: bool = False) -> None:
     """The write half of `_check_collisions`, once the output folders are there."""
     for e in entries:
         if e.error is not None:
             continue
-        if not Path(e.output).parent.is_dir():
-            e.error = f"{e.output}: output folder {Path(e.output).parent} does not exist or is not a folder"
-            continue
-        if e.report and not Path(e.report).parent.is_dir():
-            e.error = f"{e.report}: report folder {Path(e.report).parent} does not exist or is not a folder"
-            continue
         try:
-            external = weights_external(e.input, e.data_files, e.options.get("external_data") or "auto")
+            for path, what in ((e.output, "output"), (e.report, "report")):
+                if path and not Path(path).parent.is_dir():
+                    raise SurgeonError(path, f"{what} folder {Path(path).parent} does not exist or is not a folder")
+            e.external = weights_external(e.input, e.data_files, e.options.get("external_data") or "auto")
             files.write_model(e.output, e.data_files, role=f"the output of entry {e.number} ({e.input})",
-                              external=external)
+                              external=e.external)
             if e.report:
                 files.write(f"the report of entry {e.number} ({e.input})", e.report)
         except SurgeonError as exc:
+            if whole:
+                raise
             e.error = exc.one_line()
     for source, target in copies:
         files.write(f"the copy of {source}", target)
@@ -344,8 +429,10 @@ def _context():
     if "forkserver" in methods:
         ctx = multiprocessing.get_context("forkserver")
         # every worker is forked from a server that has imported the patch and verify stacks once
+        # (and its workers are born ignoring Ctrl-C: ctrl_c_ignored says why)
         ctx.set_forkserver_preload(["deform_surgeon.surgeon", "deform_surgeon.verify", "onnxruntime",
-                                    "polygraphy.backend.onnxrt", "polygraphy.comparator"])
+                                    "polygraphy.backend.onnxrt", "polygraphy.comparator",
+                                    "deform_surgeon.ctrl_c_ignored"])
         return ctx
     return multiprocessing.get_context("spawn")
 
@@ -371,9 +458,10 @@ def run(entries: list[Entry], jobs: int, progress: Progress | None = None) -> fl
                 proc = ctx.Process(target=_work, args=(e.number, {"input": e.input, "output": e.output,
                                                                    "options": e.options, "threads": threads},
                                                        messages), daemon=True)
-                proc.start()
-                e.stage, e.status, e.ran = "start", "running", True
-                running[e.number] = (e, proc, time.perf_counter())
+                with _signals_held():
+                    proc.start()
+                    e.stage, e.status, e.ran = "start", "running", True
+                    running[e.number] = (e, proc, time.perf_counter())
             try:
                 msg = messages.get(timeout=0.2)
             except queue.Empty:
@@ -411,6 +499,30 @@ def run(entries: list[Entry], jobs: int, progress: Progress | None = None) -> fl
         if progress:
             progress.close()
     return time.perf_counter() - start
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM held back while a worker starts and is entered in `running`, then handled as they would
+    have been. Raised inside `Process.start()`, they left a worker the batch did not know of and so did not stop:
+    it went on after the batch had exited, and printed a traceback when the queue it was to read was gone."""
+    if threading.current_thread() is not threading.main_thread():  # (signals are the main thread's)
+        yield
+        return
+    held: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, _frame: held.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if held:
+            handler = previous[held[0]]
+            if callable(handler):  # the CLI's (raise KeyboardInterrupt / Terminated), or Python's own
+                handler(held[0], None)
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(held[0])
 
 
 def _handle(msg, by_number: dict[int, Entry], running: dict, progress: Progress | None) -> None:
@@ -451,26 +563,87 @@ def _remove_temporaries(e: Entry) -> None:
 
 # ------------------------------------------------------------------------------------------ transformers.js
 TRANSFORMERS_SUBFOLDER = "onnx"  # where transformers.js fetches a model folder's files (`{subfolder}/model_fp16.onnx`)
+# transformers.js 4.3.1's file name suffixes by dtype (DEFAULT_DTYPE_SUFFIX_MAPPING, src/utils/dtypes.js): a page asks
+# for the file `model` of dtype fp16, `model_fp16.onnx`, and looks its data up by either name (`data_files_read`)
+DTYPE_SUFFIXES = ("_fp16", "_int8", "_uint8", "_quantized", "_q4", "_q2", "_q1", "_q4f16", "_q2f16", "_q1f16", "_bnb4")
+MAX_DATA_CHUNKS = 100  # its MAX_EXTERNAL_DATA_CHUNKS (src/utils/hub/constants.js): it refuses to load more
+_JS_SPACE = ("\t\n\v\f\r \u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029"
+             "\u202f\u205f\u3000\ufeff")  # what JavaScript's Number("...") trims: WhiteSpace and LineTerminator
+_JS_DECIMAL = re.compile(r"[+-]?(?:Infinity|(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)")
+_JS_RADIX = re.compile(r"0([xXoObB])([0-9a-zA-Z]+)")
 
 
-def data_chunks(model: Path) -> int:
-    """How many external data files of transformers.js's names (`model.onnx_data`, `model.onnx_data_1`, ...) are
-    beside `model`: the count its config gives for that file."""
-    n = 0
-    while model.with_name(f"{model.name}_data" + (f"_{n}" if n else "")).is_file():
-        n += 1
-    return n
+def base_names(file_name: str) -> set[str]:
+    """The names a page may give transformers.js for the file `file_name` (`fileName`, the model's file name
+    without the dtype suffix: `model` for `model_fp16.onnx`, or `model_fp16` itself with dtype fp32)."""
+    stem = file_name.removesuffix(".onnx")
+    return {stem} | {stem[: -len(s)] for s in DTYPE_SUFFIXES if stem.endswith(s) and len(stem) > len(s)}
 
 
-def _chunks_in_config(value, name: str) -> int:
-    """What transformers.js reads from `use_external_data_format` for the file `name` (`model_fp16.onnx`): a map by
-    file name (or by name without `.onnx`), else one count (true: 1) for every file; 0 for what it cannot read."""
-    if isinstance(value, dict):
-        value = next((value[k] for k in (name, name.removesuffix(".onnx")) if k in value), 0)
-    try:
-        return int(value or 0)
-    except (TypeError, ValueError):
+def data_files_read(value, file_name: str, base: str) -> int:
+    """How many data files transformers.js 4.3.1 fetches for `file_name` (`model_fp16.onnx`) asked for as `base`
+    (`model`), its config's `use_external_data_format` being `value`: `resolveExternalDataFormat(config, fullName,
+    fileName)` (src/utils/model-loader.js) is 0 for a false value; in an object (an array too) the entry of the
+    full name, else of the base name, else 0; else the value itself, each as JavaScript's `+x` reads it; its loop
+    `for (i = 0; i < n; ++i)` then fetches ceil(n) files (1.5: 2), none for NaN or n <= 0, and over
+    MAX_DATA_CHUNKS it refuses to load (shown as one more)."""
+    if not _js_truthy(value):
         return 0
+    if isinstance(value, dict):
+        value = next((value[k] for k in (file_name, base) if k in value), 0)
+    elif isinstance(value, list):  # (an array's own properties, its indices and length, name no model file)
+        return 0
+    n = _js_number(value)
+    if not n > 0:
+        return 0
+    return MAX_DATA_CHUNKS + 1 if n > MAX_DATA_CHUNKS else math.ceil(n)
+
+
+def _js_truthy(value) -> bool:
+    """JavaScript's `!!value` for a value of JSON.parse."""
+    return value not in (None, False, 0, "") or isinstance(value, (list, dict))
+
+
+def _js_number(value) -> float:
+    """JavaScript's `+value` (ToNumber) for a value of JSON.parse: an array through its string (`[2]` is 2, `[1, 2]`
+    NaN), an object NaN."""
+    if isinstance(value, (bool, int, float)):
+        try:
+            return float(value)
+        except OverflowError:  # an integer literal past a double's range
+            return math.copysign(math.inf, value)
+    if value is None:
+        return 0.0
+    if isinstance(value, (str, list)):
+        text = (value if isinstance(value, str) else _js_string(value)).strip(_JS_SPACE)
+        if not text:
+            return 0.0
+        if radix := _JS_RADIX.fullmatch(text):
+            try:
+                return float(int(radix[2], {"x": 16, "o": 8, "b": 2}[radix[1].lower()]))
+            except ValueError:  # a digit the base has not
+                return math.nan
+            except OverflowError:
+                return math.inf
+        return float(text) if _JS_DECIMAL.fullmatch(text) else math.nan
+    return math.nan
+
+
+def _js_string(value) -> str:
+    """JavaScript's `String(value)` of an array's element (null: empty; an array: its elements joined by commas),
+    as far as `_js_number` needs it (a number: any text that reads back as that number)."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return ",".join(_js_string(v) for v in value)
+    if isinstance(value, dict):
+        return "[object Object]"
+    n = _js_number(value)
+    return repr(n) if math.isfinite(n) else ("Infinity" if n > 0 else "-Infinity")
 
 
 def _not_json(name: str) -> float:
@@ -481,8 +654,6 @@ def _not_json(name: str) -> float:
 def _not_finite(value) -> bool:
     """Whether a number in `value` is not finite (a literal such as 1e400: read as infinity, it would be written
     back as `Infinity`, which JSON.parse rejects)."""
-    import math
-
     if isinstance(value, float):
         return not math.isfinite(value)
     if isinstance(value, dict):
@@ -492,47 +663,98 @@ def _not_finite(value) -> bool:
     return False
 
 
-def update_transformers_config(out_dir: Path, written: list[Path]) -> str | None:
-    """Make OUTDIR's config.json (a transformers.js model folder: `config.json` beside `onnx/`) say which written
-    models have external data, or transformers.js never fetches it: `transformers.js_config.use_external_data_format`
-    becomes a map from file name to its number of data files, for every model in `onnx/` (the written ones as
-    written, the others as the input's config said). Nothing else in the config changes, and a config that already
-    says the right thing is left as copied. Returns what was done, or None."""
-    config_path = out_dir / "config.json"
-    folder = out_dir / TRANSFORMERS_SUBFOLDER
-    ours = sorted(p for p in written if p.parent.resolve() == folder.resolve())
-    if not ours or not config_path.is_file():
-        return None
-    try:
-        raw = config_path.read_bytes()
-        config = json.loads(raw.decode("utf-8-sig"), parse_constant=_not_json)  # (transformers.js reads a BOM)
-    except (OSError, UnicodeError, ValueError, RecursionError) as e:
-        return (f"{config_path}: not read as JSON ({type(e).__name__}), so not updated: transformers.js may not "
-                "fetch the external data")
-    if _not_finite(config):
-        return (f"{config_path}: holds a number JavaScript's JSON reads otherwise (over a float's range), so not "
-                "updated: transformers.js may not fetch the external data")
-    if not isinstance(config, dict):
-        return None
-    section = config.get("transformers.js_config")
-    section = section if isinstance(section, dict) else {}
-    before = section.get("use_external_data_format")
-    wanted = {p.name: _chunks_in_config(before, p.name) for p in sorted(folder.glob("*.onnx"))}
-    wanted.update({p.name: data_chunks(p) for p in ours})
-    if all(_chunks_in_config(before, name) == n for name, n in wanted.items()):
-        return None
-    config["transformers.js_config"] = {**section, "use_external_data_format": wanted}
-    bom = "\ufeff" if raw.startswith(b"\xef\xbb\xbf") else ""
-    try:
-        out = (bom + json.dumps(config, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
-    except (UnicodeError, RecursionError) as e:  # (a lone surrogate: read, but not writable as UTF-8)
-        return (f"{config_path}: not written back as read ({type(e).__name__}), so not updated: transformers.js "
-                "may not fetch the external data")
-    with atomic_path(config_path, suffix=".json") as tmp:
-        tmp.write_bytes(out)
-    shown = ", ".join(f"{k}: {v}" for k, v in wanted.items() if v)
-    return (f"{config_path}: transformers.js_config.use_external_data_format set to the data files written "
-            f"({shown or 'none'}), so transformers.js fetches them")
+@dataclass
+class TransformersConfig:
+    """OUTDIR's config.json in a transformers.js model folder (`config.json` beside `onnx/`), read before any model
+    is written: transformers.js fetches a model's external data only when its
+    `transformers.js_config.use_external_data_format` says so, so batch makes it say which files it wrote with
+    data, and keeps every other value of the config as it was read. Whether it can (`problem`) is decided up front:
+    a config that cannot be written back as read (not JSON as JSON.parse reads it, a number past a float's range,
+    a lone surrogate, nesting deeper than Python reads) refuses the batch before anything is written where it
+    would have to change, and is left untouched where it says the right thing already."""
+
+    path: Path  # OUTDIR/config.json
+    raw: bytes  # as read: DIR's (the copy's source), else OUTDIR's own
+    config: dict | None  # None where it cannot be read (see `problem`)
+    problem: str | None = None
+
+    @classmethod
+    def read(cls, source: Path, target: Path) -> TransformersConfig:
+        raw = b"".join(_regular_bytes(source))
+        try:
+            config = json.loads(raw.decode("utf-8-sig"), parse_constant=_not_json)  # (transformers.js reads a BOM)
+        except (UnicodeError, ValueError, RecursionError) as e:
+            return cls(target, raw, None, f"cannot be read as JSON ({type(e).__name__})")
+        if not isinstance(config, dict):
+            return cls(target, raw, None, "is not a JSON object")
+        try:
+            (json.dumps(config, ensure_ascii=False) + "\n").encode("utf-8")
+            infinite = _not_finite(config)
+        except (UnicodeError, RecursionError) as e:  # (a lone surrogate: read, but not writable as UTF-8)
+            return cls(target, raw, config, f"cannot be written back as read ({type(e).__name__})")
+        if infinite:
+            return cls(target, raw, config, "holds a number past a float's range, which would be written back as "
+                       "`Infinity` (JSON.parse rejects it)")
+        return cls(target, raw, config)
+
+    @classmethod
+    def planned(cls, out: Path, copies: list[tuple[Path, Path]], entries: list[Entry]) -> TransformersConfig | None:
+        """OUTDIR's config.json as it will be before the models are written (None: there is none, or no model is
+        written into OUTDIR/onnx/); refused (`SurgeonError`, exit 2) if it would have to change and cannot."""
+        target, folder = out / "config.json", out / TRANSFORMERS_SUBFOLDER
+        source = next((s for s, t in copies if t == target), target if target.exists() else None)
+        planned = {Path(e.output).name: int(e.external) for e in entries
+                   if e.error is None and Path(e.output).parent == folder}
+        if source is None or not planned:
+            return None
+        config = cls.read(source, target)
+        if config.problem and not config.says(planned):
+            raise SurgeonError(source, f"{config.problem}, so batch cannot make it say which models in "
+                               f"{TRANSFORMERS_SUBFOLDER}/ have external data", "transformers.js would fetch the "
+                               "wrong data files: fix or remove the config, then run again")
+        return config
+
+    def value(self):
+        section = (self.config or {}).get("transformers.js_config")
+        return section.get("use_external_data_format") if isinstance(section, dict) else None
+
+    def says(self, counts: dict[str, int]) -> bool:
+        """Whether transformers.js reads `counts` (file name -> its data files) from the config, whichever base
+        name a page gives (`base_names`)."""
+        return all(data_files_read(self.value(), name, base) == n
+                   for name, n in counts.items() for base in base_names(name))
+
+    def update(self, written: list[Entry]) -> str | None:
+        """Make the config say how many data files each model in OUTDIR/onnx/ has: the written ones as written (the
+        data file the writer wrote, in transformers.js's name, never one an earlier run left), the others as the
+        config said for the name a pipeline gives (`model` for `model_fp16.onnx`). Returns what was done, or None
+        (the config says so already: left as copied, byte for byte)."""
+        folder = self.path.parent / TRANSFORMERS_SUBFOLDER
+        counts = {p.name: data_files_read(self.value(), p.name, min(base_names(p.name), key=len))
+                  for p in sorted(folder.glob("*.onnx"))}
+        counts.update({Path(e.output).name: _data_files_written(e) for e in written
+                       if Path(e.output).parent == folder})
+        if self.says(counts):
+            return None
+        if self.problem:  # (only where the plan's external data was not written: a model with no stored tensor)
+            return f"{self.path}: {self.problem}, so not updated: transformers.js may fetch the wrong data files"
+        section = self.config.get("transformers.js_config")
+        self.config["transformers.js_config"] = {**(section if isinstance(section, dict) else {}),
+                                                 "use_external_data_format": counts}
+        bom = "\ufeff" if self.raw.startswith(b"\xef\xbb\xbf") else ""
+        with atomic_path(self.path, suffix=".json") as tmp:
+            tmp.write_bytes((bom + json.dumps(self.config, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
+        shown = ", ".join(f"{k}: {v}" for k, v in counts.items() if v)
+        return (f"{self.path}: transformers.js_config.use_external_data_format set to the data files written "
+                f"({shown or 'none'}), so transformers.js fetches them")
+
+
+def _data_files_written(e: Entry) -> int:
+    """1 where the writer wrote the entry's weights to `<name>.onnx_data` (the one data file transformers.js
+    fetches for a count of 1), else 0 (one file; or a data file in another name, which transformers.js never
+    fetches)."""
+    data = ((e.result or {}).get("weights") or {}).get("external_data")
+    return int(data == f"{Path(e.output).name}_data")
 
 
 # --------------------------------------------------------------------------------------------------- reporting
@@ -721,10 +943,10 @@ def main(manifest: str | None, globs: list[str], cli: dict, jobs: int | None, su
         if cli.get(key) is not None and not Path(cli[key]).is_dir():
             raise SurgeonError(cli[key], f"--{key.replace('_', '-')} is not an existing folder")
     copies: list[tuple[Path, Path]] = []
+    config = None
     if out_folder is not None:
-        entries, copies = plan_folder(manifest, out_folder, cli, summary_json)
-        for source, target in copies:
-            copy_atomic(source, target)
+        entries, copies, config = plan_folder(manifest, out_folder, cli, summary_json)
+        copy_files(copies)
     else:
         entries = plan(manifest, globs, cli, summary_json)
     jobs = max(1, min(jobs, sum(e.error is None for e in entries) or 1))
@@ -732,11 +954,9 @@ def main(manifest: str | None, globs: list[str], cli: dict, jobs: int | None, su
     write_reports(entries)
     print(variant_table(entries, manifest, jobs, seconds, len(copies)) if out_folder is not None else
           summary_table(entries, jobs, seconds))
-    if out_folder is not None:
-        note = update_transformers_config(Path(out_folder), [Path(e.output) for e in entries
-                                                              if e.result and e.result.get("written")])
-        if note:
-            print(note)
+    note = config and config.update([e for e in entries if e.result and e.result.get("written")])
+    if note:
+        print(note)
     if summary_json is not None:
         data = {"jobs": jobs, "seconds": round(seconds, 3), "exit_code": exit_code(entries),
                 "models": [entry_report(e) | {"report": e.report if e.report_written else None} for e in entries]}

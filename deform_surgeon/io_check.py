@@ -49,7 +49,8 @@ def _real(path: Path) -> str:
         return os.path.abspath(path)
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular one is, for a one-line refusal: `a FIFO`, `a socket`, ..."""
     if stat.S_ISDIR(mode):
         return "a folder"
     if stat.S_ISFIFO(mode):
@@ -68,7 +69,7 @@ def require_regular_input(path: str | Path, hint: str = "give an .onnx file") ->
     except (OSError, ValueError):
         return  # missing (or no file name at all): load_model names it
     if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
-        raise SurgeonError(path, f"is {_kind(mode)}, not a regular file", hint)
+        raise SurgeonError(path, f"is {file_kind(mode)}, not a regular file", hint)
 
 
 class FilePlan:
@@ -111,7 +112,7 @@ class FilePlan:
         except OSError as exc:  # a folder on the way that cannot be searched, a loop of links
             raise SurgeonError(target, f"{role} cannot be written there ({exc.strerror})") from None
         if mode is not None and not stat.S_ISREG(mode):
-            raise SurgeonError(target, f"{role} is {_kind(mode)}, not a regular file: it would be replaced by one",
+            raise SurgeonError(target, f"{role} is {file_kind(mode)}, not a regular file: it would be replaced by one",
                                "give a new file name or a regular file")
         keys = _keys(target)
         for key in keys:

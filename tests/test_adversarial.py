@@ -777,6 +777,43 @@ def test_ctrl_c_stops_a_batch_and_its_workers_quietly(tmp_path):
         assert name.endswith((".patched.onnx", ".patched.onnx.data")), left
 
 
+def _grandchildren(pid: int) -> int:
+    """How many children the children of `pid` have, read from /proc: batch's workers (the fork server's)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):  # not a process, or one that ended meanwhile
+            continue
+    children = {p for p, parent in parents.items() if parent == pid}
+    return sum(parent in children for parent in parents.values())
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the workers in /proc")
+def test_ctrl_c_while_batch_workers_start_is_one_line(tmp_path):
+    """Fourth round: about 1 Ctrl-C in 15 while the workers started printed a multiprocessing traceback after
+    "interrupted": a Ctrl-C inside `Process.start()` left a worker the batch did not know of, so did not stop; it
+    read its start-up data after the batch had exited and removed the queue's semaphore (FileNotFoundError). Ctrl-C
+    the moment the first, then the second worker exists, a few times over: one line, exit 130, every time."""
+    for k in range(4):
+        copy_fixture("decoder_gathernd.onnx", tmp_path, f"m{k}.onnx")
+    before = state(tmp_path)
+    for attempt in range(8):
+        proc = subprocess.Popen([*DS, "batch", "--glob", "m*.onnx", "--jobs", "2", "--no-progress"], cwd=tmp_path,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        while proc.poll() is None and _grandchildren(proc.pid) < 1 + attempt % 2:
+            time.sleep(0.001)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=300)
+        assert (proc.returncode, err) == (130, "deform-surgeon: interrupted\n"), f"attempt {attempt}: {out}{err}"
+        left = {k for k in state(tmp_path) if k not in before}
+        assert not {n for n in left if n.startswith(".") or "tmp" in n}, left  # no temporaries
+        for name in left:  # a worker that finished before the signal: its output is complete
+            assert name.endswith(".patched.onnx"), left
+            (tmp_path / name).unlink()
+
+
 # ------------------------------------------------------------------------------------------- folders out of reach
 def _without_permission_bypass() -> list[str]:
     """The prefix that runs a command without the capability to bypass file permissions (root has it)."""
@@ -1007,6 +1044,88 @@ def test_batch_folder_refused_up_front_leaves_no_folders(tmp_path):
     assert set(state(tmp_path)) == set(before)  # no out/alias, no out/real (only out's mtime moved)
 
 
+def _a_link_to_dev_zero(src: Path) -> tuple[str, str]:
+    (src / "tokenizer.json").symlink_to("/dev/zero")
+    return "src/tokenizer.json", r"is a link to a file outside DIR \(/dev/zero\)"
+
+
+def _a_link_to_a_file_outside(src: Path) -> tuple[str, str]:
+    (src.parent / "private.txt").write_text("not part of the folder")
+    (src / "notes.txt").symlink_to("../private.txt")
+    return "src/notes.txt", r"is a link to a file outside DIR \(.*/private\.txt\)"
+
+
+def _a_socket(src: Path) -> tuple[str, str]:
+    import socket
+
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(src / "zz.sock"))  # after the configs: they were copied before the socket failed the batch
+    return "src/zz.sock", "is a socket, not a regular file"
+
+
+def _a_fifo_config(src: Path) -> tuple[str, str]:
+    (src / "config.json").unlink()
+    os.mkfifo(src / "config.json")
+    return "src/config.json", "is a FIFO, not a regular file"
+
+
+def _a_read_only_onnx_folder_in_outdir(src: Path) -> tuple[str, str]:
+    (src.parent / "out" / "onnx").mkdir(parents=True)
+    (src.parent / "out" / "onnx").chmod(0o555)
+    return "out/onnx/m.onnx", "folder out/onnx is not writable"
+
+
+@pytest.mark.parametrize("make", [_a_link_to_dev_zero, _a_link_to_a_file_outside, _a_socket, _a_fifo_config,
+                                  _a_read_only_onnx_folder_in_outdir])
+def test_batch_folder_reads_only_regular_files_in_dir_and_refuses_before_writing(tmp_path, make):
+    """Fourth round: a link to /dev/zero in DIR was copied without end; a socket in DIR was exit 2 after the other
+    files were copied; a FIFO config.json left an empty OUTDIR/onnx/; a read-only OUTDIR/onnx/ left the configs
+    copied without the model; file links leading outside DIR were copied (folder links were refused). Only regular
+    files inside DIR are read: anything else is one line, exit 2, before anything is written. (The run's files are
+    limited to 64 MiB: a copy without end stops there instead of filling the disk.)"""
+    import resource
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 20, 64 << 20))
+
+    src = tmp_path / "src"
+    (src / "onnx").mkdir(parents=True)
+    copy_fixture("sum_only.onnx", src / "onnx", "m.onnx")
+    (src / "config.json").write_text('{"model_type": "birefnet"}')
+    (src / "preprocessor_config.json").write_text("{}")
+    named, problem = make(src)
+    before = state(tmp_path)
+    try:
+        proc = subprocess.run([*_without_permission_bypass(), *DS, "batch", "src", "out", "--no-progress"],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=300, preexec_fn=limited)
+    finally:
+        if (tmp_path / "out" / "onnx").is_dir():
+            (tmp_path / "out" / "onnx").chmod(0o755)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    line = one_error_line(proc)
+    assert line.startswith(f"{named}: ") and re.search(problem, line), line
+    assert state(tmp_path) == before
+
+
+def test_batch_folder_copies_only_what_a_regular_file_held_when_opened(tmp_path):
+    """What the walk checked may be swapped before it is copied: the copy takes only a regular file, and at most
+    the bytes it had when opened (its fstat size), all of DIR's files or none."""
+    from deform_surgeon.batch import copy_files
+    from deform_surgeon.errors import SurgeonError
+
+    (tmp_path / "out").mkdir()
+    (tmp_path / "a.txt").write_text("a")
+    os.mkfifo(tmp_path / "b.json")
+    with pytest.raises(SurgeonError, match=r"b\.json: is a FIFO, not a regular file"):
+        copy_files([(tmp_path / "a.txt", tmp_path / "out" / "a.txt"),
+                    (tmp_path / "b.json", tmp_path / "out" / "b.json")])
+    assert not list((tmp_path / "out").iterdir())  # not a.txt either, and no temporary file
+    with pytest.raises(SurgeonError, match=r"zero: is a device, not a regular file"):
+        copy_files([(Path("/dev/zero"), tmp_path / "out" / "zero")])
+    copy_files([(tmp_path / "a.txt", tmp_path / "out" / "a.txt")])
+    assert (tmp_path / "out" / "a.txt").read_text() == "a"
+
+
 def test_two_output_links_to_one_file_are_named(tmp_path):
     """Two outputs that are links to one file: the refusal says which two, and the file they are."""
     src = tmp_path / "src"
@@ -1018,7 +1137,7 @@ def test_two_output_links_to_one_file_are_named(tmp_path):
     for name in ("a", "b"):
         (tmp_path / "out" / f"{name}.onnx").symlink_to("../x.onnx")
     proc = run("batch", "src", "out", "--no-progress", cwd=tmp_path)
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert re.search(r"out/b\.onnx: the output of entry 2 \(src/b\.onnx\) is also the output of entry 1 "
-                     r"\(src/a\.onnx\) \(out/b\.onnx and out/a\.onnx are both .*/x\.onnx\): one would overwrite",
-                     proc.stdout), proc.stdout
+    assert proc.returncode == 2, proc.stdout + proc.stderr  # a folder's OUTDIR is one whole: refused up front
+    assert re.match(r"out/b\.onnx: the output of entry 2 \(src/b\.onnx\) is also the output of entry 1 "
+                    r"\(src/a\.onnx\) \(out/b\.onnx and out/a\.onnx are both .*/x\.onnx\): one would overwrite",
+                    one_error_line(proc)), proc.stderr

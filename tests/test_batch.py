@@ -223,41 +223,150 @@ def test_make_batch_target():
     assert proc.returncode != 0 and "usage: make batch MANIFEST=" in proc.stdout
 
 
-@pytest.mark.parametrize("case", ["infinity", "overflow_count", "big_float_elsewhere", "deep", "lone_surrogate"])
-def test_a_config_json_that_cannot_be_written_back_is_left_as_it_was_in_one_line(tmp_path, case):
-    """Fourth round: `use_external_data_format` of Infinity or 1e400 (OverflowError), 5,000 levels of nesting
-    (RecursionError), a lone surrogate (UnicodeEncodeError) ended in tracebacks after the models were written, and a
-    valid `"max_value": 1e400` elsewhere was written back as `Infinity` (JSON.parse rejects it). Now the config is
-    left as copied, byte for byte, and one line says why."""
-    from deform_surgeon.batch import update_transformers_config
+def _tjs_folder(root: Path, config: bytes, models: tuple[str, ...] = ("model.onnx",)) -> Path:
+    """A transformers.js model folder: config.json (these bytes) beside onnx/ with `models` (the float32 or float16
+    decoder fixture, by name)."""
+    src = root / "src"
+    (src / "onnx").mkdir(parents=True)
+    for name in models:
+        fixture = "decoder_gathernd_fp16.onnx" if "fp16" in name else "decoder_gathernd.onnx"
+        shutil.copyfile(FIXTURES / fixture, src / "onnx" / name)
+    (src / "config.json").write_bytes(config)
+    return src
 
-    (tmp_path / "onnx").mkdir()
-    model = tmp_path / "onnx" / "model.onnx"
-    model.write_bytes(b"")
-    (tmp_path / "onnx" / "model.onnx_data").write_bytes(b"")
-    text = {"infinity": '{"transformers.js_config": {"use_external_data_format": Infinity}}',
-            "overflow_count": '{"transformers.js_config": {"use_external_data_format": {"model.onnx": 1e400}}}',
-            "big_float_elsewhere": '{"max_value": 1e400}',
-            "deep": "[" * 5000 + "]" * 5000,
-            "lone_surrogate": '{"name": "\\ud800"}'}[case]
-    (tmp_path / "config.json").write_text(text)
-    said = update_transformers_config(tmp_path, [model])
-    assert said is not None and said.startswith(f"{tmp_path / 'config.json'}: ") and "not updated" in said
-    assert "\n" not in said and (tmp_path / "config.json").read_text() == text
+
+CANNOT_BE_WRITTEN_BACK = {
+    "infinity": b'{"transformers.js_config": {"use_external_data_format": Infinity}}',
+    "overflow_count": b'{"transformers.js_config": {"use_external_data_format": {"model.onnx": 1e400}}}',
+    "big_float_elsewhere": b'{"max_value": 1e400}',
+    "deep": b"{" + b'"a": [' * 5000 + b"]" * 5000 + b"}",
+    "lone_surrogate": b'{"name": "\\ud800"}',
+    "not_an_object": b"[]"}
+
+
+@pytest.mark.parametrize("case", list(CANNOT_BE_WRITTEN_BACK))
+def test_a_config_json_that_cannot_be_written_back_is_decided_before_any_model_is_written(tmp_path, case):
+    """Fourth round: `use_external_data_format` of Infinity or 1e400, 5,000 levels of nesting, a lone surrogate
+    were tracebacks after the models were written, then a line "not updated" (exit 0: a folder transformers.js
+    would not fetch the data of). Now it is decided before anything is written: where the config would have to
+    change (here: --external-data always), one line naming it, exit 2, OUTDIR not made."""
+    src = _tjs_folder(tmp_path, CANNOT_BE_WRITTEN_BACK[case])
+    before = snapshot(tmp_path)
+    proc = batch(src, tmp_path / "out", "--external-data", "always", "--no-progress", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    line = one_error_line(proc)
+    assert line.startswith(f"{src / 'config.json'}: ") and "cannot make it say which models in onnx/ have external " \
+        "data" in line, line
+    assert snapshot(tmp_path) == before
+
+
+def test_a_config_json_that_cannot_be_written_back_but_says_the_right_thing_is_copied(tmp_path):
+    """The same config where it need not change (small files, one file each: the config says no data file): the
+    batch runs and the config is copied byte for byte."""
+    src = _tjs_folder(tmp_path, CANNOT_BE_WRITTEN_BACK["big_float_elsewhere"])
+    proc = batch(src, tmp_path / "out", "--no-progress", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (tmp_path / "out" / "config.json").read_bytes() == CANNOT_BE_WRITTEN_BACK["big_float_elsewhere"]
+    assert "use_external_data_format" not in proc.stdout
 
 
 def test_a_config_json_with_a_bom_is_updated_and_keeps_it(tmp_path):
     """transformers.js reads a config.json that starts with a UTF-8 BOM; it was left unread ("not JSON")."""
-    from deform_surgeon.batch import update_transformers_config
-
-    (tmp_path / "onnx").mkdir()
-    model = tmp_path / "onnx" / "model.onnx"
-    model.write_bytes(b"")
-    (tmp_path / "onnx" / "model.onnx_data").write_bytes(b"")
-    (tmp_path / "config.json").write_bytes("\ufeff".encode() + b'{"model_type": "birefnet", "x": "\xc3\xa9"}')
-    said = update_transformers_config(tmp_path, [model])
-    assert said and "set to the data files written (model.onnx: 1)" in said
-    raw = (tmp_path / "config.json").read_bytes()
+    src = _tjs_folder(tmp_path, "\ufeff".encode() + b'{"model_type": "birefnet", "x": "\xc3\xa9"}')
+    proc = batch(src, tmp_path / "out", "--external-data", "always", "--no-progress", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "set to the data files written (model.onnx: 1)" in proc.stdout
+    raw = (tmp_path / "out" / "config.json").read_bytes()
     assert raw.startswith("\ufeff".encode())
     config = json.loads(raw.decode("utf-8-sig"))
     assert config["x"] == "é" and config["transformers.js_config"]["use_external_data_format"] == {"model.onnx": 1}
+
+
+# ---------------------------------------------------------------------- what transformers.js itself reads (node)
+TJS_FILES = """
+const [modules, root, id, dtypes, values] = process.argv.slice(2);
+const { env, ModelRegistry } = await import(`${modules}/@huggingface/transformers/dist/transformers.node.mjs`);
+env.allowRemoteModels = false;
+env.localModelPath = root;
+const out = [];
+if (values === undefined) {  // the folder's own config.json, as a page's pipeline reads it
+    for (const dtype of JSON.parse(dtypes)) out.push(await ModelRegistry.get_model_files(id, { dtype }));
+} else {  // each use_external_data_format value in a config of its own
+    for (const value of JSON.parse(values)) {
+        const config = { model_type: 'birefnet', 'transformers.js_config': { use_external_data_format: value } };
+        for (const dtype of JSON.parse(dtypes)) out.push(await ModelRegistry.get_model_files(id, { config, dtype }));
+    }
+}
+console.log(JSON.stringify(out));
+"""
+
+
+def _transformers_js_files(tmp_path: Path, folder: Path, dtypes: list[str], values: list | None = None) -> list:
+    """The files transformers.js 4.3.1 itself (ModelRegistry.get_model_files: the files `pipeline(..., {dtype})`
+    loads; both call `resolveExternalDataFormat(config, fullName, fileName)`, src/utils/model-loader.js) fetches
+    for each dtype: from `folder`'s config.json, or for each `use_external_data_format` value of `values`."""
+    import shutil as sh
+
+    from deform_surgeon import runtimes
+
+    modules = runtimes.runtimes_dir()
+    if modules is None or sh.which("node") is None:
+        pytest.skip("transformers.js not installed (deform-surgeon setup)")
+    script = tmp_path / "files.mjs"
+    script.write_text(TJS_FILES)
+    args = ["node", script, modules / "node_modules", f"{folder.parent}/", folder.name, json.dumps(dtypes)]
+    proc = subprocess.run([*map(str, args), *([json.dumps(values)] if values is not None else [])],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_data_files_read_as_transformers_js_reads_them(tmp_path):
+    """Fourth round: a count was read as Python's int() reads it (1.5: 1; transformers.js fetches 2) and a file
+    was looked up by its own stem (`model_q4`) where transformers.js looks it up by full name, then by the name
+    every dtype's file shares (`model`). The tool's reading against transformers.js's own, value by value."""
+    from deform_surgeon.batch import data_files_read
+
+    values = [1.5, 0.1, "2", " 3 ", "\u00a02", "0x2", "0b11", "1e0", "", "abc", "-1", -1, True, False, 0, None, [1],
+              {"model": 1}, {"model": 1.5}, {"model": "2"}, {"model_fp16.onnx": "1"}, {"model.onnx": [2]},
+              {"model": [[3]]}, {"model": [1, 2]}, {"model": [None]}, {"model": {}}, {"model": True},
+              {"model.onnx": 0, "model": 1}, {"model_fp16": 1}, {"model": " 0x1 "}]
+    dtypes = {"fp32": "model.onnx", "fp16": "model_fp16.onnx"}
+    listed = iter(_transformers_js_files(tmp_path, tmp_path / "m", list(dtypes), values))
+    for value in values:
+        for name in dtypes.values():
+            theirs = sum(f.startswith(f"onnx/{name}_data") for f in next(listed))
+            assert data_files_read(value, name, "model") == theirs, (value, name)
+
+
+def _fetched_data_files(tmp_path: Path, out: Path) -> dict[str, set[str]]:
+    """Per model in OUTDIR/onnx/: the data files transformers.js fetches for it, from OUTDIR's own config.json."""
+    models = sorted(p.name for p in (out / "onnx").glob("*.onnx"))
+    dtypes = {"model.onnx": "fp32", "model_fp16.onnx": "fp16"}
+    lists = _transformers_js_files(tmp_path, out, [dtypes[m] for m in models])
+    return {m: {f.removeprefix("onnx/") for f in files if "_data" in f} for m, files in zip(models, lists, strict=True)}
+
+
+@pytest.mark.parametrize("case", ["base_name", "fraction", "stale"])
+def test_transformers_js_fetches_exactly_the_data_files_each_written_model_reads(tmp_path, case):
+    """Fourth round: `{"model": 1}` for a folder of `model_fp16.onnx` only was left as copied (the tool looked for
+    `model_fp16`), and transformers.js then fetched a `model_fp16.onnx_data` that does not exist; `1.5` for a model
+    written with one data file was left (transformers.js fetches `_data_1` too); a `model.onnx_data` an earlier
+    run left in OUTDIR was counted as written. Asked of transformers.js itself, from the written config.json as a
+    page's pipeline reads it: each model's data files are exactly those the written model refers to."""
+    from deform_surgeon.io_check import external_locations
+
+    config, models, args = {
+        "base_name": ({"model": 1}, ("model_fp16.onnx",), ()),
+        "fraction": ({"model.onnx": 1.5}, ("model.onnx",), ("--external-data", "always")),
+        "stale": ({}, ("model.onnx",), ())}[case]
+    src = _tjs_folder(tmp_path, json.dumps({"model_type": "birefnet", "transformers.js_config": {
+        "use_external_data_format": config}}).encode(), models)
+    out = tmp_path / "out"
+    if case == "stale":
+        (out / "onnx").mkdir(parents=True)
+        (out / "onnx" / "model.onnx_data").write_bytes(b"an earlier run's")
+    proc = batch(src, out, *args, "--no-progress", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    fetched = _fetched_data_files(tmp_path, out)
+    assert fetched == {m: set(external_locations(out / "onnx" / m)) for m in models}, (fetched, proc.stdout)

@@ -178,17 +178,6 @@ def test_batch_undoes_a_config_whose_data_files_are_gone(tmp_path):
     assert written["transformers.js_config"]["use_external_data_format"] == {"model.onnx": 0}
 
 
-def test_data_chunks_counts_transformers_js_names(tmp_path):
-    from deform_surgeon.batch import data_chunks
-
-    model = tmp_path / "model.onnx"
-    model.write_bytes(b"")
-    assert data_chunks(model) == 0
-    for name in ("model.onnx_data", "model.onnx_data_1", "model.onnx_data_3"):
-        (tmp_path / name).write_bytes(b"")
-    assert data_chunks(model) == 2  # _3 without _2 is not one of transformers.js's chunks
-
-
 def test_the_report_names_a_data_file_only_where_one_was_written(tmp_path):
     """Fourth round: `--external-data always` on a model with no stored tensor said a page needs
     `externalData: [{path: 'out.onnx_data'}]`, and no such file was written. The report now says what was written:
