@@ -60,7 +60,7 @@ from .args import PATCH_GROUPS, manifest_options, manifest_problem, val_ranges_f
 from .budget import human
 from .errors import SurgeonError
 from .io_check import FilePlan, external_locations
-from .model_io import atomic_path, copy_atomic, external_data_path, temp_prefix, weights_external
+from .model_io import DataForm, atomic_path, copy_atomic, external_data_path, temp_prefix
 from .report import FINDING_EXIT, OK, REFUSED, UNCHANGED
 
 OPTIONS = manifest_options()  # entry option (an API keyword of `patch`: args.PATCH_GROUPS) -> accepted Python types
@@ -216,7 +216,7 @@ def plan_folder(folder: str, out_dir: str, cli: dict, summary: str | None = None
         flat = "__".join(model.relative_to(src).with_suffix("").parts)
         return None if report_dir is None else str(Path(report_dir) / f"{flat}.report.json")
 
-    entries = [Entry(k, str(m), str(out / m.relative_to(src)), report(m), dict(options))
+    entries = [Entry(k, str(m), str(out / m.relative_to(src)), report(m), dict(options, **_data_name(m, src)))
                for k, m in enumerate(models, 1)]
     for folder_out in sorted({Path(e.output).parent for e in entries} | {t.parent for _, t in copies}):
         if folder_out.exists() and not folder_out.is_dir():
@@ -227,6 +227,14 @@ def plan_folder(folder: str, out_dir: str, cli: dict, summary: str | None = None
                                "outputs are written inside OUTDIR only: remove the link or give another OUTDIR")
     _check_collisions(entries, summary, copies, make_folders=True)
     return entries, copies
+
+
+def _data_name(model: Path, src: Path) -> dict:
+    """The data file name of a model of a transformers.js folder (`onnx/` beside a `config.json`): always
+    `<name>.onnx_data`, the name transformers.js fetches and hands ORT (`data_suffix`), whatever the input's is
+    named (a `model.onnx.data` input was written as `.data`, which the folder's pipeline never fetched)."""
+    ours = model.parent == src / TRANSFORMERS_SUBFOLDER and (src / "config.json").is_file()
+    return {"data_suffix": "_data"} if ours else {}
 
 
 def _folder_link(path: Path, src: Path) -> bool:
@@ -297,9 +305,8 @@ def _check_writes(entries: list[Entry], files: FilePlan, summary: str | None,
             e.error = f"{e.report}: report folder {Path(e.report).parent} does not exist or is not a folder"
             continue
         try:
-            external = weights_external(e.input, e.data_files, e.options.get("external_data") or "auto")
-            files.write_model(e.output, e.data_files, role=f"the output of entry {e.number} ({e.input})",
-                              external=external)
+            form = DataForm(e.options.get("external_data") or "auto", e.options.get("data_suffix"))
+            files.write_model(e.output, e.data_files, role=f"the output of entry {e.number} ({e.input})", form=form)
             if e.report:
                 files.write(f"the report of entry {e.number} ({e.input})", e.report)
         except SurgeonError as exc:
@@ -444,7 +451,8 @@ def _remove_temporaries(e: Entry) -> None:
     if not e.output:
         return
     out = Path(e.output)
-    for target in (out, external_data_path(out, e.data_files)):
+    data = external_data_path(out, e.data_files, e.options.get("data_suffix"))
+    for target in (out, data):
         for tmp in out.parent.glob(f"{globlib.escape(temp_prefix(target))}*.tmp*"):
             tmp.unlink(missing_ok=True)
 
@@ -583,7 +591,8 @@ def summary_table(entries: list[Entry], jobs: int, seconds: float) -> str:
 def _size(e: Entry) -> str:
     """The written output's size, its external data included (the input's when nothing was written)."""
     path = Path(e.output if e.result and e.result.get("written") else e.input)
-    files = [path, external_data_path(path, e.data_files)] if path == Path(e.output) else [path, *e.data_files]
+    data = external_data_path(path, e.data_files, e.options.get("data_suffix"))
+    files = [path, data] if path == Path(e.output) else [path, *e.data_files]
     total = sum(f.stat().st_size for f in files if f.is_file())
     return human(total)
 
