@@ -61,6 +61,7 @@ from .budget import human
 from .errors import SurgeonError
 from .io_check import FilePlan, external_locations
 from .model_io import DataForm, atomic_path, copy_atomic, external_data_path, temp_prefix
+from .model_io.write import recover_pair
 from .report import FINDING_EXIT, OK, REFUSED, UNCHANGED
 
 OPTIONS = manifest_options()  # entry option (an API keyword of `patch`: args.PATCH_GROUPS) -> accepted Python types
@@ -447,7 +448,8 @@ def _finish(e: Entry, result: dict | None, error: str | None, t0: float) -> None
 
 
 def _remove_temporaries(e: Entry) -> None:
-    """What a killed worker may have left: its `atomic_path` temporaries (never the output itself)."""
+    """What a killed worker may have left: its `atomic_path` temporaries (never the output itself), and an old
+    output pair it had moved aside to put the new one in place (put back, or removed: `recover_pair`)."""
     if not e.output:
         return
     out = Path(e.output)
@@ -455,6 +457,7 @@ def _remove_temporaries(e: Entry) -> None:
     for target in (out, data):
         for tmp in out.parent.glob(f"{globlib.escape(temp_prefix(target))}*.tmp*"):
             tmp.unlink(missing_ok=True)
+    recover_pair(out, data)
 
 
 # ------------------------------------------------------------------------------------------ transformers.js

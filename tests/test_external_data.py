@@ -379,3 +379,21 @@ def test_a_data_file_of_the_users_own_is_not_replaced(tmp_path, monkeypatch):
         deform_surgeon.patch(FIXTURE, tmp_path / "out.onnx")
         assert sorted(p.name for p in tmp_path.iterdir()) == ["out.onnx", "out.onnx_data"]
         _a_consistent_pair(tmp_path / "out.onnx")
+
+
+def test_a_pair_a_killed_writer_moved_aside_is_put_back(tmp_path):
+    """A writer killed between moving the old pair aside and putting the new one in place (SIGKILL cannot wait:
+    batch's workers) leaves backups; batch then puts the old pair back (`recover_pair`), or, once the new OUT is
+    in place, removes them."""
+    out, data = tmp_path / "out.onnx", tmp_path / "out.onnx_data"
+    before = _old_pair(out)
+    write._move_aside([out, data])  # ... killed here, with the new data file placed:
+    data.write_bytes(b"the new pair's data")
+    write.recover_pair(out, data)
+    assert {p.name: p.read_bytes() for p in sorted(tmp_path.iterdir())} == before
+    write._move_aside([out, data])
+    deform_surgeon.patch(FIXTURE, out, external_data="always")  # (the new pair in place, the backups still there)
+    assert len(list(tmp_path.iterdir())) == 4
+    write.recover_pair(out, data)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.onnx", "out.onnx_data"]
+    _a_consistent_pair(out)

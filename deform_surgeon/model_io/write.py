@@ -27,6 +27,7 @@ file and is refused, never replaced.
 from __future__ import annotations
 
 import errno
+import glob
 import hashlib
 import os
 import re
@@ -337,6 +338,18 @@ def _move_aside(paths: list[Path]) -> list[tuple[Path, Path]]:
         _put_back(aside)
         raise
     return aside
+
+
+def recover_pair(target: Path, data_target: Path) -> None:
+    """What a process killed during `_install` (SIGKILL cannot wait; batch's workers) left: the pair it had moved
+    aside (`_move_aside`'s backups) is put back where OUT is missing, and removed where the new OUT is in place."""
+    missing = not os.path.lexists(target)
+    for path in (target, data_target):
+        for backup in path.parent.glob(f"{glob.escape(temp_prefix(path))}*.old"):
+            if missing:
+                os.replace(backup, path)
+            else:
+                backup.unlink(missing_ok=True)
 
 
 def _put_back(aside: list[tuple[Path, Path]]) -> None:
