@@ -379,6 +379,9 @@ def test_a_data_file_of_the_users_own_is_not_replaced(tmp_path, monkeypatch):
         deform_surgeon.patch(FIXTURE, tmp_path / "out.onnx")
         assert sorted(p.name for p in tmp_path.iterdir()) == ["out.onnx", "out.onnx_data"]
         _a_consistent_pair(tmp_path / "out.onnx")
+    monkeypatch.setattr(write, "BROWSER_SINGLE_FILE_LIMIT", 1 << 30)  # one file now: OUT's data file leaves with it
+    deform_surgeon.patch(FIXTURE, tmp_path / "out.onnx")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.onnx"] and _locations(tmp_path / "out.onnx") == set()
 
 
 def test_a_pair_a_killed_writer_moved_aside_is_put_back(tmp_path):

@@ -302,17 +302,16 @@ def _install(tmp: Path, target: Path, tmp_data: Path | None, data_target: Path) 
     """Put the complete temporary model `tmp` (and its data file `tmp_data`) in place as `target` (and
     `data_target`), so that no one ever finds an OUT naming a data file that is not its own (module docstring):
     an existing OUT that names `data_target` leaves with it (moved aside, put back if a rename fails, removed
-    once the new pair is in place); otherwise the new data file takes a name no model uses before the new model
-    takes OUT's. Signals wait until this is done. One file: a single rename."""
-    if tmp_data is None:
-        os.replace(tmp, target)
-        return
+    once the new model is in place: a one-file OUT replacing a pair leaves no stale data file behind); otherwise
+    the new data file takes a name no model uses before the new model takes OUT's. Signals wait until this is
+    done."""
     with _signals_held():
         aside = _move_aside([target, data_target]) if names_data_file(target, data_target) else []
         placed = False
         try:
-            os.replace(tmp_data, data_target)
-            placed = True
+            if tmp_data is not None:
+                os.replace(tmp_data, data_target)
+                placed = True
             os.replace(tmp, target)
         except BaseException:
             if placed:
