@@ -68,7 +68,8 @@ from .args import PATCH_GROUPS, manifest_options, manifest_problem, val_ranges_f
 from .budget import human
 from .errors import SurgeonError
 from .io_check import FilePlan, external_locations, file_kind
-from .model_io import atomic_path, external_data_path, temp_prefix, weights_external
+from .model_io import DataForm, atomic_path, external_data_path, temp_prefix
+from .model_io.write import BROWSER_SINGLE_FILE_LIMIT, recover_pair
 from .report import FINDING_EXIT, OK, REFUSED, UNCHANGED
 
 OPTIONS = manifest_options()  # entry option (an API keyword of `patch`: args.PATCH_GROUPS) -> accepted Python types
@@ -97,7 +98,7 @@ class Entry:
     ran: bool = False  # a worker was started (entries failed while planning get no report file)
     report_written: bool = False
     data_files: list[Path] = field(default_factory=list)  # the input's external data files
-    external: bool = False  # planned: its output will have its weights in a data file (`weights_external`)
+    external: bool = False  # planned: its output will have its weights in a data file (`_external_planned`)
 
 
 # ---------------------------------------------------------------------------------------------------- planning
@@ -226,7 +227,7 @@ def plan_folder(folder: str, out_dir: str, cli: dict, summary: str | None = None
         flat = "__".join(model.relative_to(src).with_suffix("").parts)
         return None if report_dir is None else str(Path(report_dir) / f"{flat}.report.json")
 
-    entries = [Entry(k, str(m), str(out / m.relative_to(src)), report(m), dict(options))
+    entries = [Entry(k, str(m), str(out / m.relative_to(src)), report(m), dict(options, **_data_name(m, src)))
                for k, m in enumerate(models, 1)]
     for folder_out in sorted({Path(e.output).parent for e in entries} | {t.parent for _, t in copies}):
         if folder_out.exists() and not folder_out.is_dir():
@@ -308,6 +309,28 @@ def _regular_bytes(source: Path) -> Iterator[bytes]:
         os.close(fd)
 
 
+def _external_planned(e: Entry, form: DataForm) -> bool:
+    """Whether the entry's output will have its weights in a data file, as far as it is known before the patch
+    (config.json is decided on it before any model is written): `form.expected`, and where the output's own size
+    decides ("auto" of a single file) the input's size, which the output's is close to (a patch adds index chains,
+    not weights); where the writer then decides otherwise, batch says so when it updates config.json."""
+    expected = form.expected(e.data_files)
+    if expected is not None:
+        return expected
+    try:
+        return os.path.getsize(e.input) > BROWSER_SINGLE_FILE_LIMIT
+    except OSError:  # (a missing or unreadable input: loading it names the problem)
+        return False
+
+
+def _data_name(model: Path, src: Path) -> dict:
+    """The data file name of a model of a transformers.js folder (`onnx/` beside a `config.json`): always
+    `<name>.onnx_data`, the name transformers.js fetches and hands ORT (`data_suffix`), whatever the input's is
+    named (a `model.onnx.data` input was written as `.data`, which the folder's pipeline never fetched)."""
+    ours = model.parent == src / TRANSFORMERS_SUBFOLDER and (src / "config.json").is_file()
+    return {"data_suffix": "_data"} if ours else {}
+
+
 def _folder_link(path: Path, src: Path) -> bool:
     """Whether the walk of DIR goes into `path`: yes for a folder, and for a link to a folder inside DIR (its
     models and files are patched and copied under the link's name, as `cp -rL` would); a link to a folder outside
@@ -380,9 +403,9 @@ def _check_writes(entries: list[Entry], files: FilePlan, summary: str | None,
             for path, what in ((e.output, "output"), (e.report, "report")):
                 if path and not Path(path).parent.is_dir():
                     raise SurgeonError(path, f"{what} folder {Path(path).parent} does not exist or is not a folder")
-            e.external = weights_external(e.input, e.data_files, e.options.get("external_data") or "auto")
-            files.write_model(e.output, e.data_files, role=f"the output of entry {e.number} ({e.input})",
-                              external=e.external)
+            form = DataForm(e.options.get("external_data") or "auto", e.options.get("data_suffix"))
+            e.external = _external_planned(e, form)
+            files.write_model(e.output, e.data_files, role=f"the output of entry {e.number} ({e.input})", form=form)
             if e.report:
                 files.write(f"the report of entry {e.number} ({e.input})", e.report)
         except SurgeonError as exc:
@@ -552,13 +575,16 @@ def _finish(e: Entry, result: dict | None, error: str | None, t0: float) -> None
 
 
 def _remove_temporaries(e: Entry) -> None:
-    """What a killed worker may have left: its `atomic_path` temporaries (never the output itself)."""
+    """What a killed worker may have left: its `atomic_path` temporaries (never the output itself), and an old
+    output pair it had moved aside to put the new one in place (put back, or removed: `recover_pair`)."""
     if not e.output:
         return
     out = Path(e.output)
-    for target in (out, external_data_path(out, e.data_files)):
+    data = external_data_path(out, e.data_files, e.options.get("data_suffix"))
+    for target in (out, data):
         for tmp in out.parent.glob(f"{globlib.escape(temp_prefix(target))}*.tmp*"):
             tmp.unlink(missing_ok=True)
+    recover_pair(out, data)
 
 
 # ------------------------------------------------------------------------------------------ transformers.js
@@ -805,7 +831,8 @@ def summary_table(entries: list[Entry], jobs: int, seconds: float) -> str:
 def _size(e: Entry) -> str:
     """The written output's size, its external data included (the input's when nothing was written)."""
     path = Path(e.output if e.result and e.result.get("written") else e.input)
-    files = [path, external_data_path(path, e.data_files)] if path == Path(e.output) else [path, *e.data_files]
+    data = external_data_path(path, e.data_files, e.options.get("data_suffix"))
+    files = [path, data] if path == Path(e.output) else [path, *e.data_files]
     total = sum(f.stat().st_size for f in files if f.is_file())
     return human(total)
 

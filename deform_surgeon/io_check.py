@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .errors import SurgeonError
-from .model_io import external_data_path, scan_model, user_path, weights_external
+from .model_io import DataForm, path_problem, scan_model, user_path
+from .model_io.write import refuse_foreign_data
 
 
 def external_locations(model_path: str | Path) -> list[str]:
@@ -122,13 +123,7 @@ class FilePlan:
                     raise SurgeonError(target, f"{role} is {what}", "choose another name; inputs are never modified")
                 raise SurgeonError(target, f"{role} would overwrite the input's data: it is {what}",
                                    "choose another name; inputs are never modified")
-            if key in self.writes:
-                other, other_target = self.writes[key]
-                both = ""
-                if os.path.abspath(other_target) != os.path.abspath(target):  # two names, one file: say which
-                    both = f" ({target} and {other_target} are both {_real(target)})"
-                raise SurgeonError(target, f"{role} is also {other}{both}: one would overwrite the other",
-                                   "give each output its own name")
+        self._refuse_taken(role, target, keys)
         folder = target.parent
         if not folder.exists():
             raise SurgeonError(target, f"folder {folder} does not exist")
@@ -140,25 +135,54 @@ class FilePlan:
             self.writes[key] = (role, target)
         return target
 
+    def _refuse_taken(self, role: str, target: Path, keys: set) -> None:
+        """Refuse `target` if another write target of the command is that file (by any spelling)."""
+        for key in keys:
+            if key in self.writes:
+                other, other_target = self.writes[key]
+                both = ""
+                if os.path.abspath(other_target) != os.path.abspath(target):  # two names, one file: say which
+                    both = f" ({target} and {other_target} are both {_real(target)})"
+                raise SurgeonError(target, f"{role} is also {other}{both}: one would overwrite the other",
+                                   "give each output its own name")
+
+    def reserve(self, role: str, target: Path) -> None:
+        """Register `target` as a file the command may write: OUT's data file where OUT's own size decides
+        ("auto" of a single file, `DataForm.expected`), so that no other output (a --report) takes its name; the
+        file itself is checked by the writer if it writes one. A name no file can have is taken by nothing."""
+        if path_problem(target):
+            return
+        keys = _keys(target)
+        self._refuse_taken(role, target, keys)
+        for key in keys:
+            self.writes[key] = (role, target)
+
     def write_model(self, target: str | Path, input_data: Sequence[Path] = (), role: str = "OUT",
-                    external: bool | None = None) -> None:
-        """An output model and, if it has external data (`external`; None: if its input has, `input_data` being
-        the input's data files), its data file (`<OUT>.data`, or `<OUT>_data`: `external_data_path`)."""
+                    form: DataForm | None = None) -> None:
+        """An output model and its data file (`form.data_path`, named after `input_data`, the input's data files
+        as its model names them): written when `form` says it will be, reserved where OUT's size decides. A data
+        file already there that the existing OUT does not name is a user's own file, refused."""
         target = user_path(target, role)
         if os.path.isdir(target):
             raise SurgeonError(target, "output path is a folder; give a file name such as model.patched.onnx")
         self.write(role, target)
-        if bool(input_data) if external is None else external:
-            self.write(f"{role}'s external data file", external_data_path(target, input_data))
+        form = form if form is not None else DataForm()
+        data, expected = form.data_path(target, input_data), form.expected(input_data)
+        if expected is None:
+            self.reserve(f"{role}'s external data file", data)
+        elif expected:
+            self.write(f"{role}'s external data file", data)
+            refuse_foreign_data(target, data)
 
 
 def check_io(models: Sequence[str | Path], out: str | Path | None = None,
              others: Sequence[tuple[str, str | Path | None]] = (),
-             other_reads: Sequence[tuple[str, str | Path | None]] = (), external_data: str = "auto") -> FilePlan:
+             other_reads: Sequence[tuple[str, str | Path | None]] = (), external_data: str = "auto",
+             data_suffix: str | None = None) -> FilePlan:
     """One command's files: refuse (one line, exit 2) any write target that is an input, another write target,
     not a regular file, or in a folder that is missing or not writable. `out` is an output model of the first
-    model (its data file is included when it will have one: `weights_external` for `external_data`); `others`
-    are (option, path) pairs such as ("--report", "r.json"), None meaning not given."""
+    model (its data file included: `FilePlan.write_model` for `external_data` and `data_suffix`, `DataForm`);
+    `others` are (option, path) pairs such as ("--report", "r.json"), None meaning not given."""
     plan = FilePlan()
     data = [plan.read_model(m) for m in models]
     for label, path in other_reads:
@@ -166,7 +190,7 @@ def check_io(models: Sequence[str | Path], out: str | Path | None = None,
             plan.read(path, label)
     if out is not None:
         first = data[0] if data else ()
-        plan.write_model(out, first, external=bool(models) and weights_external(models[0], first, external_data))
+        plan.write_model(out, first, form=DataForm(external_data, data_suffix))
     for role, path in others:
         if path is not None:
             plan.write(role, path)

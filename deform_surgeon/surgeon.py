@@ -28,16 +28,18 @@ from .input_shapes import check_input_shapes, fix_input_shapes, impossible_resha
 from .io_check import check_io
 from .kernels import KernelReport, kernel_report
 from .model_io import (
+    DATA_SUFFIXES,
     EXTERNAL_DATA_CHOICES,
+    DataForm,
     TypeTable,
     Weights,
+    Written,
     check_external_output,
     check_spliced,
     checked_types,
     copy_atomic,
     elem_nbytes,
     export_graph,
-    external_data_path,
     load_model,
     save_model_atomic,
     single_file_problem,
@@ -308,7 +310,8 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
           max_memory: int | str | None = None, device_profile: str | Path | DeviceProfile | None = None,
           progress: Callable[[str], None] | None = None,
           input_shapes: dict[str, list[int] | tuple[int, ...]] | None = None,
-          skip_passes: list[str] | tuple[str, ...] | None = None, external_data: str | None = None) -> PatchReport:
+          skip_passes: list[str] | tuple[str, ...] | None = None, external_data: str | None = None,
+          data_suffix: str | None = None) -> PatchReport:
     """Patch `model_path`; write `output_path` (atomically, and only after verification if `verify`).
 
     `input_shapes` ({input: dims}, `--input-shape`) fixes the named inputs' symbolic dims first (input_shapes.py);
@@ -321,7 +324,9 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
     in the output's own `<OUT>.data` (`<OUT>_data` when the input's is so named, as transformers.js names it).
     `external_data` ("auto", "always", "never"; `--external-data`) says where the output's weights go: by default a
     single file too large for a browser page to load (`model_io.BROWSER_SINGLE_FILE_LIMIT`) is written with its
-    weights in `<OUT>_data`; the report's `weights` says which form was written, and why.
+    weights in `<OUT>_data` (the output's own size decides); the report's `weights` says which form was written, and
+    why. `data_suffix` ("_data", ".data") names the data file `<OUT>` + it whatever the input's is named (`batch` of
+    a transformers.js folder: `<name>.onnx_data`, the name it fetches).
     `progress(stage)` is called as the work reaches each of `PATCH_STAGES`.
     `skip_passes` names passes of the registry (passes/registry.py: `PASS_NAMES`) not to run, e.g. to find which
     rewrite a failing verification comes from; the report lists the passes that ran.
@@ -344,17 +349,20 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
     if not isinstance(external_data, str) or external_data not in EXTERNAL_DATA_CHOICES:
         raise SurgeonError(None, f"unknown external_data {external_data!r}",
                            f"choose one of {', '.join(EXTERNAL_DATA_CHOICES)}")
+    if data_suffix is not None and data_suffix not in DATA_SUFFIXES:
+        raise SurgeonError(None, f"unknown data_suffix {data_suffix!r}", f"choose one of {', '.join(DATA_SUFFIXES)}")
+    form = DataForm(external_data, data_suffix)
     if progress is not None and not callable(progress):
         raise SurgeonError(None, f"progress must be a function of the stage name, or None (got {progress!r})")
     check_verify_options(verify_options)  # also used without `verify`, by the whole-model check of a split Conv
     load_model(model_path) if not os.path.isfile(model_path) else None  # a missing input is named first
     if output_path is not None:
-        check_io([model_path], output_path, external_data=external_data)
+        check_io([model_path], output_path, external_data=external_data, data_suffix=data_suffix)
     clock = StageClock(None if progress is None else
                        lambda name: progress(_PROGRESS[name]) if name in _PROGRESS else None)
     try:
         return _stages(model_path, output_path, options, clock, verify=verify, copy_unchanged=copy_unchanged,
-                       strict=strict, verify_options=verify_options, external_data=external_data)
+                       strict=strict, verify_options=verify_options, form=form)
     finally:
         clock.close()
 
@@ -363,7 +371,7 @@ _PROGRESS = {"lift": "prove", "export": "export", "write": "write", "verify": "v
 
 
 def _stages(model_path: Path, output_path: Path | None, options: Options, clock: StageClock, *, verify: bool,
-            copy_unchanged: bool, strict: bool, verify_options: dict | None, external_data: str) -> PatchReport:
+            copy_unchanged: bool, strict: bool, verify_options: dict | None, form: DataForm) -> PatchReport:
     """`patch` once its arguments are checked: lift (load, fold, find the regions, run the passes), prove each
     rewrite that is not exact by construction on its own, export (splice the region into the model), then write
     while the checks run (`_Writing`), each a stage of `clock`."""
@@ -371,21 +379,19 @@ def _stages(model_path: Path, output_path: Path | None, options: Options, clock:
     plan = SplitPlan(check_in_pass=output_path is None)  # written: each rewrite's own proof decides (below)
     lifted, memory = _lift(model_path, options, plan)
     weights = lifted.weights
-    external = weights_external(model_path, weights.sources(), external_data)
-    as_input = None if external_data == "auto" and weights.external else False  # (None: the input's own form)
     if output_path is not None:
-        check_external_output(output_path, model_path, weights, external)
+        check_external_output(output_path, weights, form)
     report = PatchReport(str(model_path), None if output_path is None else str(output_path), False,
                          vars(options), lifted.ops_before, lifted.ops_before, lifted.actions,
                          passes=passes_run(options))
     report.stages = clock.rows
     _annotate(report, lifted, memory)
-    report.weights = _weights_form(model_path, output_path, weights, external, external_data)
+    report.weights = _weights_form(model_path, output_path, weights, form)
     if strict and report.findings and output_path is not None:
         _strict_note(report)
         return report
     if not report.changed:
-        return _unchanged(report, lifted, output_path, copy_unchanged, external, as_input, clock)
+        return _unchanged(report, lifted, output_path, copy_unchanged, form, clock)
     if output_path is not None:
         clock.enter("prove")
         lifted, memory = _prove_locally(model_path, options, plan, lifted, memory)
@@ -402,11 +408,11 @@ def _stages(model_path: Path, output_path: Path | None, options: Options, clock:
         check_spliced(patched, region, f"{model_path} (patched)", weights)
         return report
     return _Writing(model_path, output_path, options, plan, report, lifted, memory, verify, verify_options or {},
-                    as_input or external, strict, clock).run()
+                    form, strict, clock).run()
 
 
 def _unchanged(report: PatchReport, lifted: Lifted, output_path: Path | None, copy_unchanged: bool,
-               external: bool, as_input: bool | None, clock: StageClock) -> PatchReport:
+               form: DataForm, clock: StageClock) -> PatchReport:
     """Nothing to rewrite: nothing written unless `copy_unchanged` (then an exact copy of the input)."""
     model_path, weights = Path(report.model), lifted.weights
     report.webgpu = lifted.kernels(patched=False)
@@ -414,19 +420,19 @@ def _unchanged(report: PatchReport, lifted: Lifted, output_path: Path | None, co
         f" ({len(report.refused)} node(s) refused: see their reasons)" if report.refused else "")
     report.note = "; ".join(x for x in (nothing, report.note) if x)
     if output_path is not None and copy_unchanged:
-        data = None
-        if weights.external or external:  # its data must move beside the copy: same tensors, re-pointed
-            clock.enter("write")
-            data = save_model_atomic(lifted.model, output_path, weights=weights, external=as_input or external)
-        else:
+        if weights.external or report.weights["external_data"] or form.choice == "always":
+            clock.enter("write")  # its data must move beside the copy (same tensors, re-pointed), or out of it
+            written = save_model_atomic(lifted.model, output_path, weights=weights, form=form)
+        else:  # (the copy's size as one file is the input's: "auto" decided by it)
             copy_atomic(model_path, output_path, check=weights.check_unchanged)
+            written = Written(None, os.path.getsize(output_path))
         report.written = True
-        _data_written(report, data)
+        _data_written(report, written, weights, form)
         report.note += f"; wrote an unchanged copy to {output_path}"
     elif output_path is not None:
         report.note += "; no output written (--copy-unchanged writes an unchanged copy)"
     if not report.written:  # what a page would be given is the input, as it is
-        report.weights = _weights_form(model_path, None, weights, weights.external, "auto")
+        report.weights = _weights_form(model_path, None, weights, DataForm(), as_is=True)
     return report
 
 
@@ -462,7 +468,7 @@ class _Writing:
     memory: str
     verify: bool
     verify_options: dict
-    external: bool | None
+    form: DataForm
     strict: bool
     clock: StageClock
     undone: dict[str, Refuse] = dataclasses.field(default_factory=dict)
@@ -473,7 +479,7 @@ class _Writing:
             patched, region = self.lifted.patched()
             check = self._check if self.verify or self._unproven() else None
             try:
-                data = self._write(patched, region, check)
+                written = self._write(patched, region, check)
             except VerificationError as exc:
                 cause = exc.__cause__
                 if not isinstance(cause, _Unshown):
@@ -488,21 +494,21 @@ class _Writing:
                     return self.report
                 continue
             self.report.written = True
-            _data_written(self.report, data)
+            _data_written(self.report, written, self.lifted.weights, self.form)
             return self.report
 
     def _unproven(self) -> list:
         return [a for a in self.report.actions if a.needs_verify and a.action == Outcome.REWRITTEN]
 
     def _write(self, patched: onnx.ModelProto, region: onnx.ModelProto,
-               check: Callable[[Path], None] | None) -> Path | None:
+               check: Callable[[Path], None] | None) -> Written:
         """Write `patched` while its spliced graph is checked on a second core; the file takes OUT's place only
-        after that and `check(tmp)` passed. Returns the data file written beside it (None: one file)."""
+        after that and `check(tmp)` passed. Returns what was written."""
         weights = self.lifted.weights
         checking = Background(check_spliced, patched, region, self.output_path, weights)
         try:
             return save_model_atomic(patched, self.output_path, verify=check, weights=weights,
-                                     check=checking.result, external=self.external)
+                                     check=checking.result, form=self.form)
         finally:
             checking.close()
 
@@ -670,7 +676,7 @@ class _Writing:
             patched, _ = lifted.patched()
             with tempfile.TemporaryDirectory(prefix=f"deform-surgeon-{what}-") as folder:
                 path = Path(folder) / self.output_path.name
-                save_model_atomic(patched, path, weights=lifted.weights, external=self.external)
+                save_model_atomic(patched, path, weights=lifted.weights, form=self.form)
                 del lifted, patched
                 yield path
         finally:
@@ -893,31 +899,41 @@ def _symbolic_note(lifted: Lifted) -> str:
             "stay on the CPU EP; give --input-shape NAME:DIMS to patch for the size the model will get")
 
 
-def _weights_form(model_path: Path, output_path: Path | None, weights: Weights, external: bool,
-                  choice: str) -> dict:
-    """Where the output's weights go and why, and what would keep a browser page from loading what is written (or,
-    with no output, the input as it is): the report's `weights`."""
-    inputs = [model_path, *sorted(weights.sources())]
-    size = sum(os.path.getsize(p) for p in inputs)
-    if external:
-        data = external_data_path(output_path or model_path, weights.sources()).name
-        why = ("as the input's" if weights.external and choice == "auto" else "--external-data always"
-               if choice == "always" else f"one file of {size / 2**20:,.0f} MiB would not load in a browser page")
-        return {"external_data": data, "why": why, "browser_problem": None}
-    why = "--external-data never" if choice == "never" else "as the input's"
-    return {"external_data": None, "why": why,
-            "browser_problem": single_file_problem(Path(output_path or model_path).name, size)}
+def _weights_form(model_path: Path, output_path: Path | None, weights: Weights, form: DataForm,
+                  as_is: bool = False) -> dict:
+    """Where the output's weights go and why, and what would keep a browser page from loading it, before anything
+    is written (or, with no output or `as_is`, the input as it is), the input's size standing for the output's:
+    the report's `weights` until `_data_written` puts what was written in its place."""
+    size = sum(os.path.getsize(p) for p in [model_path, *sorted(weights.sources())])
+    target = output_path or model_path
+    external = weights.external if as_is else weights_external(form.choice, weights.external, size)
+    data = form.data_path(target, weights.named_sources()).name if external else None
+    return {"external_data": data, "why": _why(external, weights.external, form.choice, size),
+            "browser_problem": None if external else single_file_problem(target.name, size)}
 
 
-def _data_written(report: PatchReport, data: Path | None) -> None:
-    """The report's weights form as written: the data file's name where one was written, and none where the model
-    had no stored tensor to put there (`--external-data always` of such a model named a file that did not exist)."""
-    w = report.weights
-    if w and w.get("external_data") and data is None:
-        report.weights = {**w, "external_data": None,
-                          "why": f"{w['why']}, but it has no stored tensor to put in a data file: written as one file"}
-    elif w and data is not None:
-        report.weights = {**w, "external_data": data.name}
+def _why(external: bool, input_external: bool, choice: str, size: int | None) -> str:
+    """Why the output's weights are (or are not) in a data file: the report's `weights.why`."""
+    if choice != "auto":
+        return f"--external-data {choice}"
+    if external and not input_external:
+        return f"one file of {(size or 0) / 2**20:,.0f} MiB would not load in a browser page"
+    return "as the input's"
+
+
+def _data_written(report: PatchReport, written: Written, weights: Weights, form: DataForm) -> None:
+    """The report's weights form as written (`Written`): the data file's name where one was written, and the
+    output's own size as one file for the 512 MiB rule's reason and warning (the input's size said "one file of
+    2,289 MiB" of a 510 KB output); none where the model had no stored tensor to put there (`--external-data
+    always` of such a model named a file that did not exist)."""
+    name = Path(report.output or report.model).name
+    external = written.data is not None
+    why = _why(external, weights.external, form.choice, written.one_file_size)
+    if not external and (form.choice == "always" or (form.choice == "auto" and weights.external)):
+        why += ", but it has no stored tensor to put in a data file: written as one file"
+    problem = None if external or written.one_file_size is None else single_file_problem(name, written.one_file_size)
+    report.weights = {"external_data": written.data.name if external else None, "why": why,
+                      "browser_problem": problem}
 
 
 def _switches(**flags: object) -> None:

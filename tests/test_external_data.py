@@ -193,3 +193,199 @@ def test_the_report_names_a_data_file_only_where_one_was_written(tmp_path):
     big = ds.patch(FIXTURES / "decoder_gathernd.onnx", tmp_path / "big.onnx", external_data="always")
     assert big.weights["external_data"] == "big.onnx_data" and (tmp_path / "big.onnx_data").is_file()
     assert "externalData: [{path: 'big.onnx_data'" in big.format()
+
+
+# ------------------------------------------------------------------------ fourth round: the data file's name
+def _linked_data(folder: Path, name: str = "model.onnx") -> Path:
+    """A model whose data file `<name>_data`, as the model names it, is a link to `blob.bin` beside it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    onnx.save(onnx.load(FIXTURE), folder / name, save_as_external_data=True, location=f"{name}_data",
+              size_threshold=0)
+    (folder / f"{name}_data").rename(folder / "blob.bin")
+    (folder / f"{name}_data").symlink_to("blob.bin")
+    return folder / name
+
+
+def _patch_cli(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "deform_surgeon", "patch", *args], capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_a_data_file_reached_through_a_link_is_written_under_the_name_checked(tmp_path):
+    """Fourth round: the planner read the data file's name from the model (`model.onnx_data`: `<OUT>_data`), the
+    writer from where the link led (`blob.bin`: `<OUT>.data`), so `--report a/out.onnx.data` overwrote the weights
+    just written (exit 0, the output out of bounds in ORT). Both now take the name the model gives."""
+    model = _linked_data(tmp_path / "a")
+    out = tmp_path / "a" / "out.onnx"
+    proc = _patch_cli(model, out, "--report", tmp_path / "a" / "out.onnx.data")
+    assert proc.returncode == 0, proc.stderr
+    assert _locations(out) == {"out.onnx_data"} and (tmp_path / "a" / "out.onnx_data").is_file()
+    assert json.loads((tmp_path / "a" / "out.onnx.data").read_text())["output"] == str(out)  # the report, apart
+    _same_outputs(model, out)
+    # the name written is the name checked: a report there is refused before any work
+    proc = _patch_cli(model, tmp_path / "a" / "new.onnx", "--report", tmp_path / "a" / "new.onnx_data")
+    assert proc.returncode == 2
+    assert one_error_line(proc).startswith(f"{tmp_path / 'a' / 'new.onnx_data'}: --report is also OUT's external")
+    assert not (tmp_path / "a" / "new.onnx").exists() and not (tmp_path / "a" / "new.onnx_data").exists()
+
+
+def test_batch_of_a_transformers_js_folder_keeps_its_data_files_name(tmp_path):
+    """Fourth round: `batch` of a transformers.js folder whose `model.onnx_data` is a link wrote
+    `onnx/model.onnx.data` and set config.json to `{"model.onnx": 0}` (the folder no longer loaded); one whose data
+    was `model.onnx.data`, with `--external-data always`, wrote `.data` and left the config as it was. A
+    transformers.js folder's outputs keep `<name>.onnx_data`, the name it fetches, and the config says so."""
+    config = {"model_type": "birefnet", "transformers.js_config": {"use_external_data_format": {"model.onnx": 1}}}
+    src = _folder(tmp_path / "in", config, ())
+    _linked_data(src / "onnx")
+    proc = _batch(src, tmp_path / "out")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = tmp_path / "out" / "onnx"
+    assert sorted(p.name for p in out.iterdir()) == ["model.onnx", "model.onnx_data"]
+    assert _locations(out / "model.onnx") == {"model.onnx_data"}
+    assert json.loads((tmp_path / "out" / "config.json").read_text()) == config
+    _same_outputs(src / "onnx" / "model.onnx", out / "model.onnx")
+
+    dotted = _folder(tmp_path / "in2", {"model_type": "birefnet"}, ())
+    onnx.save(onnx.load(FIXTURE), dotted / "onnx" / "model.onnx", save_as_external_data=True,
+              location="model.onnx.data", size_threshold=0)
+    proc = _batch(dotted, tmp_path / "out2", "--external-data", "always")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = tmp_path / "out2" / "onnx"
+    assert sorted(p.name for p in out.iterdir()) == ["model.onnx", "model.onnx_data"]
+    assert _locations(out / "model.onnx") == {"model.onnx_data"}
+    written = json.loads((tmp_path / "out2" / "config.json").read_text())
+    assert written["transformers.js_config"] == {"use_external_data_format": {"model.onnx": 1}}
+    assert "use_external_data_format set to the data files written (model.onnx: 1)" in proc.stdout
+    _same_outputs(dotted / "onnx" / "model.onnx", out / "model.onnx")
+
+
+# ------------------------------------------------------------------ fourth round: the output's own size decides
+def test_the_512_mib_rule_reads_the_outputs_own_size(tmp_path, monkeypatch):
+    """Fourth round: the rule and its warning read the input's size: an output of 512 MiB + 13.9 KB from a
+    smaller input was written as one file without a word, and `never` on a model with an unused 2.4 GB
+    initializer warned of "one file of 2,289 MiB" for a 510 KB output. The size is now the output's, as
+    serialized (here with the limit lowered between the input's and the patched model's sizes)."""
+    patched_size = 510_231  # decoder_gathernd.onnx (488,140 bytes) patched, as one file
+    assert FIXTURE.stat().st_size < 500_000 < patched_size
+    monkeypatch.setattr(write, "BROWSER_SINGLE_FILE_LIMIT", 500_000)
+    grown = tmp_path / "grown.onnx"
+    report = deform_surgeon.patch(FIXTURE, grown)
+    assert _locations(grown) == {"grown.onnx_data"} and grown.stat().st_size < 500_000
+    assert report.weights == {"external_data": "grown.onnx_data", "browser_problem": None,
+                              "why": f"one file of {patched_size / 2**20:,.0f} MiB would not load in a browser page"}
+    _same_outputs(FIXTURE, grown)
+
+    unused = onnx.load(FIXTURE)  # an initializer no node reads: 2 MiB the patched model does not keep
+    unused.graph.initializer.append(onnx.numpy_helper.from_array(np.zeros(1 << 19, np.float32), "unused"))
+    onnx.save(unused, tmp_path / "unused.onnx")
+    monkeypatch.setattr(write, "BROWSER_SINGLE_FILE_LIMIT", 1_000_000)
+    small = tmp_path / "small.onnx"
+    report = deform_surgeon.patch(tmp_path / "unused.onnx", small, external_data="never")
+    assert report.written and small.stat().st_size < 1_000_000 < (tmp_path / "unused.onnx").stat().st_size
+    assert report.weights["browser_problem"] is None and "WARNING" not in report.format()
+    monkeypatch.setattr(write, "BROWSER_SINGLE_FILE_LIMIT", 400_000)  # now the output itself is over: warned of
+    report = deform_surgeon.patch(tmp_path / "unused.onnx", small, external_data="never")
+    assert f"small.onnx is one file of {small.stat().st_size / 2**20:,.0f} MiB" in report.weights["browser_problem"]
+
+
+# ------------------------------------------------------------- fourth round: replacing an existing OUT and its data
+def _old_pair(out: Path) -> dict[str, bytes]:
+    """An existing OUT with its data file (another model's: a new data file under an old OUT would be out of
+    bounds), as the files' bytes."""
+    deform_surgeon.patch(FIXTURES / "decoder_gathernd_fp16.onnx", out, external_data="always")
+    return {p.name: p.read_bytes() for p in sorted(out.parent.iterdir())}
+
+
+def _a_consistent_pair(out: Path) -> None:
+    """OUT loads with its data file on ORT CPU and gives what one of the two models gives."""
+    model = onnx.load(out, load_external_data=False)
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    source = FIXTURES / ("decoder_gathernd_fp16.onnx" if model.graph.input[0].type.tensor_type.elem_type
+                         == onnx.TensorProto.FLOAT16 else "decoder_gathernd.onnx")
+    feed = {model.graph.input[0].name: np.random.default_rng(5).random(shape).astype(
+        np.float16 if "fp16" in source.name else np.float32)}
+    assert_bytes_equal(run_ort(str(source), feed), run_ort(str(out), feed))
+
+
+def test_ctrl_c_between_the_pairs_renames_leaves_a_pair(tmp_path, monkeypatch):
+    """Fourth round: SIGINT right after the data file's rename left the old OUT naming the new data file (ORT:
+    out of bounds). The signal now waits for the pair's few renames: OUT and its data file are one pair."""
+    import os
+    import signal
+
+    out = tmp_path / "out.onnx"
+    _old_pair(out)
+    rename = os.replace
+
+    def replace_then_ctrl_c(src, dst, *args, **kwargs):
+        rename(src, dst, *args, **kwargs)
+        if Path(dst).name == "out.onnx_data":
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(os, "replace", replace_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        deform_surgeon.patch(FIXTURE, out, external_data="always")
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.onnx", "out.onnx_data"]  # no temporary left
+    _a_consistent_pair(out)
+
+
+def test_an_out_that_cannot_be_replaced_leaves_its_data_file_as_it_was(tmp_path):
+    """Fourth round: with OUT immutable (`chattr +i`), "could not be written", yet `<OUT>_data` had already been
+    replaced. The existing pair now leaves together or not at all: nothing is replaced."""
+    import shutil
+
+    out = tmp_path / "out.onnx"
+    before = _old_pair(out)
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", out], capture_output=True).returncode:
+        pytest.skip("chattr +i is not available here (needs root and a file system that has it)")
+    try:
+        proc = _patch_cli(FIXTURE, out, "--external-data", "always")
+    finally:
+        subprocess.run(["chattr", "-i", out], check=True)
+    assert proc.returncode != 0 and "could not be written" in one_error_line(proc)
+    assert {p.name: p.read_bytes() for p in sorted(tmp_path.iterdir())} == before
+    _a_consistent_pair(out)
+
+
+def test_a_data_file_of_the_users_own_is_not_replaced(tmp_path, monkeypatch):
+    """Fourth round: a user's existing `<OUT>_data` was replaced without a word. A file there that the existing
+    OUT does not name is refused in one line (before any work where the form is known, else when it would be
+    written); the data file of the OUT being replaced is replaced with it."""
+    own = tmp_path / "out.onnx_data"
+    own.write_bytes(b"the user's own notes")
+    proc = _patch_cli(FIXTURE, tmp_path / "out.onnx", "--external-data", "always")
+    assert proc.returncode == 2
+    assert one_error_line(proc).startswith(f"{own}: exists and is not the external data file of out.onnx")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.onnx_data"] and own.read_bytes().startswith(b"the")
+    deform_surgeon.patch(FIXTURES / "sum_only.onnx", tmp_path / "out.onnx")  # an OUT that names no data file
+    monkeypatch.setattr(write, "BROWSER_SINGLE_FILE_LIMIT", 100_000)  # "auto" moves the weights: the size decides
+    with pytest.raises(SurgeonError, match="exists and is not the external data file of out.onnx"):
+        deform_surgeon.patch(FIXTURE, tmp_path / "out.onnx")
+    assert own.read_bytes() == b"the user's own notes"
+    own.unlink()
+    for _ in range(2):  # OUT's own data file is replaced with it
+        deform_surgeon.patch(FIXTURE, tmp_path / "out.onnx")
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["out.onnx", "out.onnx_data"]
+        _a_consistent_pair(tmp_path / "out.onnx")
+    monkeypatch.setattr(write, "BROWSER_SINGLE_FILE_LIMIT", 1 << 30)  # one file now: OUT's data file leaves with it
+    deform_surgeon.patch(FIXTURE, tmp_path / "out.onnx")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.onnx"] and _locations(tmp_path / "out.onnx") == set()
+
+
+def test_a_pair_a_killed_writer_moved_aside_is_put_back(tmp_path):
+    """A writer killed between moving the old pair aside and putting the new one in place (SIGKILL cannot wait:
+    batch's workers) leaves backups; batch then puts the old pair back (`recover_pair`), or, once the new OUT is
+    in place, removes them."""
+    out, data = tmp_path / "out.onnx", tmp_path / "out.onnx_data"
+    before = _old_pair(out)
+    write._move_aside([out, data])  # ... killed here, with the new data file placed:
+    data.write_bytes(b"the new pair's data")
+    write.recover_pair(out, data)
+    assert {p.name: p.read_bytes() for p in sorted(tmp_path.iterdir())} == before
+    write._move_aside([out, data])
+    deform_surgeon.patch(FIXTURE, out, external_data="always")  # (the new pair in place, the backups still there)
+    assert len(list(tmp_path.iterdir())) == 4
+    write.recover_pair(out, data)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.onnx", "out.onnx_data"]
+    _a_consistent_pair(out)

@@ -27,7 +27,10 @@ from .weights import (
 from .wire import ModelScan, copy_fields, scan_model
 from .write import (
     BROWSER_SINGLE_FILE_LIMIT,
+    DATA_SUFFIXES,
     EXTERNAL_DATA_CHOICES,
+    DataForm,
+    Written,
     atomic_path,
     check_external_output,
     copy_atomic,
@@ -39,7 +42,8 @@ from .write import (
 )
 
 __all__ = [
-    "BROWSER_SINGLE_FILE_LIMIT", "EXTERNAL_DATA_CHOICES", "ModelScan", "STORED_WEIGHT_BYTES", "TypeTable", "Weights",
+    "BROWSER_SINGLE_FILE_LIMIT", "DATA_SUFFIXES", "DataForm", "EXTERNAL_DATA_CHOICES", "ModelScan",
+    "STORED_WEIGHT_BYTES", "TypeTable", "Weights", "Written",
     "atomic_path", "check_and_infer", "check_external_output", "check_model", "check_spliced", "checked_types",
     "copy_atomic", "copy_fields", "elem_nbytes", "export_graph", "external_data_path", "infer_value_types",
     "load_model", "path_problem", "save_model_atomic", "scan_model", "single_file_problem", "skeleton_bytes",

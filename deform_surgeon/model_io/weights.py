@@ -132,6 +132,14 @@ class Weights:
         base = self.base_dir if self.base_dir is not None else Path()
         return {(base / external_ref(t)[0]).resolve() for t in self.tensors.values() if is_external(t)}
 
+    def named_sources(self) -> list[Path]:
+        """The external data files as the model names them (its `location`s, links not followed), each once: what
+        the output's data file is named after (`write.external_data_path`). Not `sources()`: a `model.onnx_data`
+        that is a link to `blob.bin` is still transformers.js's name, and the planner (io_check) reads the names
+        from the file as written, so the writer must too, or it writes a name nobody checked."""
+        base = self.base_dir if self.base_dir is not None else Path()
+        return sorted({base / external_ref(t)[0] for t in self.tensors.values() if is_external(t)})
+
 
 def _refuse_changed(path: Path | None, key: tuple, now: os.stat_result | None) -> None:
     """The one test of "the same file, unchanged" (`wire.file_key`, which a restored mtime cannot fool)."""

@@ -9,23 +9,36 @@ temporary name like the model itself.
 
 Which form the output's weights take (`weights_external`, `--external-data`): a page loads a single-file model through
 onnxruntime-web's 32-bit wasm heap, which fails past `BROWSER_SINGLE_FILE_LIMIT` (docs/browser-loading.md), while
-external data is fetched and uploaded by the WebGPU EP itself. So by default ("auto") an input stored as one file
-larger than that is written with its weights in external data, named as transformers.js fetches them
-(`<OUT>_data`); a smaller one stays one file, and an input with external data keeps it. "always" and "never" force
-either form.
+external data is fetched and uploaded by the WebGPU EP itself. So by default ("auto") an output that would be one
+file larger than that (its own size, as serialized: not the input's) is written with its weights in external data,
+named as transformers.js fetches them (`<OUT>_data`); a smaller one stays one file, and an input with external data
+keeps it. "always" and "never" force either form. `DataForm` carries that choice, and the data file's name, to
+every step that plans, checks, writes or reports the output's files, so the name checked is the name written.
+
+A model and its data file are a pair: the model names its data file by `location`, and a page (transformers.js:
+`<name>.onnx_data`) fetches it by the documented name, so a new pair cannot take a fresh name of its own. They are
+put in place by `_install`: both are complete under temporary names first; an existing OUT that names that data
+file is moved aside (with it) before either new file takes its place, and put back if anything fails, so that at
+no instant does an OUT name a data file that is not its own (for the few renames, OUT is absent instead); Ctrl-C
+and SIGTERM wait for those renames. A data file at the target that the existing OUT does not name is a user's own
+file and is refused, never replaced.
 """
 
 from __future__ import annotations
 
 import errno
+import glob
 import hashlib
 import os
 import re
 import secrets
 import shutil
+import signal
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
@@ -59,12 +72,11 @@ def temp_prefix(target: str | Path) -> str:
 
 
 @contextmanager
-def atomic_path(target: str | Path, suffix: str = ".onnx") -> Iterator[Path]:
-    """Yield a temporary path in the target's folder; rename it over `target` only if the block succeeds.
-
-    The temporary file is removed on every way out, a signal included (the CLI turns SIGTERM into an exception,
-    like Ctrl-C): its name is chosen *before* the file is created (O_EXCL), so there is no moment at which the
-    file exists and the `finally` does not know its name."""
+def temp_path(target: str | Path, suffix: str = ".onnx") -> Iterator[Path]:
+    """Yield a new, empty temporary file in the target's folder; it is removed on every way out unless it was
+    renamed away, a signal included (the CLI turns SIGTERM into an exception, like Ctrl-C): its name is chosen
+    *before* the file is created (O_EXCL), so there is no moment at which the file exists and the `finally` does
+    not know its name."""
     target = Path(target)
     tmp_path: Path | None = None
     try:
@@ -78,10 +90,51 @@ def atomic_path(target: str | Path, suffix: str = ".onnx") -> Iterator[Path]:
         else:
             raise FileExistsError(errno.EEXIST, "no free temporary name", str(target.parent))
         yield tmp_path
-        os.replace(tmp_path, target)
     finally:
         if tmp_path is not None and tmp_path.exists():
             tmp_path.unlink()
+
+
+@contextmanager
+def atomic_path(target: str | Path, suffix: str = ".onnx") -> Iterator[Path]:
+    """Yield a temporary path in the target's folder (`temp_path`); rename it over `target` only if the block
+    succeeds (a rename within one folder is atomic)."""
+    with temp_path(target, suffix) as tmp:
+        yield tmp
+        os.replace(tmp, target)
+
+
+@dataclass(frozen=True)
+class DataForm:
+    """Where an output's weights go, decided once and handed to every step that plans (io_check, batch), checks,
+    writes and reports the output's files, so that the data file checked is the one written: `choice`
+    (`--external-data`: one of `EXTERNAL_DATA_CHOICES`) and `suffix`, the data file's name after OUT's (one of
+    `DATA_SUFFIXES`; None: in the form of the input's own data files, `external_data_path`)."""
+
+    choice: str = "auto"
+    suffix: str | None = None
+
+    def data_path(self, out: str | Path, input_data: Iterable[str | Path] = ()) -> Path:
+        """OUT's data file, for an input whose data files are `input_data` as its model names them."""
+        return external_data_path(out, input_data, self.suffix)
+
+    def expected(self, input_data: Iterable[str | Path]) -> bool | None:
+        """Whether OUT will have a data file: known for "always", "never" and an input with external data; None
+        for "auto" of a single file, which the output's own size decides when it is written (`weights_external`)."""
+        if self.choice != "auto":
+            return self.choice == "always"
+        return True if list(input_data) else None
+
+
+@dataclass(frozen=True)
+class Written:
+    """What `save_model_atomic` wrote: `data`, the external data file beside the model (None: the model is one
+    file), and `one_file_size`, the model's size as one file where the writer measured it (a model written as one
+    file, or one "auto" moved to a data file because of that size; None otherwise). The report's weights form is
+    told from this, not from the input's size."""
+
+    data: Path | None
+    one_file_size: int | None
 
 
 def save_model_atomic(
@@ -90,57 +143,73 @@ def save_model_atomic(
     verify: Callable[[Path], None] | None = None,
     weights: Weights | None = None,
     check: Callable[[], None] | None = None,
-    external: bool | None = None,
-) -> Path | None:
+    form: DataForm = DataForm(),
+) -> Written:
     """Write `model` to a temporary file, check its size, run `check()` and `verify(tmp_path)` if given (either may
-    raise: the temporary file is then removed), then rename it into place. Returns the external data file written
-    beside it, or None when there was nothing to put there (a model with no stored tensor is one file).
+    raise: the temporary files are then removed), then put it in place (with its data file: `_install`). Returns
+    what was written (`Written`): the data file beside it, or None when there was nothing to put there (a model
+    with no stored tensor is one file).
 
     The model is written record by record (wire.py): no second copy of it is built in memory, and the bytes of
-    the stored tensors (`weights`) go from file to file. `external`: None keeps the input's form (its external
-    tensors external, its embedded ones embedded); True writes every stored initializer to the data file, False
-    every one into the model file (Constant nodes' values stay in the model, as onnx's own converter leaves them).
-    The data file, `external_data_path(target)` beside the output, gets a temporary name first and is renamed just
-    before the model, so the output's references are relative to its own folder and the input's data file is
-    never touched.
+    the stored tensors (`weights`) go from file to file. `form.choice` (`weights_external`): "auto" keeps the
+    input's external tensors external and its embedded ones embedded, and moves every stored initializer of a
+    single-file input to the data file when the output as one file would be over `BROWSER_SINGLE_FILE_LIMIT`;
+    "always" writes every stored initializer to the data file, "never" every one into the model file (Constant
+    nodes' values stay in the model, as onnx's own converter leaves them). The data file,
+    `form.data_path(target, ...)` beside the output, is named after the input's data files as the model names
+    them, so the output's references are relative to its own folder and the input's data file is never touched.
     """
     target = Path(target)
     weights = weights if weights is not None else Weights(None)
-    stored = [t for t in model.graph.initializer if t.name in weights.tensors]
-    to_data = [t for t in stored if is_external(t)] if external is None else stored if external else []
+    data_target = form.data_path(target, weights.named_sources())
+    to_data, one_file = _to_data(model, weights, form.choice)
     try:
+        if to_data:
+            check_data_target(target, data_target, weights)
         with ExitStack() as stack:
-            tmp = stack.enter_context(atomic_path(target))
-            layout: dict[str, tuple[int, int]] = {}
-            data_target = external_data_path(target, weights.sources())
-            if to_data:  # exits first: the data file is in place before the model that names it
-                tmp_data = stack.enter_context(atomic_path(data_target, suffix=".data"))
-                layout = _copy_to_data(to_data, weights, tmp_data)
-            location = tmp_data.name if to_data and verify is not None else data_target.name
-            _write_model(model, weights, layout, location, tmp, target)
+            tmp = stack.enter_context(temp_path(target))
+            tmp_data = stack.enter_context(temp_path(data_target, suffix=".data")) if to_data else None
+            layout = _copy_to_data(to_data, weights, tmp_data) if tmp_data is not None else {}
+            location = tmp_data.name if tmp_data is not None and verify is not None else data_target.name
+            pieces = one_file if one_file is not None and not to_data else _pieces(model, weights, layout, location)
+            size = _write_model(pieces, weights, tmp, target)
             if check is not None:
                 check()
             if verify is not None:
                 verify(tmp)
-                if to_data:
-                    _write_model(model, weights, layout, data_target.name, tmp, target)
+                if tmp_data is not None:
+                    _write_model(_pieces(model, weights, layout, data_target.name), weights, tmp, target)
             weights.check_unchanged()  # last: every input read (copied, verified) is the one loaded
+            _install(tmp, target, tmp_data, data_target)
     except OSError as exc:
         weights.check_unchanged()  # an input removed or replaced under the writer: that is the file to name
         raise SurgeonError(target, f"could not be written ({exc.strerror or exc})") from None
-    return data_target if to_data else None
+    if to_data:
+        return Written(data_target, sum(map(len, one_file)) if one_file is not None else None)
+    return Written(None, size)
 
 
-def weights_external(model_path: str | Path, input_data: Iterable[str | Path], choice: str) -> bool:
-    """Whether the output of `model_path` (its external data files `input_data`) has its weights in external data,
-    for `choice` (`--external-data`, `EXTERNAL_DATA_CHOICES`): "auto" keeps an input's external data, and moves the
-    weights of a single file larger than `BROWSER_SINGLE_FILE_LIMIT` out of it (a page could not load it)."""
+def _to_data(model: onnx.ModelProto, weights: Weights, choice: str
+             ) -> tuple[list[onnx.TensorProto], list[wire.Piece] | None]:
+    """The stored initializers that go to the data file for `choice` (`weights_external`), and, where the output's
+    size as one file decided it ("auto" of a single-file input), the pieces of that one file (written as they are
+    when it stays one file)."""
+    stored = [t for t in model.graph.initializer if t.name in weights.tensors]
+    if choice != "auto" or weights.external:
+        keep = [t for t in stored if is_external(t)]
+        return (keep if choice == "auto" else stored if choice == "always" else []), None
+    pieces = _pieces(model, weights, {}, "")
+    return (stored if weights_external(choice, False, sum(map(len, pieces))) else []), pieces
+
+
+def weights_external(choice: str, input_external: bool, one_file_size: int) -> bool:
+    """Whether an output has its weights in external data, for `choice` (`--external-data`,
+    `EXTERNAL_DATA_CHOICES`): "auto" keeps an input's external data, and moves the weights of an output larger
+    than `BROWSER_SINGLE_FILE_LIMIT` as one file out of it (a page could not load it). `one_file_size` is the
+    output's own size as one file (the writer's measure; a dry run, which writes nothing, has only the input's)."""
     if choice != "auto":
         return choice == "always"
-    try:
-        return bool(list(input_data)) or os.path.getsize(model_path) > BROWSER_SINGLE_FILE_LIMIT
-    except OSError:  # a missing or unreadable input: loading it names the problem
-        return False
+    return input_external or one_file_size > BROWSER_SINGLE_FILE_LIMIT
 
 
 def single_file_problem(name: str, size: int) -> str | None:
@@ -169,39 +238,173 @@ def copy_atomic(src: str | Path, target: str | Path, check: Callable[[], None] |
 
 
 _CHUNKED_DATA = re.compile(r"_data(_\d+)?$")
+DATA_SUFFIXES = ("_data", ".data")
 
 
-def external_data_path(model_path: str | Path, input_data: Iterable[str | Path] = ()) -> Path:
-    """Where the external data of an output model goes, beside it, in the form of the input's own (`input_data`,
-    its data files): `<OUT>.data` when the input's is named so (onnx's and torch's form), else `<OUT>_data`
+def external_data_path(model_path: str | Path, input_data: Iterable[str | Path] = (), suffix: str | None = None
+                       ) -> Path:
+    """Where the external data of an output model goes, beside it: `<OUT>` + `suffix`, or (None) in the form of
+    the input's own data files, `input_data` as its model names them (`Weights.named_sources`, not where links
+    lead): `<OUT>.data` when the input's is named so (onnx's and torch's form), else `<OUT>_data`
     (`model.onnx_data`: transformers.js's form, which fetches `<name>.onnx_data` and gives ORT the bytes under that
     name, so a patched model folder loads there unchanged; also the name of weights moved out of a single file)."""
     model_path = Path(model_path)
-    names = [Path(f).name for f in input_data]
-    suffix = ".data" if names and not any(_CHUNKED_DATA.search(n) for n in names) else "_data"
+    if suffix is None:
+        names = [Path(f).name for f in input_data]
+        suffix = ".data" if names and not any(_CHUNKED_DATA.search(n) for n in names) else "_data"
     return model_path.with_name(model_path.name + suffix)
 
 
-def check_external_output(out: str | Path, model_path: str | Path, weights: Weights, external: bool = False) -> None:
-    """Refuse an output whose data file (`<OUT>.data`, `<OUT>_data`: `external_data_path`), which it has when the
-    input has external data or `external` moves its weights there, would overwrite the input or its external
-    data."""
-    if not (weights.external or external):
-        return
-    data = external_data_path(out, weights.sources())
-    if data.resolve() in weights.sources() | {Path(model_path).resolve()}:
-        raise SurgeonError(data, "the output's external data file would overwrite the input's",
+def check_external_output(out: str | Path, weights: Weights, form: DataForm) -> None:
+    """Before any work: refuse an output whose data file (`form.data_path`), which it has when the input has
+    external data or `form` puts its weights there, could not be written (`check_data_target`). Where the
+    output's own size decides ("auto" of a single file), the writer checks it when it writes one."""
+    if form.expected(weights.named_sources()):
+        check_data_target(Path(out), form.data_path(out, weights.named_sources()), weights)
+
+
+def check_data_target(target: Path, data_target: Path, weights: Weights | None = None) -> None:
+    """Refuse (`SurgeonError`, nothing written) a data file for `target` at `data_target` that would overwrite an
+    input (`weights`: the model and its data files), that is a folder, or that is a file of the user's own: one
+    that exists and that the existing `target` does not name (the data file of the OUT being replaced is
+    replaced with it)."""
+    inputs = {Path(p).resolve() for p in (weights.inputs if weights is not None else ())}
+    if data_target.resolve() in inputs:
+        raise SurgeonError(data_target, "the output's external data file would overwrite the input's",
                            "choose another OUT: the input is never modified")
-    if data.is_dir():
-        raise SurgeonError(data, "is a folder; the output's external data file goes there")
+    if data_target.is_dir():
+        raise SurgeonError(data_target, "is a folder; the output's external data file goes there")
+    refuse_foreign_data(target, data_target)
 
 
-def _write_model(model: onnx.ModelProto, weights: Weights, layout: dict[str, tuple[int, int]], location: str,
-                 path: Path, target: Path) -> None:
-    """Serialize `model` to `path` record by record, its stored embedded tensors' data copied from the input file
-    and its external ones pointing at (offset, length) of `layout` in `location`, and check that the file has the
-    size protobuf says it must (a failed write raises on its own)."""
-    pieces = wire.model_pieces(model, _file_graph(model.graph, weights, layout, location))
+def refuse_foreign_data(target: Path, data_target: Path) -> None:
+    """Refuse a file at `data_target` that the existing model `target` does not name: a file of the user's own,
+    which writing `target` with its data would replace without a word (the data file of the OUT being replaced
+    is replaced with it)."""
+    if os.path.lexists(data_target) and not names_data_file(target, data_target):
+        raise SurgeonError(data_target, f"exists and is not the external data file of {target.name}: writing "
+                           f"{target.name} would replace it", "remove it or choose another OUT")
+
+
+def names_data_file(model_path: Path, data_path: Path) -> bool:
+    """Whether the existing model file `model_path` names `data_path` as external data (by its `location`s, read
+    from the file's wire format: no tensor is loaded); False where it is missing or not a model."""
+    try:
+        if not model_path.is_file():
+            return False
+        target = data_path.resolve()
+        return any((model_path.parent / loc).resolve() == target for loc in wire.scan_model(model_path).locations)
+    except (OSError, RuntimeError, ValueError, SurgeonError):
+        return False
+
+
+def _install(tmp: Path, target: Path, tmp_data: Path | None, data_target: Path) -> None:
+    """Put the complete temporary model `tmp` (and its data file `tmp_data`) in place as `target` (and
+    `data_target`), so that no one ever finds an OUT naming a data file that is not its own (module docstring):
+    an existing OUT that names `data_target` leaves with it (moved aside, put back if a rename fails, removed
+    once the new model is in place: a one-file OUT replacing a pair leaves no stale data file behind); otherwise
+    the new data file takes a name no model uses before the new model takes OUT's. Signals wait until this is
+    done."""
+    with _signals_held():
+        aside = _move_aside([target, data_target]) if names_data_file(target, data_target) else []
+        placed = False
+        try:
+            if tmp_data is not None:
+                os.replace(tmp_data, data_target)
+                placed = True
+            os.replace(tmp, target)
+        except BaseException:
+            if placed:
+                data_target.unlink(missing_ok=True)
+            _put_back(aside)
+            raise
+        for backup, _ in aside:
+            backup.unlink(missing_ok=True)
+
+
+def _move_aside(paths: list[Path]) -> list[tuple[Path, Path]]:
+    """Rename each existing file of `paths` to a hidden name beside it (`.<name>.<hash>.<hex>.old`); returns
+    (backup, original) pairs. If one rename fails (an immutable OUT), the others are put back and it raises:
+    nothing was replaced."""
+    aside: list[tuple[Path, Path]] = []
+    try:
+        for path in paths:
+            if os.path.lexists(path):
+                backup = _free_name(path, ".old")
+                os.rename(path, backup)
+                aside.append((backup, path))
+    except BaseException:
+        _put_back(aside)
+        raise
+    return aside
+
+
+def recover_pair(target: Path, data_target: Path) -> None:
+    """What a process killed during `_install` (SIGKILL cannot wait; batch's workers) left: the pair it had moved
+    aside (`_move_aside`'s backups) is put back where OUT is missing, and removed where the new OUT is in place."""
+    missing = not os.path.lexists(target)
+    for path in (target, data_target):
+        for backup in path.parent.glob(f"{glob.escape(temp_prefix(path))}*.old"):
+            if missing:
+                os.replace(backup, path)
+            else:
+                backup.unlink(missing_ok=True)
+
+
+def _put_back(aside: list[tuple[Path, Path]]) -> None:
+    """Undo `_move_aside` (best effort: a file that cannot be put back keeps its backup name, never deleted)."""
+    for backup, path in reversed(aside):
+        try:
+            os.replace(backup, path)
+        except OSError:
+            pass
+
+
+def _free_name(target: Path, suffix: str) -> Path:
+    """A name beside `target` that no file has, of `temp_prefix(target)`'s form (short whatever the target's)."""
+    for _ in range(100):
+        path = target.parent / f"{temp_prefix(target)}{secrets.token_hex(4)}{suffix}"
+        if not os.path.lexists(path):
+            return path
+    raise FileExistsError(errno.EEXIST, "no free temporary name", str(target.parent))
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM wait until the block is done (a few renames), then act as they would have: a signal
+    between two renames would leave one new file beside one old one. Only the main thread can change handlers;
+    elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[tuple[int, object]] = []
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: h for sig, h in previous.items() if h is not None}  # (None: not a handler Python can put back)
+    for sig in previous:
+        signal.signal(sig, lambda s, f: caught.append((s, f)))
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for sig, frame in caught[:1]:
+            handler = previous[sig]
+            if callable(handler):
+                handler(sig, frame)
+            elif handler == signal.SIG_DFL:
+                os.kill(os.getpid(), sig)
+
+
+def _pieces(model: onnx.ModelProto, weights: Weights, layout: dict[str, tuple[int, int]], location: str
+            ) -> list[wire.Piece]:
+    """The records of the file `model` is written as: its stored embedded tensors' data copied from the input
+    file, its external ones pointing at (offset, length) of `layout` in `location`."""
+    return wire.model_pieces(model, _file_graph(model.graph, weights, layout, location))
+
+
+def _write_model(pieces: list[wire.Piece], weights: Weights, path: Path, target: Path) -> int:
+    """Write the records `pieces` (`_pieces`) to `path`, and check that the file has the size protobuf says it
+    must (a failed write raises on its own). Returns that size."""
     total = sum(map(len, pieces))
     if total > _PROTOBUF_LIMIT:
         raise SurgeonError(target, "patched model exceeds protobuf's 2 GB limit",
@@ -230,6 +433,7 @@ def _write_model(model: onnx.ModelProto, weights: Weights, layout: dict[str, tup
                 writing.result()
     if size != total or os.path.getsize(path) != size:  # a failed write raises; this catches a short one
         raise SurgeonError(target, "written model is not complete (disk full?)")
+    return size
 
 
 def _write_all(fh, data: bytes) -> None:
