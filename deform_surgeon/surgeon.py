@@ -130,6 +130,7 @@ def _run(model_path: str | Path, options: Options, plan: SplitPlan | None = None
                   made_by_ort=_made_by_ort(model_path) if reduced and oversize else None)
     if plan is not None:
         plan.proofs.clear()  # the proofs of an earlier lift name the nodes of its graph
+        plan.rows.clear()
     actions = whole + run_passes(ctx, default_passes(plan, options.skip_passes))
     return Lifted(model, weights, region, sub, graph, actions, ops_before, types, ctx, oversize, over_at_smallest)
 
@@ -579,11 +580,12 @@ class _Writing:
         between the model without them and the written file, held to ORT CPU's graphs of both. A group shown exact
         marks its rewrites so, one that differs is raised (its rewrites undone), and one whose proof cannot stand
         for the model leaves its rewrites to the whole-model check."""
-        from .passes.float16_proof import ModelView, Unshown, groups, refusal
+        from .passes.float16_proof import ModelView, Unshown, groups, verdict
         from .passes.local_proof import LEVELS
         from .passes.precision import file_roundings
 
-        shown, disproved, left = set(), {}, {}
+        shown, disproved, left, starts = set(), {}, {}, {}
+        rows = {x: r for by_conv in self.plan.rows.values() for x, r in by_conv.items()}  # (the written lift's)
         step(f"the model without the {len(actions)} float16 rewrite(s), for their proofs")
         with self._aside([a.node for a in actions], "float16") as before_path:
             step("ORT CPU's graphs of it and of the written file, at each level")
@@ -597,15 +599,19 @@ class _Writing:
                     continue
                 step(f"float16 proof {k} of {len(found)}: {len(covered)} rewrite(s), {len(group.whole)} node(s) "
                      f"replaced by {len(group.parts)}")
-                why = refusal(group, before, after, lambda patched, level: roundings[(patched, level)],
-                              self.lifted.ctx.ort_cpu)
+                proof = verdict(group, before, after, lambda patched, level: roundings[(patched, level)],
+                                self.lifted.ctx.ort_cpu, rows)
+                why = proof.why
                 if why is None:
                     shown.update(covered)
+                    starts.update(dict.fromkeys(covered, list(proof.starts_at)))
                 elif isinstance(why, Unshown):
                     left.update(dict.fromkeys(covered, str(why)))
                 else:
                     disproved.update({node: why.prefixed("not shown exact: ", undone="on_its_own",
-                                                         together=sorted(covered)) for node in covered})
+                                                         together=sorted(covered),
+                                                         **({"proof_starts_at": list(proof.starts_at)}
+                                                            if proof.starts_at else {})) for node in covered})
             del before, after
         shown -= set(left) | set(disproved)  # (a rewrite in two groups: each must show it)
         if disproved:
@@ -617,6 +623,12 @@ class _Writing:
                           f"rounds their inputs by, on ORT CPU at levels {levels} (seeded inputs of the real "
                           "shapes), where ORT CPU runs them as in the model without it and in the written file "
                           "(read from its graphs)", {"shown_exact": "on_its_own", "levels": list(LEVELS)})
+        self.report.actions = [dataclasses.replace(a, reason=f"{a.reason}; its split Conv's proof starts at the "
+                                                   f"Conv's input ({', '.join(starts[a.node])}): the nodes before it "
+                                                   "compute each element in the chunks as in the whole block "
+                                                   "(ORT CPU's graphs of both round it alike)",
+                                                   details={**a.details, "proof_starts_at": starts[a.node]})
+                               if starts.get(a.node) and a.node in shown else a for a in self.report.actions]
         self.report.actions = [dataclasses.replace(a, details={**a.details, "not_shown_on_its_own": left[a.node]})
                                if a.node in left and a.needs_verify else a for a in self.report.actions]
 
@@ -669,7 +681,7 @@ class _Writing:
         was after: what the undo search compares, and what a float16 proof's whole side is held to."""
         import tempfile
 
-        saved = {k: dict(getattr(self.plan, k)) for k in ("keep_whole", "proofs", "chunks", "min_chunks")}
+        saved = {k: dict(getattr(self.plan, k)) for k in ("keep_whole", "proofs", "chunks", "min_chunks", "rows")}
         self.plan.keep_whole.update({n: Refuse("kept whole aside") for n in undo})
         try:
             lifted, _ = _lift(self.model_path, self.options, self.plan, rounds=0)

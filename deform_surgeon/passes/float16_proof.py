@@ -19,12 +19,19 @@ models ORT will really run, and holds it to ORT's own graphs of them:
   tensor of the side and of its readers as ORT's graph of `before` (the whole side) and of `after` (the rewritten
   side) does. Only then are the two sides run on seeded inputs at the real shapes, at levels `disable` and `all`.
 
+* **from the Conv's input** where the group holds a split block whose Conv is split too (`cut_at_conv_inputs`):
+  the nodes before the Conv compute each element in the chunks as in the whole block, which ORT's graphs of both
+  models are held to, so the proof runs the Conv part alone on a seeded input (on the real BiRefNet-lite 1024
+  fp16 the whole 7x7 block's side took 3.3 GB; its Conv part 1.9 GB), and the whole group where that cannot be
+  shown.
+
 A group whose context does not get there is `Unshown`: neither shown exact nor disproved, it is left to the
 whole-model check. A group whose sides differ is disproved, with the level and the difference.
 """
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -164,10 +171,33 @@ def groups(before: ModelView, after: ModelView) -> list[Group]:
 Roundings = Callable[[bool, str], Rounding]  # (patched?, level) -> ORT's graph of before / after
 
 
-def refusal(group: Group, before: ModelView, after: ModelView, roundings: Roundings, run: Runner
-            ) -> Refuse | None:
-    """None when the group's rewritten side gives the whole side's bytes where ORT runs both as in the models;
-    `Unshown` when the proof cannot stand for them; a `Refuse` with the level and the difference otherwise."""
+@dataclass(frozen=True)
+class Verdict:
+    """A group's proof: `why` it is not shown exact (None: it is; `Unshown`: the proof cannot stand for the
+    models), and the split Convs' inputs it started at (`cut_at_conv_inputs`; empty: the whole group was run)."""
+
+    why: Refuse | None
+    starts_at: tuple[str, ...] = ()
+
+
+def verdict(group: Group, before: ModelView, after: ModelView, roundings: Roundings, run: Runner,
+            rows: Rows | None = None) -> Verdict:
+    """Whether the group's rewritten side gives the whole side's bytes where ORT runs both as in the models: a
+    `Verdict` whose `why` is None when it does, `Unshown` when the proof cannot stand for them, a `Refuse` with the
+    level and the difference otherwise. `rows` (chunk input -> (whole Conv input, axis, first row, end row),
+    `SplitPlan.rows`): split blocks whose proof may start at their Conv's input (`cut_at_conv_inputs`); where that
+    proof cannot stand for the models, the whole group is proven as it is."""
+    cut = cut_at_conv_inputs(group, before, after, rows or {}, roundings)
+    if cut is not None:
+        why = refusal(*cut, before, after, roundings, run)
+        if not isinstance(why, Unshown):
+            return Verdict(why, tuple(dict.fromkeys(r[0] for r in cut[1].values())))
+    return Verdict(refusal(group, {}, before, after, roundings, run))
+
+
+def refusal(group: Group, parts_inputs: Rows, before: ModelView, after: ModelView, roundings: Roundings,
+            run: Runner) -> Refuse | None:
+    """The group's proof as it is (`parts_inputs`: rewritten-side inputs that hold rows of a whole-side input)."""
     if not group.whole or not group.parts:
         return Unshown("the rewrite only adds or only removes nodes")
     if not before.unique or not after.unique:
@@ -182,7 +212,7 @@ def refusal(group: Group, before: ModelView, after: ModelView, roundings: Roundi
     readers = list({r.name: before.spec(r, facts) for e in group.ends for r in before.readers.get(e, [])
                     if r.name not in inside}.values())
     proof = LocalProof(whole, [_Named(e) for e in group.ends], facts, parts=parts, readers=readers, float16=True,
-                       opset=before.opset)
+                       opset=before.opset, parts_inputs=dict(parts_inputs))
     context = context_of(proof, Hood(before, facts), roundings)
     if isinstance(context, Refuse):
         return context
@@ -196,6 +226,136 @@ def refusal(group: Group, before: ModelView, after: ModelView, roundings: Roundi
     if why is not None and "max_diff" not in why.details:
         return Unshown(str(why))  # (not run: not disproved)
     return why
+
+
+Rows = dict[str, tuple[str, int, int, int]]  # chunk input -> (whole input, axis, first row, end row)
+
+# ops each of whose output elements is its input elements moved, or one correctly rounded operation of them: the
+# same bytes for an element whatever else the tensor holds (how many rows, which chunk)
+MOVEMENT = {"Pad", "Slice", "Gather", "GatherND", "GatherElements", "Reshape", "Concat", "Identity", "Squeeze",
+            "Unsqueeze", "Flatten", "Transpose", "Expand"}
+PER_ELEMENT = MOVEMENT | {"Cast", "Mul", "Add", "Sub", "Div", "Neg", "Abs", "Floor", "Ceil", "Clip", "Min", "Max",
+                          "Where", "Relu", "Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual", "Not", "And",
+                          "Or", "IsNaN", "Constant"}
+SHAPE_INPUTS = {("Reshape", 1), ("Expand", 1), ("Slice", 1), ("Slice", 2), ("Slice", 3), ("Slice", 4),
+                ("Squeeze", 1), ("Unsqueeze", 1), ("Pad", 1)}  # integer inputs that say a shape, not values
+_CHUNK = re.compile(r"(.+)/chunk(\d+)")
+
+
+def cut_at_conv_inputs(group: Group, before: ModelView, after: ModelView, rows: Rows, roundings: Roundings
+                       ) -> tuple[Group, Rows] | None:
+    """The group without the nodes that only compute its split Convs' inputs, those inputs given instead (the
+    whole Conv's input, and each chunk's rows of it: `rows`), or None where that does not stand for the models.
+
+    Why: a split deform block's whole side holds the block's largest tensors (on the real BiRefNet-lite 1024 fp16
+    the 7x7 block's float32 sums: 3.3 GB in ORT), and its bytes up to the Conv's input are the same element by
+    element in the chunks: every node there moves elements or computes each from its own inputs with one
+    correctly rounded operation (`PER_ELEMENT`), in the same order on each, so an element's bytes do not depend
+    on which rows the tensor holds. What the kernels may choose by shape is the Conv's summation order, which the
+    proof still measures, and where ORT CPU rounds, which is held to its graphs here: each chunk's node
+    (`<node>/chunk<k>`) runs as its whole node does (writes its outputs in the same form, by the same kind of node,
+    at each level; reads its inputs in the same form at level `disable`), reads the same tensor, its own chunk of
+    it, or rows cut from it by nodes that only move elements and never round a tensor the model holds unrounded
+    (`_alike`). This is the argument the float32 proofs of a split block make by construction (their proof is the
+    Conv and its tail, local_proof.py); here ORT's roundings are checked as well."""
+    made_b = {o: n for n in group.whole for o in n.output if o}
+    made_a = {o: n for n in group.parts for o in n.output if o}
+    cut = {x: r for x, r in rows.items() if x in made_a and r[0] in made_b}
+    if not cut:
+        return None
+    drop_b = _feeding_only(group.whole, {r[0] for r in cut.values()}, before)
+    drop_a = _feeding_only(group.parts, set(cut), after)
+    if drop_b is None or drop_a is None or not _alike(drop_b, drop_a, after, roundings):
+        return None
+    return Group([n for n in group.whole if n.name not in drop_b], [n for n in group.parts if n.name not in drop_a],
+                 group.ends), cut
+
+
+def _feeding_only(nodes: list[onnx.NodeProto], sinks: set[str], view: ModelView
+                  ) -> dict[str, onnx.NodeProto] | None:
+    """The nodes of `nodes` whose outputs are read only on the way to `sinks` (by name); None where a sink's own
+    producer is read otherwise too."""
+    by_output = {o: n for n in nodes for o in n.output if o}
+    found: dict[str, onnx.NodeProto] = {}
+    stack = list(sinks)
+    while stack:
+        n = by_output.get(stack.pop())
+        if n is not None and n.name not in found:
+            found[n.name] = n
+            stack.extend(i for i in n.input if i)
+    outputs = {o.name for o in view.graph.output}
+    changed = True
+    while changed:
+        changed = False
+        for name, n in list(found.items()):
+            if any(o and o not in sinks and (o in outputs or any(r.name not in found for r in view.readers.get(o, [])))
+                   for o in n.output):
+                del found[name]
+                changed = True
+    return found if all(by_output[s].name in found for s in sinks) else None
+
+
+def _alike(drop_b: dict[str, onnx.NodeProto], drop_a: dict[str, onnx.NodeProto], after: ModelView,
+           roundings: Roundings) -> bool:
+    """Whether the chunks' nodes `drop_a` compute their elements as the whole nodes `drop_b` do (see
+    `cut_at_conv_inputs`)."""
+    if any(n.op_type not in PER_ELEMENT for n in [*drop_b.values(), *drop_a.values()]):
+        return False
+    copies = {}
+    for n in drop_a.values():
+        m = _CHUNK.fullmatch(n.name)
+        whole = drop_b.get(m.group(1)) if m else None
+        if whole is not None:
+            if whole.op_type != n.op_type or list(whole.attribute) != list(n.attribute) or \
+                    len(whole.input) != len(n.input) or len(whole.output) != len(n.output):
+                return False
+            copies[n.name] = (whole, m.group(2))
+        elif n.op_type not in MOVEMENT:
+            return False
+    for level in LEVELS:
+        original, patched = roundings(False, level), roundings(True, level)
+        for name, (whole, k) in copies.items():
+            copy = drop_a[name]
+            # (a node both graphs drop: a Cast of the pairs ORT removes, a Transpose its layout optimizer moves,
+            # the same in both and changing no value; another node gone is fused with others: not followed here)
+            if any(original.made.get(w) != patched.made.get(c) or (original.made.get(w) is None and
+                                                                   whole.op_type not in MOVEMENT | {"Cast"})
+                   for w, c in zip(whole.output, copy.output, strict=True)):
+                return False
+            for slot, (w, c) in enumerate(zip(whole.input, copy.input, strict=True)):
+                if c == w or c == f"{w}/chunk{k}":
+                    if level == "disable" and original.read.get((whole.name, w)) != patched.read.get((name, c)):
+                        return False
+                elif (copy.op_type, slot) in SHAPE_INPUTS and _integer_constant(after, c):
+                    continue
+                elif _cut_root(c, drop_a, copies, patched, original) not in (w, f"{w}/chunk{k}"):
+                    return False
+    return True
+
+
+def _cut_root(name: str, drop_a: dict[str, onnx.NodeProto], copies: dict, patched: Rounding, original: Rounding
+              ) -> str | None:
+    """The tensor `name` holds rows of, through nodes of `drop_a` that only move elements (a Pad, Gather or Slice
+    of rows, a Reshape), or None where one of them rounds what the model holds unrounded (a float32 tensor
+    written as typed float16)."""
+    by_output = {o: n for n in drop_a.values() for o in n.output if o}
+    for _ in range(len(drop_a) + 1):
+        n = by_output.get(name)
+        if n is None or n.name in copies:
+            return name
+        if not n.input:  # (a Constant: rows of nothing)
+            return None
+        data = n.input[0]
+        held = patched.made.get(data, original.made.get(data, (TYPED, "")))
+        if held[0] != TYPED and patched.made.get(name, (TYPED, ""))[0] == TYPED:
+            return None
+        name = data
+    return None
+
+
+def _integer_constant(view: ModelView, name: str) -> bool:
+    typ = view.type(name)
+    return typ is not None and typ[0].kind in "iu" and view.value(name) is not None
 
 
 @dataclass(frozen=True)
