@@ -83,3 +83,35 @@ def test_a_node_another_graph_fuses_away_is_not_followed():
     assert not float16_proof._alike(drop_b, drop_a, _NoConstants(),
                                     lambda is_patched, level: gone if is_patched and level == "all"
                                     else roundings(is_patched, level))
+
+
+class _Before:
+    """The model without the split, for `_joined_as_made`: X (1, 4, 6, 5) float16, read by `Conv_1`."""
+
+    readers = {"X": [helper.make_node("Conv", ["X", "W"], ["Y"], name="Conv_1")]}
+
+    def type(self, name: str):
+        import numpy as np
+
+        return (np.dtype(np.float16), (1, 4, 6, 5)) if name == "X" else None
+
+
+def _joined(order: tuple[str, ...] = ("X/chunk0", "X/chunk1"), made: tuple = (TYPED, "Concat")) -> bool:
+    rows = {"X/chunk0": ("X", 2, 0, 3), "X/chunk1": ("X", 2, 3, 6)}
+    join = helper.make_node("Concat", list(order), ["X"], name="Conv_1/split/join", axis=2)
+    group = float16_proof.Group([], [join], ["X"])
+    original = Rounding({"X": (TYPED, "Reshape"), "Y": (FLOAT32, "Conv")}, {("Conv_1", "X"): FLOAT32})
+    patched = Rounding({"X": made, "Y": (FLOAT32, "Conv")}, {("Conv_1", "X"): FLOAT32})
+    return float16_proof._joined_as_made(group, rows, _Before(), None,
+                                         lambda is_patched, level: patched if is_patched else original)
+
+
+def test_a_join_of_every_row_in_order_written_as_the_whole_block_is_all_there_is_to_show():
+    assert _joined()
+
+
+def test_a_join_out_of_order_or_in_another_form_is_not():
+    assert not _joined(order=("X/chunk1", "X/chunk0"))
+    assert not _joined(order=("X/chunk0",))
+    assert not _joined(made=(FLOAT32, "Concat"))  # (the chunks joined unrounded where the whole block rounds)
+    assert not _joined(made=(TYPED, "com.microsoft.nchwc:Concat"))

@@ -181,6 +181,10 @@ def test_a_float16_block_is_cut_by_pads_and_the_whole_model_stays_byte_identical
     assert split.details["float16"] and split.details["shown_exact"] == "on_its_own"
     assert split.details["levels"] == ["disable", "all"]
     assert "where ORT CPU runs them as in the model without it and in the written file" in split.reason
+    # its Conv stays whole: the proof starts at the Conv's input, and what is left is the join of the chunks, which
+    # both ORT graphs write and read as the whole block's (float16_proof._joined_as_made); the runs below check it
+    conv = next(n for n in onnx.load(str(FP16)).graph.node if n.name == "Conv_1017")
+    assert split.details["proof_starts_at"] == [conv.input[0]]
     assert report.verification is None and "verify" in [s["stage"] for s in report.stages]
     patched, original = onnx.load(str(out)), onnx.load(str(FP16))
     cuts = _row_cuts(patched)

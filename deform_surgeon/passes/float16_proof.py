@@ -189,10 +189,44 @@ def verdict(group: Group, before: ModelView, after: ModelView, roundings: Roundi
     proof cannot stand for the models, the whole group is proven as it is."""
     cut = cut_at_conv_inputs(group, before, after, rows or {}, roundings)
     if cut is not None:
+        starts = tuple(dict.fromkeys(r[0] for r in cut[1].values()))
+        if not cut[0].whole and _joined_as_made(*cut, before, after, roundings):
+            return Verdict(None, starts)
         why = refusal(*cut, before, after, roundings, run)
         if not isinstance(why, Unshown):
-            return Verdict(why, tuple(dict.fromkeys(r[0] for r in cut[1].values())))
+            return Verdict(why, starts)
     return Verdict(refusal(group, {}, before, after, roundings, run))
+
+
+def _joined_as_made(group: Group, rows: Rows, before: ModelView, after: ModelView, roundings: Roundings) -> bool:
+    """Whether what is left of a group cut at its Conv's input (`cut_at_conv_inputs`) is only the join of the
+    chunks' Conv inputs into the whole one, which the rest of the model reads as it read the whole block's: one
+    Concat of the chunks in row order along their axis, covering every row; its output written in the same form by
+    both graphs at each level (as typed, or in float32; in the plain layout, not ORT's NCHWc) and read in the same
+    form by every reader at level `disable`; every reader's outputs written as before at each level. (A block whose
+    Conv stays whole: nothing is left to run; the chunks' elements are the whole block's, and a Concat moves
+    them.)"""
+    if len(group.parts) != 1 or group.parts[0].op_type != "Concat" or list(group.parts[0].output) != group.ends:
+        return False
+    join, (end,) = group.parts[0], group.ends
+    spans = [rows.get(x) for x in join.input]
+    axis = next((a.i for a in join.attribute if a.name == "axis"), None)
+    typ = before.type(end)
+    if typ is None or any(s is None or s[0] != end or s[1] != axis for s in spans) or \
+            [s[2] for s in spans] != [0, *(s[3] for s in spans[:-1])] or spans[-1][3] != typ[1][axis]:
+        return False
+    for level in LEVELS:
+        original, patched = roundings(False, level), roundings(True, level)
+        made = original.made.get(end), patched.made.get(end)  # (by the whole block's last node, by the Concat)
+        if None in made or made[0][0] != made[1][0] or any("nchwc" in op.lower() for _, op in made):
+            return False  # (a plain tensor in both: its readers choose their kernels on the same input layout)
+        readers = before.readers.get(end, [])
+        if any(original.made.get(o) != patched.made.get(o) for r in readers for o in r.output if o):
+            return False  # (a reader fused or run otherwise after the join)
+        if level == "disable" and any(original.read.get((r.name, end)) != patched.read.get((r.name, end))
+                                      for r in readers):
+            return False
+    return True
 
 
 def refusal(group: Group, parts_inputs: Rows, before: ModelView, after: ModelView, roundings: Roundings,

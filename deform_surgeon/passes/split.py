@@ -210,7 +210,7 @@ class SplitPlan:
     proofs: dict[str, LocalProof] = field(default_factory=dict)  # node name -> what shows its rewrite exact
     # (local_proof.py; written by the passes on each lift, read by `patch` before it writes)
     # Conv name -> its chunks' inputs -> (the whole Conv input, axis, first row, end row) they hold: where a proof
-    # runs the Conv on its own, its input seeded (written by the pass on each lift)
+    # starts at the Conv's input (written by the pass on each lift; the Conv split or whole)
     rows: dict[str, dict[str, tuple[str, int, int, int]]] = field(default_factory=dict)
 
 
@@ -374,13 +374,13 @@ class SplitBlocks(Pass):
                                               if self.plan.check_in_pass else None)
                 why_whole = self.plan.checked[key]
         needs_verify = why_whole is None or plan.float16
+        rows_of, r0, kh = {}, 0, shapes.shape(sink)[2] // h
+        for chunk, rows in zip(chunks, counts, strict=True):
+            rows_of[chunk.name] = (sink.name, 2, r0 * kh, (r0 + rows) * kh)
+            r0 += rows
+        self.plan.rows[conv.name] = rows_of
         if why_whole is None:
             end = (tail[-1] if tail else conv).outputs[0]
-            rows_of, r0, kh = {}, 0, shapes.shape(sink)[2] // h
-            for chunk, rows in zip(chunks, counts, strict=True):
-                rows_of[chunk.name] = (sink.name, 2, r0 * kh, (r0 + rows) * kh)
-                r0 += rows
-            self.plan.rows[conv.name] = rows_of
             proof = None if plan.float16 else record(ctx, shapes, [conv, *tail], [end])
             if proof is not None:  # (a float16 block's proof is float16_proof.py's, on the written file)
                 proof.parts_inputs.update(rows_of)
