@@ -360,86 +360,149 @@ def search(g: Graph, run: Callable[[int], RunOutcome], progress: Progress = None
     same model on the same runtime and records each new one: a prefix it knows is not run again, except the two
     the finding is read from (their tensors' verdicts are not recorded). Returns the whole model's outcome, the
     finding (None when the whole model agrees), the runs, the steps and notes."""
-    last = len(g.nodes) - 1
-    steps: list[dict[str, Any]] = []
-    notes: list[str] = []
-    done: dict[int, RunOutcome] = {}
-    recorded = dict(replay.known) if replay is not None else {}  # what the file said, before this search
-    contradicted: list[str] = []
+    s = _Search(g, run, progress, replay)
+    whole = s.step(s.last, again=True)  # (always run: a recorded "agrees" would end the search unrun)
+    if not whole.bad:
+        return whole, None, len(s.steps), s.steps, s.final_notes()
+    bracket = _Bracket(-1, None, s.last, whole)
+    if marked is not None:
+        s.try_marked(marked, bracket)
+    while True:
+        s.halve(bracket)
+        s.measure_ends(bracket)
+        if bracket.found:
+            break
+        # a verdict of the file was contradicted by this run's: the search goes on from what was measured now
+        bracket = s.measured_bracket(whole)
+    return (whole, _finding(g, bracket.hi, bracket.hi_out, bracket.lo_out), len(s.steps), s.steps,
+            s.final_notes())
 
-    def step(k: int, again: bool = False) -> RunOutcome:
-        if k in done and not (again and done[k].replayed):
-            return done[k]
-        if not again and not contradicted and replay is not None and k in replay.known:
-            o = done[k] = RunOutcome(replay.known[k], replayed=True)
+
+@dataclass
+class _Bracket:
+    """The two prefixes the search holds between them: `lo` agrees (-1: the empty prefix, where nothing is computed
+    and nothing can differ), `hi` goes wrong (at first the whole model). The node sought is after `lo`, up to
+    `hi`."""
+
+    lo: int
+    lo_out: RunOutcome | None
+    hi: int
+    hi_out: RunOutcome
+
+    def take(self, k: int, o: RunOutcome) -> None:
+        """Narrow by prefix k's verdict where it lies inside: a prefix that goes wrong and is shorter than `hi` is
+        the new `hi`; one that agrees, between `lo` and `hi`, the new `lo` (outside, it tells nothing new)."""
+        if o.bad and k < self.hi:
+            self.hi, self.hi_out = k, o
+        elif not o.bad and self.lo < k < self.hi:
+            self.lo, self.lo_out = k, o
+
+    @property
+    def found(self) -> bool:
+        """Both ends measured as they are held: `hi` goes wrong and `lo` agrees (or is the empty prefix). Only a
+        replayed verdict, contradicted when its prefix is run again, can leave it otherwise."""
+        return self.hi_out.bad and (self.lo_out is None or not self.lo_out.bad)
+
+
+@dataclass
+class _Search:
+    """One search's runs: each prefix's outcome (run, or taken from the replay file), the steps and notes the
+    result reports, and the verdicts of the file that a run of this search contradicted (after one, the file is
+    no longer trusted)."""
+
+    g: Graph
+    run: Callable[[int], RunOutcome]
+    progress: Progress
+    replay: Replay | None
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    done: dict[int, RunOutcome] = field(default_factory=dict)
+    contradicted: list[str] = field(default_factory=list)
+    last: int = field(init=False)  # the whole model's last node: its prefix is the whole model
+    recorded: dict[int, str] = field(init=False)  # what the replay file said, before this search
+
+    def __post_init__(self) -> None:
+        self.last = len(self.g.nodes) - 1
+        self.recorded = dict(self.replay.known) if self.replay is not None else {}
+
+    def step(self, k: int, again: bool = False) -> RunOutcome:
+        """Prefix k's outcome: the one known, else the replay file's verdict (while no run contradicted the file),
+        else a run, recorded. `again`: run it even where only a replayed verdict is known (its tensors' verdicts
+        are needed)."""
+        g, replay, progress = self.g, self.replay, self.progress
+        if k in self.done and not (again and self.done[k].replayed):
+            return self.done[k]
+        if not again and not self.contradicted and replay is not None and k in replay.known:
+            o = self.done[k] = RunOutcome(replay.known[k], replayed=True)
             if progress:
                 progress(f"prefix 1..{k + 1} (ends at {g.describe(k)}): {o.status}, from {replay.path}")
             return o
-        o = done[k] = run(k)
-        if k in recorded and RunOutcome(recorded[k]).bad != o.bad:
-            contradicted.append(f"{'the whole model' if k == last else g.describe(k)}: {recorded[k]} in the file, "
-                                f"{o.status} now")
-        steps.append({"prefix_end": k, "node": g.nodes[k].name, "status": o.status})
+        o = self.done[k] = self.run(k)
+        if k in self.recorded and RunOutcome(self.recorded[k]).bad != o.bad:
+            self.contradicted.append(f"{'the whole model' if k == self.last else g.describe(k)}: "
+                                     f"{self.recorded[k]} in the file, {o.status} now")
+        self.steps.append({"prefix_end": k, "node": g.nodes[k].name, "status": o.status})
         if replay is not None:
             replay.record(k, g.nodes[k].name, o.status)
         if progress:
-            progress(f"run {len(steps)}: {'whole model' if k == last else f'prefix 1..{k + 1}'} "
+            progress(f"run {len(self.steps)}: {'whole model' if k == self.last else f'prefix 1..{k + 1}'} "
                      f"(ends at {g.describe(k)}): {o.status}")
         return o
 
-    whole = step(last, again=True)  # (always run: a recorded "agrees" would end the search unrun)
-    if not whole.bad:
-        return whole, None, len(steps), steps, _replay_notes(notes, replay, contradicted)
-    lo, lo_out, hi, hi_out = -1, None, last, whole
-    if marked is not None:
+    def try_marked(self, marked: Callable[[], RunOutcome], bracket: _Bracket) -> None:
+        """The marked-outputs run's first differing node as a candidate, checked on the prefixes ending just before
+        it and with it; what they show narrows `bracket` (to the candidate itself when they confirm it). Marking
+        every tensor changes what the runtime computes: the prefixes decide, and a disagreement is noted."""
+        g, progress = self.g, self.progress
         m = marked()
         bad = sorted(g.producer[t] for t in m.differing() if t in g.producer)
         candidate = bad[0] if bad else None
-        steps.append({"marked": True, "status": m.status, "candidate": None if candidate is None else
-                      g.nodes[candidate].name})
+        self.steps.append({"marked": True, "status": m.status, "candidate": None if candidate is None else
+                           g.nodes[candidate].name})
         if progress:
-            progress(f"run {len(steps)}: every tensor marked as an output: {m.status}"
+            progress(f"run {len(self.steps)}: every tensor marked as an output: {m.status}"
                      + (f", first differing at {g.describe(candidate)}" if candidate is not None else ""))
         if candidate is None:
-            notes.append(f"the marked-outputs run {m.status} and names no differing tensor: prefixes only")
-        else:
-            for k in (candidate - 1, candidate):
-                if k < 0:
-                    continue
-                o = step(k)
-                if o.bad and k < hi:
-                    hi, hi_out = k, o
-                elif not o.bad and lo < k < hi:
-                    lo, lo_out = k, o
-            if hi != candidate or lo != candidate - 1:
-                notes.append(f"the marked-outputs run named {g.describe(candidate)} first; the unmodified prefixes "
-                             "do not confirm it (marking every tensor an output changes what the runtime computes), "
-                             "so the prefixes decided")
-    while True:
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            o = step(mid)
+            self.notes.append(f"the marked-outputs run {m.status} and names no differing tensor: prefixes only")
+            return
+        for k in (candidate - 1, candidate):
+            if k >= 0:
+                bracket.take(k, self.step(k))
+        if bracket.hi != candidate or bracket.lo != candidate - 1:
+            self.notes.append(f"the marked-outputs run named {g.describe(candidate)} first; the unmodified "
+                              "prefixes do not confirm it (marking every tensor an output changes what the runtime "
+                              "computes), so the prefixes decided")
+
+    def halve(self, bracket: _Bracket) -> None:
+        """Bisect until `lo` and `hi` are adjacent prefixes: about log2(their distance) steps."""
+        while bracket.hi - bracket.lo > 1:
+            mid = (bracket.lo + bracket.hi) // 2
+            bracket.take(mid, self.step(mid))
+
+    def measure_ends(self, bracket: _Bracket) -> None:
+        """Run again the ends only replayed: the finding reads their tensors' verdicts, which the file does not
+        keep."""
+        if bracket.hi_out.replayed:
+            bracket.hi_out = self.step(bracket.hi, again=True)
+        if bracket.lo_out is not None and bracket.lo_out.replayed:
+            bracket.lo_out = self.step(bracket.lo, again=True)
+
+    def measured_bracket(self, whole: RunOutcome) -> _Bracket:
+        """The bracket from this search's own runs alone, the replayed verdicts dropped: the shortest prefix that
+        went wrong, and the longest shorter one that agreed."""
+        for k in [k for k, o in self.done.items() if o.replayed]:
+            del self.done[k]
+        bracket = _Bracket(-1, None, self.last, whole)
+        for k, o in sorted(self.done.items()):
             if o.bad:
-                hi, hi_out = mid, o
-            else:
-                lo, lo_out = mid, o
-        if hi_out.replayed:  # the finding reads the tensors' verdicts: the two prefixes run again
-            hi_out = step(hi, again=True)
-        if lo_out is not None and lo_out.replayed:
-            lo_out = step(lo, again=True)
-        if hi_out.bad and (lo_out is None or not lo_out.bad):
-            break
-        # a verdict of the file was contradicted by this run's: the search goes on from what was measured now
-        for k in [k for k, o in done.items() if o.replayed]:
-            del done[k]
-        lo, lo_out, hi, hi_out = -1, None, last, whole
-        for k, o in sorted(done.items()):
-            if o.bad and k < hi:
-                hi, hi_out = k, o
-        for k, o in sorted(done.items()):
-            if not o.bad and lo < k < hi:
-                lo, lo_out = k, o
-    return whole, _finding(g, hi, hi_out, lo_out), len(steps), steps, _replay_notes(notes, replay, contradicted)
+                bracket.take(k, o)
+        for k, o in sorted(self.done.items()):
+            if not o.bad:
+                bracket.take(k, o)
+        return bracket
+
+    def final_notes(self) -> list[str]:
+        return _replay_notes(self.notes, self.replay, self.contradicted)
 
 
 def _replay_notes(notes: list[str], replay: Replay | None, contradicted: list[str]) -> list[str]:

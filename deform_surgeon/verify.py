@@ -16,7 +16,8 @@ import math
 import numbers
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -284,9 +285,7 @@ def verify(original: str | Path, patched: str | Path, *, iterations: int | None 
     `segment_memory` (bytes, or a size such as "8GB"): each model runs in segments of at most that many bytes of
     tensors, the tensors between them on disk (segments.py), for models whose whole run does not fit the machine;
     at opt level 'disable' only, where that gives the whole model's bytes."""
-    from polygraphy.comparator import Comparator, DataLoader, IterationResult, RunResults
-    from polygraphy.comparator.compare import SimpleCompareFunc
-    from polygraphy.logger import G_LOGGER
+    import polygraphy.comparator  # noqa: F401 (it drives the runs: one that is missing is met before any work)
 
     from .model_io import user_path
 
@@ -297,24 +296,9 @@ def verify(original: str | Path, patched: str | Path, *, iterations: int | None 
     opt_level = level_of(opt_level, segment_memory)
     if not isinstance(quiet, bool):
         raise SurgeonError(None, f"quiet must be True or False (got {quiet!r})")
-    from .input_shapes import fix_input_shapes, has_symbolic_dims
-
-    inputs = [input_signature(path) for path in (original, patched)]
-    if input_shapes:
-        fix_input_shapes(inputs[0], input_shapes, original)
-    ranges = default_val_ranges(original, val_range, inputs[0])
-    signatures = [_describe(i) for i in inputs]
-    symbolic = [vi for vi in inputs[0] if has_symbolic_dims(vi)]
-    # what to change when a model fails on the seeded inputs: a symbolic dim is fed as 1, which the exporter's
-    # baked Reshapes (or a Resize) cannot take, and then the size, not the value range, is the cause
-    fix = (f"give the size the model will get with --input-shapes NAME:DIMS (its inputs have symbolic dims: "
-           f"{_describe(symbolic)})" if symbolic else "choose input ranges the model is valid for with --val-range")
-    for name, (lo, hi) in (val_range or {}).items():
-        if name not in ranges:
-            raise SurgeonError(original, f"--val-range names '{name}', which is not an input of the model",
-                               f"inputs: {', '.join(ranges) or 'none'}")
-        if not (math.isfinite(lo) and math.isfinite(hi)) or lo > hi:
-            raise SurgeonError(None, f"--val-range {name}:[{lo},{hi}] is not a finite range with lo <= hi")
+    inputs = _seeded_inputs(original, patched, input_shapes)
+    signatures, fix = [_describe(i) for i in inputs], _failure_hint(inputs[0])
+    ranges = _checked_ranges(original, val_range, inputs[0])
     result = VerifyResult(str(original), str(patched), iterations, seed, opt_level, ranges)
     if segment_memory is not None:
         from .sizes import parse_size
@@ -324,86 +308,173 @@ def verify(original: str | Path, patched: str | Path, *, iterations: int | None 
         result.mismatch = Mismatch(0, "", f"the models' inputs differ: original takes {signatures[0]}; patched "
                                           f"takes {signatures[1]}")
         return result
+    runs = _CpuRuns(original, opt_level, threads, input_shapes, seed, iterations, ranges, fix)
+    with _quiet_logs(quiet), tempfile.TemporaryDirectory(prefix="deform-surgeon-verify-") as folder:
+        results = _run_both(runs, patched, result, folder)
+        _compare(results, result)
+        del results  # (the outputs map files of `folder`, removed now)
+        result.peak_rss["caller"] = _peak_rss()
+    result.identical = result.mismatch is None
+    return result
 
+
+def _seeded_inputs(original: str | Path, patched: str | Path,
+                   input_shapes: dict[str, tuple[int, ...]] | None) -> list[list]:
+    """Each model's graph inputs, the original's with the dims given by `input_shapes`: what the seeded inputs are
+    made for, and what both models must take alike for one set of inputs to be fed to both."""
+    from .input_shapes import fix_input_shapes
+
+    inputs = [input_signature(path) for path in (original, patched)]
+    if input_shapes:
+        fix_input_shapes(inputs[0], input_shapes, original)
+    return inputs
+
+
+def _checked_ranges(original: str | Path, val_range: dict[str, tuple[float, float]] | None,
+                    inputs: list) -> dict[str, tuple[float, float]]:
+    """Every input's value range (`default_val_ranges`), refused before any run where `val_range` names no input
+    of the model or gives no finite range: a typo would otherwise fall back to the default range unnoticed."""
+    ranges = default_val_ranges(original, val_range, inputs)
+    for name, (lo, hi) in (val_range or {}).items():
+        if name not in ranges:
+            raise SurgeonError(original, f"--val-range names '{name}', which is not an input of the model",
+                               f"inputs: {', '.join(ranges) or 'none'}")
+        if not (math.isfinite(lo) and math.isfinite(hi)) or lo > hi:
+            raise SurgeonError(None, f"--val-range {name}:[{lo},{hi}] is not a finite range with lo <= hi")
+    return ranges
+
+
+def _failure_hint(inputs: list) -> str:
+    """What to change when a model fails on the seeded inputs: a symbolic dim is fed as 1, which the exporter's
+    baked Reshapes (or a Resize) cannot take, and then the size, not the value range, is the cause."""
+    from .input_shapes import has_symbolic_dims
+
+    symbolic = [vi for vi in inputs if has_symbolic_dims(vi)]
+    return (f"give the size the model will get with --input-shapes NAME:DIMS (its inputs have symbolic dims: "
+            f"{_describe(symbolic)})" if symbolic else "choose input ranges the model is valid for with --val-range")
+
+
+@contextmanager
+def _quiet_logs(quiet: bool) -> Iterator[None]:
+    """polygraphy's and ORT's own failure lines silenced while the models run, when `quiet`: the verdict is ours,
+    and theirs would only repeat it. polygraphy's severity is given back after."""
     import onnxruntime
+    from polygraphy.logger import G_LOGGER
 
     old = G_LOGGER.module_severity
-    if quiet:  # the verdict below is ours: polygraphy's and ORT's own failure lines would only repeat it
+    if quiet:
         G_LOGGER.module_severity = G_LOGGER.CRITICAL
         onnxruntime.set_default_logger_severity(4)
     try:
-        level = ort_level(opt_level)
-
-        def session_options():
-            options = onnxruntime.SessionOptions()
-            options.graph_optimization_level = level
-            # no arena: ORT's CPU arena keeps what a run freed and grows in large steps, so one run of a large model
-            # holds more than its live tensors; where the memory comes from changes no kernel and no byte (as in
-            # run_ort_cpu)
-            options.enable_cpu_mem_arena = False
-            if threads is not None:
-                options.intra_op_num_threads = threads
-            return options
-
-        def session(path: str | Path):
-            options = session_options()
-            # (the source is made here, in the run's own process: the fixed original's bytes are not held beside
-            # the other model's run)
-            source = _ort_source(path) if not (input_shapes and path == original) else _fixed(original, input_shapes)
-            return onnxruntime.InferenceSession(source, options, providers=["CPUExecutionProvider"])
-
-        def failure(path: str | Path, exc: BaseException) -> SurgeonError:
-            """The one line for a model that cannot run on the seeded inputs (in the run's own process)."""
-            needs = _allocation(exc)
-            if needs is not None:  # the size, not the values: say which size needs what
-                given = " ".join(f"{k}:{','.join(map(str, v))}" for k, v in (input_shapes or {}).items())
-                what = f"the size given with --input-shapes ({given})" if given else "the model's size"
-                return SurgeonError(path, f"fails to run on ORT CPU with the seeded inputs: {what} needs {needs} in "
-                                    f"one allocation, which failed ({_one_line(exc)})")
-            return SurgeonError(path, f"fails to run on ORT CPU with the seeded inputs ({_one_line(exc)})", fix)
-
-        def loader():
-            return DataLoader(seed=seed, iterations=iterations, val_range=dict(ranges),
-                              input_metadata=_metadata(input_shapes))
-
-        with tempfile.TemporaryDirectory(prefix="deform-surgeon-verify-") as folder:
-            results = RunResults()
-            for name, path in (("original", original), ("patched", patched)):
-                # one model after the other, each in its own forked process (background.py) whose memory is all
-                # given back when it ends: the peak is the larger model's, not the sum (issue 34: HR 2048's
-                # original alone peaks at 17.4 GB); its outputs come back through files in `folder`
-                try:
-                    if result.segment_memory is None:
-                        saved, peak = Background(_run_one, name, path, session, loader, folder, failure,
-                                                 retry=False).result()
-                    else:
-                        def segment_session(file: Path):
-                            return onnxruntime.InferenceSession(str(file), session_options(),
-                                                                providers=["CPUExecutionProvider"])
-
-                        fixed = input_shapes if path == original else None
-                        saved, peak, (result.segments[name], result.segment_disk[name]) = Background(
-                            _run_segments, name, path, fixed, result.segment_memory, segment_session, loader, folder,
-                            failure, retry=False).result()
-                except ChildDied as died:  # (not run again here: the system killed it, most likely for memory)
-                    raise SurgeonError(path, f"fails to run on ORT CPU with the seeded inputs: {died}",
-                                       "most likely out of memory: the run of one model needs what one ORT CPU "
-                                       "inference of it needs") from None
-                results.append((name, [IterationResult(outputs=_load_outputs(files), runner_name=name)
-                                       for files in saved]))
-                result.peak_rss[name] = peak
-            accuracy = Comparator.compare_accuracy(
-                results, compare_func=SimpleCompareFunc(atol=0.0, rtol=0.0, check_shapes=True))
-            result.polygraphy_passed = bool(accuracy)
-            (_, orig_iters), (_, patch_iters) = results[0], results[1]
-            result.mismatch = compare_bytes(orig_iters, patch_iters, result)
-            del results, orig_iters, patch_iters  # (the outputs map files of `folder`, removed now)
-            result.peak_rss["caller"] = _peak_rss()
+        yield
     finally:
         G_LOGGER.module_severity = old
 
-    result.identical = result.mismatch is None
-    return result
+
+@dataclass(frozen=True)
+class _CpuRuns:
+    """The settings every run of one comparison shares: how a model's ORT CPU session is made, the seeded inputs it
+    is fed, and the one line for a model that cannot run on them.
+
+    Its bound methods are what `_run_one` and `_run_segments` are given in their forked child (background.py): the
+    child sees this object as the caller had it (fork: nothing is pickled), and where no child can be had they run
+    in the caller, the same."""
+
+    original: str | Path
+    opt_level: str
+    threads: int | None
+    input_shapes: dict[str, tuple[int, ...]] | None
+    seed: int
+    iterations: int
+    ranges: dict[str, tuple[float, float]]
+    fix: str  # the hint of a failure that is not an allocation (`_failure_hint`)
+
+    def session_options(self):
+        import onnxruntime
+
+        options = onnxruntime.SessionOptions()
+        options.graph_optimization_level = ort_level(self.opt_level)
+        # no arena: ORT's CPU arena keeps what a run freed and grows in large steps, so one run of a large model
+        # holds more than its live tensors; where the memory comes from changes no kernel and no byte (as in
+        # run_ort_cpu)
+        options.enable_cpu_mem_arena = False
+        if self.threads is not None:
+            options.intra_op_num_threads = self.threads
+        return options
+
+    def session(self, path: str | Path):
+        """A whole model's session; the original, given `input_shapes`, with its inputs fixed to them."""
+        import onnxruntime
+
+        options = self.session_options()
+        # (the source is made here, in the run's own process: the fixed original's bytes are not held beside the
+        # other model's run)
+        source = (_ort_source(path) if not (self.input_shapes and path == self.original)
+                  else _fixed(self.original, self.input_shapes))
+        return onnxruntime.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+
+    def segment_session(self, file: Path):
+        """One segment's session (segments.py writes each segment to a file)."""
+        import onnxruntime
+
+        return onnxruntime.InferenceSession(str(file), self.session_options(), providers=["CPUExecutionProvider"])
+
+    def loader(self):
+        """polygraphy's DataLoader of the seeded inputs, the same for both models."""
+        from polygraphy.comparator import DataLoader
+
+        return DataLoader(seed=self.seed, iterations=self.iterations, val_range=dict(self.ranges),
+                          input_metadata=_metadata(self.input_shapes))
+
+    def failure(self, path: str | Path, exc: BaseException) -> SurgeonError:
+        """The one line for a model that cannot run on the seeded inputs (in the run's own process)."""
+        needs = _allocation(exc)
+        if needs is not None:  # the size, not the values: say which size needs what
+            given = " ".join(f"{k}:{','.join(map(str, v))}" for k, v in (self.input_shapes or {}).items())
+            what = f"the size given with --input-shapes ({given})" if given else "the model's size"
+            return SurgeonError(path, f"fails to run on ORT CPU with the seeded inputs: {what} needs {needs} in "
+                                f"one allocation, which failed ({_one_line(exc)})")
+        return SurgeonError(path, f"fails to run on ORT CPU with the seeded inputs ({_one_line(exc)})", self.fix)
+
+
+def _run_both(runs: _CpuRuns, patched: str | Path, result: VerifyResult, folder: str):
+    """Run one model after the other, each in its own forked process (background.py) whose memory is all given back
+    when it ends: the peak is the larger model's, not the sum (issue 34: HR 2048's original alone peaks at 17.4 GB).
+    Their outputs come back through files in `folder`, as polygraphy's RunResults; each run's peak RSS and, in
+    segments, its segment counts go in `result`."""
+    from polygraphy.comparator import IterationResult, RunResults
+
+    results = RunResults()
+    for name, path in (("original", runs.original), ("patched", patched)):
+        try:
+            if result.segment_memory is None:
+                saved, peak = Background(_run_one, name, path, runs.session, runs.loader, folder, runs.failure,
+                                         retry=False).result()
+            else:
+                fixed = runs.input_shapes if path == runs.original else None
+                saved, peak, (result.segments[name], result.segment_disk[name]) = Background(
+                    _run_segments, name, path, fixed, result.segment_memory, runs.segment_session, runs.loader,
+                    folder, runs.failure, retry=False).result()
+        except ChildDied as died:  # (not run again here: the system killed it, most likely for memory)
+            raise SurgeonError(path, f"fails to run on ORT CPU with the seeded inputs: {died}",
+                               "most likely out of memory: the run of one model needs what one ORT CPU "
+                               "inference of it needs") from None
+        results.append((name, [IterationResult(outputs=_load_outputs(files), runner_name=name) for files in saved]))
+        result.peak_rss[name] = peak
+    return results
+
+
+def _compare(results, result: VerifyResult) -> None:
+    """polygraphy's verdict at zero tolerance, reported beside ours (`compare_bytes`), which is the verdict: both
+    in `result`."""
+    from polygraphy.comparator import Comparator
+    from polygraphy.comparator.compare import SimpleCompareFunc
+
+    accuracy = Comparator.compare_accuracy(results, compare_func=SimpleCompareFunc(atol=0.0, rtol=0.0,
+                                                                                     check_shapes=True))
+    result.polygraphy_passed = bool(accuracy)
+    (_, orig_iters), (_, patch_iters) = results[0], results[1]
+    result.mismatch = compare_bytes(orig_iters, patch_iters, result)
 
 
 def _peak_rss() -> int:
