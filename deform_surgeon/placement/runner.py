@@ -411,7 +411,7 @@ def measure_placement(
 @dataclasses.dataclass(frozen=True)
 class _Target:
     """What a measurement runs, checked before any process starts: a bad argument, a missing or unreadable file and
-    runtimes not set up are raised here (the caller's mistakes), so that every later failure is a finding."""
+    runtimes not set up are the caller's to fix, raised here; what fails once the harness runs is reported."""
 
     model: Path
     runtime: str
