@@ -21,6 +21,7 @@ import onnx
 
 from ..args import DEVICE_PROFILE
 from ..blocks import OUTSIDE, count_per_block
+from ..device import DeviceProfile
 from ..tool import Tool
 from ..verdict import bisect_hint, combine, judge_outputs, split_errors, summarize_errors
 from .result import Placement
@@ -106,30 +107,62 @@ def _err(msg: str) -> None:
     print(f"deform-surgeon: error: {msg}", file=sys.stderr)
 
 
+class _Stop(Exception):
+    """The command stops before it has results: one line on stderr, and the exit code (2: bad input or runtimes not
+    set up; 130: interrupted)."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 def run_placement_command(args: argparse.Namespace) -> int:
+    """Checks the arguments, measures each model, prints the report and writes the files asked for; the exit code
+    says whether every measurement completed (the module's docstring)."""
+    try:
+        models = _models_to_measure(args)
+        _check_runtime_options(args)
+        profile = _checked_files_and_profile(args, models)
+        results = _measure_all(args, models, profile)
+    except _Stop as e:
+        _err(str(e))
+        return e.code
+    _print_results(args, models, results)
+    _write_files(args, results)
+    return 0 if all(r.ok for r in results) else 1
+
+
+def _models_to_measure(args: argparse.Namespace) -> list[str]:
+    """MODEL or --compare's two, each an existing file; with --bundle transformers the file of each model folder
+    that its pipeline loads."""
     if args.compare and args.model:
-        _err("give either MODEL or --compare ORIGINAL PATCHED, not both")
-        return 2
+        raise _Stop("give either MODEL or --compare ORIGINAL PATCHED, not both")
     if not args.compare and not args.model:
-        _err("missing MODEL (or --compare ORIGINAL PATCHED)")
-        return 2
+        raise _Stop("missing MODEL (or --compare ORIGINAL PATCHED)")
     models = list(args.compare) if args.compare else [args.model]
     if args.runtime == "browser" and args.bundle == "transformers":  # a model folder: the file its pipeline loads
         try:
             models = [str(ModelFolder.of(m).model) for m in models]
         except (FileNotFoundError, ValueError) as e:
-            _err(str(e))
-            return 2
+            raise _Stop(str(e)) from e
     for m in models:
         if not Path(m).is_file():
-            _err(f"model file not found: {m}")
-            return 2
+            raise _Stop(f"model file not found: {m}")
+    return models
+
+
+def _check_runtime_options(args: argparse.Namespace) -> None:
+    """A --bundle other than webgpu with --runtime node is noted, not refused (node's native EP takes no bundle);
+    the timeout must be positive."""
     if args.runtime == "node" and args.bundle != "webgpu":
         print(f"note: --bundle {args.bundle} is ignored with --runtime node", file=sys.stderr)
     if args.timeout <= 0:
-        _err("--timeout must be positive")
-        return 2
+        raise _Stop("--timeout must be positive")
 
+
+def _checked_files_and_profile(args: argparse.Namespace, models: list[str]) -> DeviceProfile:
+    """The device profile, once no file the command writes is one it reads (checked before any runtime starts,
+    which takes seconds to minutes)."""
     from ..device import PROFILE_NAMES, resolve_profile
     from ..errors import SurgeonError
     from ..io_check import check_io
@@ -139,36 +172,32 @@ def run_placement_command(args: argparse.Namespace) -> int:
                                  ("--log", args.log)],
                  other_reads=[(f"the --device-profile file {args.device_profile}", args.device_profile)]
                  if args.device_profile and args.device_profile not in PROFILE_NAMES else [])
-        profile = resolve_profile(args.device_profile)
+        return resolve_profile(args.device_profile)
     except SurgeonError as e:
-        _err(e.one_line())
-        return 2
+        raise _Stop(e.one_line()) from e
+
+
+def _measure_all(args: argparse.Namespace, models: list[str], profile: DeviceProfile) -> list[Placement]:
+    """One measurement per model, in turn; with --compare each one's progress and --log file are labelled original
+    / patched. A measurement's bad input (unreadable model, runtimes not set up) or Ctrl-C stops the command."""
     results: list[Placement] = []
     for i, m in enumerate(models):
         label = ("original" if i == 0 else "patched") if args.compare else Path(m).name
+        log_out = None if not args.log else (args.log if len(models) == 1 else f"{args.log}.{label}")
         try:
-            results.append(
-                measure_placement(
-                    m,
-                    runtime=args.runtime,
-                    bundle=args.bundle,
-                    run=args.run,
-                    seed=args.seed,
-                    timeout=args.timeout,
-                    progress=_Progress(label),
-                    profile=profile,
-                    log_out=(
-                        None if not args.log else (args.log if len(models) == 1 else f"{args.log}.{label}")
-                    ),
-                )
-            )
+            results.append(measure_placement(
+                m, runtime=args.runtime, bundle=args.bundle, run=args.run, seed=args.seed, timeout=args.timeout,
+                progress=_Progress(label), profile=profile, log_out=log_out))
         except (FileNotFoundError, ValueError, SetupMissing) as e:
-            _err(str(e))
-            return 2
+            raise _Stop(str(e)) from e
         except KeyboardInterrupt:  # measure_placement has already stopped its processes
-            _err("interrupted")
-            return 130
+            raise _Stop("interrupted", code=130) from None
+    return results
 
+
+def _print_results(args: argparse.Namespace, models: list[str], results: list[Placement]) -> None:
+    """The report (one placement, or two side by side), then for each run that went wrong the `bisect` command
+    that finds the first node where it does."""
     if args.compare:
         print(format_comparison(results[0], results[1]))
     else:
@@ -178,6 +207,10 @@ def run_placement_command(args: argparse.Namespace) -> int:
             hint = bisect_hint(m, args.runtime, args.bundle, seed=args.seed, device_profile=args.device_profile)
             print(f"find where it goes wrong: {hint}")
 
+
+def _write_files(args: argparse.Namespace, results: list[Placement]) -> None:
+    """--json: the Placement (both, with --compare); --device-limits-out: the first runtime's adapter and limits,
+    a file --device-profile reads back."""
     if args.json:
         doc: Any = (
             {"original": results[0].to_dict(), "patched": results[1].to_dict()}
@@ -199,7 +232,6 @@ def run_placement_command(args: argparse.Namespace) -> int:
             )
             + "\n"
         )
-    return 0 if all(r.ok for r in results) else 1
 
 
 # --------------------------------------------------------------------------------------------------- output

@@ -98,76 +98,91 @@ def parse_ort_log(lines: Iterable[str]) -> LogSummary:
     """
     if isinstance(lines, str):
         lines = lines.splitlines()
-    by_provider: Counter[str] = Counter()
-    by_provider_op: dict[str, Counter[str]] = {}
-    cpu_names: list[str] = []
-    memcpy_tensors: list[str] = []
-    memcpy_kinds: Counter[str] = Counter()
-    memcpy_providers: Counter[str] = Counter()
-    knf: list[dict[str, str]] = []
-    knf_seen: set[tuple[str, str]] = set()
-    placement_logged = False
-    nodes_listed = False
+    reader = _LogReader()
+    for raw in lines:
+        reader.read(_strip(raw))
+    return reader.summary()
+
+
+@dataclass
+class _LogReader:
+    """What the lines read so far say, line by line: a placement block is a header followed by its node lines, so
+    the reader carries which provider's node list it is in (``current``) from one line to the next."""
+
+    by_provider: Counter[str] = field(default_factory=Counter)
+    by_provider_op: dict[str, Counter[str]] = field(default_factory=dict)
+    cpu_names: list[str] = field(default_factory=list)
+    memcpy_tensors: list[str] = field(default_factory=list)
+    memcpy_kinds: Counter[str] = field(default_factory=Counter)
+    memcpy_providers: Counter[str] = field(default_factory=Counter)
+    knf: list[dict[str, str]] = field(default_factory=list)
+    knf_seen: set[tuple[str, str]] = field(default_factory=set)
+    placement_logged: bool = False
+    nodes_listed: bool = False
     current: str | None = None  # provider whose node list is being read
 
-    for raw in lines:
-        line = _strip(raw)
+    def read(self, line: str) -> None:
+        """One log line (ANSI codes stripped), read by the ORT function that wrote it: the placement block, a copy
+        node or a missing kernel (a line naming more than one is read as the first of them); other lines are noise."""
         if "VerifyEachNodeIsAssignedToAnEp]" in line:
-            if _PLACEMENTS_START.search(line):
-                placement_logged = True
-                current = None
-                continue
-            m = _HEADER.search(line)
-            if m:
-                placement_logged = True
-                nodes_listed = True
-                current = m["ep"]
-                by_provider[current] += int(m["n"])
-                by_provider_op.setdefault(current, Counter())
-                continue
-            m = _ALL.search(line)
-            if m:
-                placement_logged = True
-                current = None
-                by_provider[m["ep"]] += int(m["n"])
-                continue
-            m = _NODE.search(line)
-            if m and current is not None:
-                by_provider_op[current][m["op"]] += 1
-                if current == CPU_EP:
-                    cpu_names.append(m["name"])
-                continue
-            current = None  # e.g. the "Some nodes were not assigned..." warning ends a list
-            continue
-        if "AddCopyNode]" in line:
-            m = _MEMCPY.search(line)
-            if m:
-                memcpy_kinds[m["kind"]] += 1
-                memcpy_tensors.append(m["tensor"])
-                memcpy_providers[m["ep"]] += 1
-            continue
-        if "kernel not found in registries" in line:
-            m = _KNF.search(line)
-            if m:
-                key = (m["op"], m["node"])
-                if key not in knf_seen:
-                    knf_seen.add(key)
-                    knf.append({"op": m["op"], "node": m["node"]})
-            continue
+            self._placement_line(line)
+        elif "AddCopyNode]" in line:
+            self._copy_line(line)
+        elif "kernel not found in registries" in line:
+            self._kernel_not_found_line(line)
 
-    gpu_candidates = [ep for ep in by_provider if ep != CPU_EP] + list(memcpy_providers)
-    gpu_provider = gpu_candidates[0] if gpu_candidates else None
-    return LogSummary(
-        placement_logged=placement_logged,
-        nodes_listed=nodes_listed,
-        nodes_by_provider=dict(by_provider),
-        nodes_by_provider_op={ep: dict(c.most_common()) for ep, c in by_provider_op.items()},
-        cpu_ops=dict(by_provider_op.get(CPU_EP, Counter()).most_common()),
-        cpu_node_names=cpu_names,
-        memcpy=sum(memcpy_kinds.values()),
-        memcpy_by_kind=dict(memcpy_kinds),
-        memcpy_tensors=memcpy_tensors,
-        memcpy_provider=next(iter(memcpy_providers), None),
-        kernel_not_found=knf,
-        gpu_provider=gpu_provider,
-    )
+    def _placement_line(self, line: str) -> None:
+        """A line of the placement block: its start, a provider's header (its nodes listed after it, or all nodes on
+        one provider and none listed), or a node of the current provider's list; any other line ends the list."""
+        if _PLACEMENTS_START.search(line):
+            self.placement_logged = True
+            self.current = None
+        elif m := _HEADER.search(line):
+            self.placement_logged = True
+            self.nodes_listed = True
+            self.current = m["ep"]
+            self.by_provider[self.current] += int(m["n"])
+            self.by_provider_op.setdefault(self.current, Counter())
+        elif m := _ALL.search(line):
+            self.placement_logged = True
+            self.current = None
+            self.by_provider[m["ep"]] += int(m["n"])
+        elif (m := _NODE.search(line)) and self.current is not None:
+            self.by_provider_op[self.current][m["op"]] += 1
+            if self.current == CPU_EP:
+                self.cpu_names.append(m["name"])
+        else:
+            self.current = None  # e.g. the "Some nodes were not assigned..." warning ends a list
+
+    def _copy_line(self, line: str) -> None:
+        """One inserted copy node: counted here because the "All nodes placed" form lists no nodes."""
+        if m := _MEMCPY.search(line):
+            self.memcpy_kinds[m["kind"]] += 1
+            self.memcpy_tensors.append(m["tensor"])
+            self.memcpy_providers[m["ep"]] += 1
+
+    def _kernel_not_found_line(self, line: str) -> None:
+        """A node the EP has no kernel for, once: GetCapability runs more than once per session."""
+        if m := _KNF.search(line):
+            key = (m["op"], m["node"])
+            if key not in self.knf_seen:
+                self.knf_seen.add(key)
+                self.knf.append({"op": m["op"], "node": m["node"]})
+
+    def summary(self) -> LogSummary:
+        """The lines read, as a :class:`LogSummary`; the GPU provider is the first one named that is not the CPU."""
+        gpu_candidates = [ep for ep in self.by_provider if ep != CPU_EP] + list(self.memcpy_providers)
+        return LogSummary(
+            placement_logged=self.placement_logged,
+            nodes_listed=self.nodes_listed,
+            nodes_by_provider=dict(self.by_provider),
+            nodes_by_provider_op={ep: dict(c.most_common()) for ep, c in self.by_provider_op.items()},
+            cpu_ops=dict(self.by_provider_op.get(CPU_EP, Counter()).most_common()),
+            cpu_node_names=self.cpu_names,
+            memcpy=sum(self.memcpy_kinds.values()),
+            memcpy_by_kind=dict(self.memcpy_kinds),
+            memcpy_tensors=self.memcpy_tensors,
+            memcpy_provider=next(iter(self.memcpy_providers), None),
+            kernel_not_found=self.knf,
+            gpu_provider=gpu_candidates[0] if gpu_candidates else None,
+        )

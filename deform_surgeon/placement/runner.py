@@ -30,7 +30,7 @@ from ..device import DeviceProfile, resolve_profile
 from ..ops import op_histogram
 from ..runtimes import harness_env, missing_setup
 from ..sample_image import png, scene
-from .logparse import CPU_EP, parse_ort_log
+from .logparse import CPU_EP, LogSummary, parse_ort_log
 from .result import Placement
 
 PKG_DIR = Path(__file__).resolve().parent
@@ -380,128 +380,231 @@ def measure_placement(
     :class:`SetupMissing` when the runtimes are not installed; runtime failures are returned, never raised.
     """
     t_start = time.monotonic()
-    model = Path(model_path)
-    if runtime not in RUNTIMES:
-        raise ValueError(f"runtime must be one of {RUNTIMES}, not {runtime!r}")
-    if runtime == "browser" and bundle not in BUNDLES:
-        raise ValueError(f"bundle must be one of {BUNDLES}, not {bundle!r}")
-    folder = ModelFolder.of(model) if runtime == "browser" and bundle == "transformers" else None
-    model = folder.model if folder is not None else model
-    if not model.is_file():
-        raise FileNotFoundError(f"model file not found: {model}")
-    if runtime == "node":
-        bundle = None
-    try:
-        header = _load_model_header(model)
-    except Exception as e:  # onnx raises DecodeError and friends: the file is not an ONNX model
-        raise ValueError(f"{model}: not a readable ONNX model ({e})") from e
-    msg = missing_setup(runtime)
-    if msg:
-        raise SetupMissing(msg)
+    target = _Target.check(model_path, runtime, bundle)
     profile = resolve_profile(profile)
-    violations = limit_violations(model, profile, runtime, bundle)
-
-    notes: list[str] = []
-    if runtime == "node":
-        notes.append(f"device profile '{profile.name}' checked statically: onnxruntime-node creates its own "
-                     "WebGPU device with the adapter's limits, so a run there shows the adapter's limits")
-    tmp = Path(tempfile.mkdtemp(prefix="ds-placement-"))
+    violations = limit_violations(target.model, profile, target.runtime, target.bundle)
+    notes = target.profile_notes(profile)
+    scratch = _Scratch(Path(tempfile.mkdtemp(prefix="ds-placement-")))
     try:
-        io_dir = tmp / "io"
-        io_dir.mkdir()
-        if run and folder is not None:  # transformers.js preprocesses a picture of the model's input size
-            (io_dir / "image.png").write_bytes(png(scene(*_image_size(header))))
-        elif run:
-            if feeds is None:
-                feeds, in_notes = make_inputs(header, seed=seed, int_range=int_range)
-                notes += in_notes
-            _write_inputs(io_dir, feeds)
-        out_json = tmp / "result.json"
-        log_path = tmp / "ort.log"
-        harness = "ort_node_harness.mjs" if runtime == "node" else "browser_harness.mjs"
-        cmd = ["node", str(PKG_DIR / harness), "--model", str(model.resolve()), "--out", str(out_json)]
-        if runtime != "node":
-            cmd += ["--bundle", str(bundle), "--chromium", str(CHROMIUM), "--user-data-dir",
-                    str(tmp / "chromium-profile"), "--external", json.dumps(external_data_files(header)),
-                    "--jsep-debug", "1" if jsep_debug else "0", "--limits", json.dumps(profile.limits)]
-        if folder is not None:
-            cmd += ["--folder", str(folder.root.resolve()), "--model-file", folder.file_name, "--dtype", folder.dtype]
+        scratch.io.mkdir()
         if run:
-            cmd += ["--io", str(io_dir), "--run"]
-        cmd.append("--watch-stdin")
-        rc, fail, steps = run_harness(cmd, harness_env(tmp), log_path, timeout, progress, marker=str(tmp))
-        # a run that timed out after the session was created: the session is reported as what it was
-        created = next((s for s in steps if s.startswith("session created in")), None) if fail else None
-
-        raw: dict[str, Any] = {}
-        if out_json.exists():
-            try:
-                raw = json.loads(out_json.read_text())
-            except ValueError as e:
-                raw = {"error": f"unreadable harness result: {e}"}
-        log_text = log_path.read_text("utf-8", "replace") if log_path.exists() else ""
-        if log_out is not None:
-            Path(log_out).write_text(log_text)
-        error = raw.get("error")
-        if fail:
-            error = f"{fail}; {error}" if error else fail
-            if created:
-                error = f"{created}, then the run {fail}"
-        elif not raw:
-            tail = "\n".join(log_text.strip().splitlines()[-5:])
-            error = f"harness exited with code {rc} and wrote no result: {tail}"
-        session_ok = (bool(raw.get("session_ok")) and not fail) or created is not None
-
-        summary = parse_ort_log(log_text.splitlines())
-        if raw.get("adapter_note"):
-            notes.append(str(raw["adapter_note"]))
-        if summary.placement_logged and not summary.nodes_listed:
-            (ep,) = summary.nodes_by_provider or {"?": 0}
-            notes.append(f"ORT logged 'All nodes placed on [{ep}]' (no per-node list)")
-        if summary.placement_logged and not summary.nodes_listed and summary.cpu_nodes:
-            by_count = sorted(op_histogram(header).items(), key=lambda kv: -kv[1])  # as the log's, most first
-            summary = dataclasses.replace(summary, cpu_ops=dict(by_count))
-            notes.append(
-                "cpu_ops taken from the model file: ORT lists no nodes when one EP takes all of them"
-            )
-        if session_ok and not summary.placement_logged:
-            notes.append("the log has no placement block; counts are unknown (was the verbose log cut?)")
-
-        run_info: dict[str, Any] | None = None
-        if run:
-            # a run that outlived the timeout failed, even if its result landed while the harness was being stopped
-            raw_run = None if fail else raw.get("run")
-            if folder is not None and raw_run is not None and raw_run.get("ok"):
-                feeds = {name: _read_tensor(io_dir, o) for name, o in (raw_run.get("feeds") or {}).items()}
-            run_info = _finish_run(raw_run, io_dir, model, feeds or {}, session_ok, error, seed,
-                                   judge_mask=folder is not None)
-
-        timings = {k: float(v) for k, v in (raw.get("timings") or {}).items()}
-        timings["total_s"] = time.monotonic() - t_start
-        if created and "session_create_s" not in timings:
-            try:
-                timings["session_create_s"] = float(created.split()[3])  # "session created in 2.34 s"
-            except (IndexError, ValueError):
-                pass
+            feeds, input_notes = target.write_run_inputs(scratch.io, feeds, seed, int_range)
+            notes += input_notes
+        cmd = target.harness_command(scratch, profile, run=run, jsep_debug=jsep_debug)
+        rc, fail, steps = run_harness(cmd, harness_env(scratch.root), scratch.log, timeout, progress,
+                                      marker=str(scratch.root))
+        outcome = _HarnessOutcome.read(scratch, rc, fail, steps, log_out)
+        summary, log_notes = _read_placement_log(outcome, target.header)
+        notes += outcome.adapter_notes + log_notes
+        run_info = _run_entry(outcome, target, scratch.io, feeds, seed) if run else None
         return Placement(
-            runtime=runtime,
-            bundle=bundle,
-            session_ok=session_ok,
-            error=error,
-            log=summary,
-            adapter=raw.get("adapter"),
-            run=run_info,
-            model=str(model),
-            timings=timings,
-            versions={k: str(v) for k, v in (raw.get("versions") or {}).items() if v is not None},
-            notes=notes,
-            device_profile=profile.to_dict(),
-            applied_limits=raw.get("applied_limits"),
-            limit_violations=violations,
-            peak_rss_mib={str(k): float(v) for k, v in (raw.get("peak_rss_mib") or {}).items()},
+            runtime=target.runtime, bundle=target.bundle, session_ok=outcome.session_ok, error=outcome.error,
+            log=summary, adapter=outcome.raw.get("adapter"), run=run_info, model=str(target.model),
+            timings=outcome.timings(t_start), versions=outcome.versions, notes=notes,
+            device_profile=profile.to_dict(), applied_limits=outcome.raw.get("applied_limits"),
+            limit_violations=violations, peak_rss_mib=outcome.peak_rss_mib,
         )
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(scratch.root, ignore_errors=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Target:
+    """What a measurement runs, checked before any process starts: a bad argument, a missing or unreadable file and
+    runtimes not set up are the caller's to fix, raised here; what fails once the harness runs is reported."""
+
+    model: Path
+    runtime: str
+    bundle: str | None  # None on node: its native WebGPU EP comes with no bundle choice
+    folder: ModelFolder | None  # the transformers.js model folder (bundle "transformers"), else None
+    header: Any  # the ModelProto without its external data: its inputs, ops and external files
+
+    @classmethod
+    def check(cls, model_path: str | os.PathLike[str], runtime: str, bundle: str | None) -> _Target:
+        """The target of `model_path` on `runtime`, or the error that says why it cannot be measured."""
+        model = Path(model_path)
+        if runtime not in RUNTIMES:
+            raise ValueError(f"runtime must be one of {RUNTIMES}, not {runtime!r}")
+        if runtime == "browser" and bundle not in BUNDLES:
+            raise ValueError(f"bundle must be one of {BUNDLES}, not {bundle!r}")
+        folder = ModelFolder.of(model) if runtime == "browser" and bundle == "transformers" else None
+        model = folder.model if folder is not None else model
+        if not model.is_file():
+            raise FileNotFoundError(f"model file not found: {model}")
+        try:
+            header = _load_model_header(model)
+        except Exception as e:  # onnx raises DecodeError and friends: the file is not an ONNX model
+            raise ValueError(f"{model}: not a readable ONNX model ({e})") from e
+        msg = missing_setup(runtime)
+        if msg:
+            raise SetupMissing(msg)
+        return cls(model, runtime, None if runtime == "node" else bundle, folder, header)
+
+    def profile_notes(self, profile: DeviceProfile) -> list[str]:
+        """Why, on node, the profile is only checked statically: there the page cannot request a device."""
+        if self.runtime != "node":
+            return []
+        return [f"device profile '{profile.name}' checked statically: onnxruntime-node creates its own "
+                "WebGPU device with the adapter's limits, so a run there shows the adapter's limits"]
+
+    def write_run_inputs(self, io_dir: Path, feeds: dict[str, np.ndarray] | None, seed: int,
+                         int_range: tuple[int, int]) -> tuple[dict[str, np.ndarray] | None, list[str]]:
+        """What the run is fed, written where the harness reads it, and the notes on it. Through transformers.js
+        a picture of the model's input size (its pipeline preprocesses it into the tensors, which the harness
+        uploads); otherwise `feeds`, or seeded inputs whose notes say which dimensions were set to 1."""
+        if self.folder is not None:
+            (io_dir / "image.png").write_bytes(png(scene(*_image_size(self.header))))
+            return feeds, []
+        notes: list[str] = []
+        if feeds is None:
+            feeds, notes = make_inputs(self.header, seed=seed, int_range=int_range)
+        _write_inputs(io_dir, feeds)
+        return feeds, notes
+
+    def harness_command(self, scratch: _Scratch, profile: DeviceProfile, run: bool, jsep_debug: bool) -> list[str]:
+        """The harness's command line: node's, or the browser's with its bundle, its Chromium profile in `scratch`
+        (the marker its processes are found by), the external data files the page must be given and the limits
+        its device is requested with; a model folder's file as transformers.js names it; `--run` with the inputs."""
+        harness = "ort_node_harness.mjs" if self.runtime == "node" else "browser_harness.mjs"
+        cmd = ["node", str(PKG_DIR / harness), "--model", str(self.model.resolve()), "--out", str(scratch.result)]
+        if self.runtime != "node":
+            cmd += ["--bundle", str(self.bundle), "--chromium", str(CHROMIUM), "--user-data-dir",
+                    str(scratch.chromium_profile), "--external", json.dumps(external_data_files(self.header)),
+                    "--jsep-debug", "1" if jsep_debug else "0", "--limits", json.dumps(profile.limits)]
+        if self.folder is not None:
+            cmd += ["--folder", str(self.folder.root.resolve()), "--model-file", self.folder.file_name,
+                    "--dtype", self.folder.dtype]
+        if run:
+            cmd += ["--io", str(scratch.io), "--run"]
+        cmd.append("--watch-stdin")
+        return cmd
+
+
+@dataclasses.dataclass(frozen=True)
+class _Scratch:
+    """The measurement's temporary folder: its path is unique, so it is also the marker every process of this
+    measurement carries on its command line (`run_harness` stops them by it)."""
+
+    root: Path
+
+    @property
+    def io(self) -> Path:  # the inputs the harness reads and the tensors it uploads
+        return self.root / "io"
+
+    @property
+    def result(self) -> Path:  # the harness's result.json
+        return self.root / "result.json"
+
+    @property
+    def log(self) -> Path:  # ORT's verbose log (the harness's stderr)
+        return self.root / "ort.log"
+
+    @property
+    def chromium_profile(self) -> Path:
+        return self.root / "chromium-profile"
+
+
+@dataclasses.dataclass(frozen=True)
+class _HarnessOutcome:
+    """What one harness run left: its exit code, `run_harness`'s error (timeout, interrupt), its result.json and
+    ORT's log. Read as a measurement: a harness that failed is reported as what it showed, never raised."""
+
+    rc: int | None
+    fail: str | None
+    created: str | None  # "session created in N s": the run failed, but after the session was created
+    raw: dict[str, Any]  # result.json; {} when the harness wrote none
+    log_text: str
+
+    @classmethod
+    def read(cls, scratch: _Scratch, rc: int | None, fail: str | None, steps: list[str],
+             log_out: str | os.PathLike[str] | None) -> _HarnessOutcome:
+        """The outcome from `scratch` (before it is removed); ORT's log is also copied to `log_out`."""
+        # a run that timed out after the session was created: the session is reported as what it was
+        created = next((s for s in steps if s.startswith("session created in")), None) if fail else None
+        raw: dict[str, Any] = {}
+        if scratch.result.exists():
+            try:
+                raw = json.loads(scratch.result.read_text())
+            except ValueError as e:
+                raw = {"error": f"unreadable harness result: {e}"}
+        log_text = scratch.log.read_text("utf-8", "replace") if scratch.log.exists() else ""
+        if log_out is not None:
+            Path(log_out).write_text(log_text)
+        return cls(rc, fail, created, raw, log_text)
+
+    @property
+    def error(self) -> str | None:
+        """The harness's error, with what stopped it first; a harness that wrote nothing is shown by its log's end."""
+        error = self.raw.get("error")
+        if self.fail:
+            if self.created:
+                return f"{self.created}, then the run {self.fail}"
+            return f"{self.fail}; {error}" if error else self.fail
+        if not self.raw:
+            tail = "\n".join(self.log_text.strip().splitlines()[-5:])
+            return f"harness exited with code {self.rc} and wrote no result: {tail}"
+        return error
+
+    @property
+    def session_ok(self) -> bool:
+        """The session was created, and the harness was not stopped before it said so."""
+        return (bool(self.raw.get("session_ok")) and not self.fail) or self.created is not None
+
+    @property
+    def adapter_notes(self) -> list[str]:  # e.g. that the adapter is the software one
+        return [str(self.raw["adapter_note"])] if self.raw.get("adapter_note") else []
+
+    @property
+    def versions(self) -> dict[str, str]:
+        return {k: str(v) for k, v in (self.raw.get("versions") or {}).items() if v is not None}
+
+    @property
+    def peak_rss_mib(self) -> dict[str, float]:
+        return {str(k): float(v) for k, v in (self.raw.get("peak_rss_mib") or {}).items()}
+
+    def timings(self, t_start: float) -> dict[str, float]:
+        """The harness's timings, the total since `t_start`, and the session's creation time read from its
+        progress step when the harness was stopped before it reported it."""
+        timings = {k: float(v) for k, v in (self.raw.get("timings") or {}).items()}
+        timings["total_s"] = time.monotonic() - t_start
+        if self.created and "session_create_s" not in timings:
+            try:
+                timings["session_create_s"] = float(self.created.split()[3])  # "session created in 2.34 s"
+            except (IndexError, ValueError):
+                pass
+        return timings
+
+
+def _read_placement_log(outcome: _HarnessOutcome, header: Any) -> tuple[LogSummary, list[str]]:
+    """ORT's log as a LogSummary, and notes on what it does not say. When one EP takes every node ORT lists none:
+    the CPU ops are then the model's own ops (every node is on the CPU); a created session whose log has no
+    placement block means the log was cut, and its counts are unknown."""
+    summary = parse_ort_log(outcome.log_text.splitlines())
+    notes: list[str] = []
+    if summary.placement_logged and not summary.nodes_listed:
+        (ep,) = summary.nodes_by_provider or {"?": 0}
+        notes.append(f"ORT logged 'All nodes placed on [{ep}]' (no per-node list)")
+    if summary.placement_logged and not summary.nodes_listed and summary.cpu_nodes:
+        by_count = sorted(op_histogram(header).items(), key=lambda kv: -kv[1])  # as the log's, most first
+        summary = dataclasses.replace(summary, cpu_ops=dict(by_count))
+        notes.append(
+            "cpu_ops taken from the model file: ORT lists no nodes when one EP takes all of them"
+        )
+    if outcome.session_ok and not summary.placement_logged:
+        notes.append("the log has no placement block; counts are unknown (was the verbose log cut?)")
+    return summary, notes
+
+
+def _run_entry(outcome: _HarnessOutcome, target: _Target, io_dir: Path, feeds: dict[str, np.ndarray] | None,
+               seed: int) -> dict[str, Any]:
+    """The Placement's ``run``. A run that outlived the timeout failed, even if its result landed while the harness
+    was being stopped; through transformers.js the run is held against ORT CPU on the tensors the pipeline made of
+    the picture (the harness uploads them), and the pipeline's mask is judged too."""
+    raw_run = None if outcome.fail else outcome.raw.get("run")
+    if target.folder is not None and raw_run is not None and raw_run.get("ok"):
+        feeds = {name: _read_tensor(io_dir, o) for name, o in (raw_run.get("feeds") or {}).items()}
+    return _finish_run(raw_run, io_dir, target.model, feeds or {}, outcome.session_ok, outcome.error, seed,
+                       judge_mask=target.folder is not None)
 
 
 def limit_violations(model: Path, profile: DeviceProfile, runtime: str, bundle: str | None) -> list[dict[str, Any]]:
