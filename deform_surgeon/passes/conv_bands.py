@@ -126,6 +126,7 @@ class BandPlan:
     bias: np.ndarray | None
     bands: list[tuple[int, int, int, int, int, int]]
     worst: int
+    rows: int  # the Conv's output rows
 
 
 class ConvRowBands:
@@ -200,7 +201,7 @@ class ConvRowBands:
         source = self.source(ctx, x, feeders, head, conv)
         tail, bias = self._tail_and_late_bias(ctx, conv, head, source)
         bands, worst = self._fewest_bands(conv, window, source, tail, head)
-        plan = BandPlan(conv, window, source, tail, bias, bands, worst)
+        plan = BandPlan(conv, window, source, tail, bias, bands, worst, y_shape[2])
         first = len(ctx.graph.nodes)
         float16 = shapes.dtype(x) == np.float16
         self._build(ctx, plan, float16)
@@ -300,7 +301,7 @@ class ConvRowBands:
     def _action(self, ctx: Context, plan: BandPlan, first: int, float16: bool) -> Action:
         """What the report says of the bands built from node `first` on: why, how many, and what they read."""
         shapes, limit, conv, bands, bias = self.run.shapes, self.run.limit, plan.conv, plan.bands, plan.bias
-        x, n, rows_out = conv.inputs[0], len(bands), shapes.shape(conv.outputs[0])[2]
+        x, n, rows_out = conv.inputs[0], len(bands), plan.rows  # (the Conv's outputs are the bands' now)
         size = shapes.nbytes(x)
         counts = "/".join(str(c) for c in sorted({b[1] - b[0] for b in bands}, reverse=True))
         carried = "".join(f" -> {t.op}" for t in plan.tail)
