@@ -13,7 +13,7 @@ What, and why each is exact:
   scale 1 on the batch and channel axes, is computed per group of channels from a Slice of its input, and the
   groups replace its output among the Concats' inputs (the groups' `sizes` are constants of the inferred shape).
   Where a Conv of one group makes the Resize's input, each group's input is that Conv for the group's output
-  channels instead of a Slice (see `_channel_source`: it keeps ORT's NCHWc path).
+  channels instead of a Slice (see `ResizeGroups._channel_source`: it keeps ORT's NCHWc path).
   Each output element is interpolated from its own channel with weights that depend on the spatial sizes only,
   and a Concat of the groups is the whole output element for element; but at level `all` ORT may run the whole
   Resize in its NCHWc layout with a kernel of its own (measured: 3-channel groups of a 6-channel Resize differ
@@ -41,10 +41,11 @@ What, and why each is exact:
   2-D matrix that makes or reads a tensor over the limit, the chain is every node making or reading a tensor of it
   over the limit, each computing a row (a token: the second-to-last axis) of its output from the same row of its
   inputs that are not constants: a MatMul by a constant 2-D matrix, an elementwise op whose constants do not vary
-  along the rows (`_row_wise`). The ops after its ends whose other inputs are such constants (the bias Add after
-  fc2) are carried per chunk, as the bands carry a Conv's tail: at level `all` ORT CPU fuses a MatMul and its bias
-  Add into a Gemm, which a Concat between them would stop. Each chunk Slices its rows of the chain's inputs and
-  runs the chain's copies; one Concat on the rows per end joins the chunks (an end over the limit is refused).
+  along the rows (`MatMulRowChunks._row_wise`). The ops after its ends whose other inputs are such constants (the
+  bias Add after fc2) are carried per chunk, as the bands carry a Conv's tail: at level `all` ORT CPU fuses a MatMul
+  and its bias Add into a Gemm, which a Concat between them would stop. Each chunk Slices its rows of the chain's
+  inputs and runs the chain's copies; one Concat on the rows per end joins the chunks (an end over the limit is
+  refused).
   Each output row reads only its own input row, but how MLAS's SGEMM sums for fewer rows (and what ORT fuses) is
   the implementation's choice: `needs_verify`, shown exact by its local proof like the others.
 
