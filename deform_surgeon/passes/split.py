@@ -344,10 +344,7 @@ class SplitBlocks(Pass):
     def rewrite(self, ctx: Context, match: BlockMatch, plan: ChunkPlan) -> Action:
         """Cut `match`'s block into `plan`'s row chunks (and its Conv too, where that is shown exact)."""
         block, shapes, limit, want = match.block, self.shapes, match.limit, match.want
-        h, counts, sizes, n = block.rows, plan.counts, plan.sizes, len(plan.counts)
-        before_size, before_tensor = max(sizes, key=lambda p: p[0])  # the first in topological order
-        before_name = before_tensor.name
-        after_size = max(-(-s * max(counts) // h) for s, _ in sizes)
+        h, counts = block.rows, plan.counts
 
         first = len(ctx.graph.nodes)
         self.memo.clear()  # shared by the chunks of this block only
@@ -362,28 +359,13 @@ class SplitBlocks(Pass):
         # the Conv is split too when its whole input would be over the limit, or would undo a --max-memory split
         # (the joined input is as large as the tensors the chunks were made to avoid)
         over = limit is not None and sink_size > limit
-        why_whole = ""
-        if over or want > 1:
-            why_whole = self.plan.keep_whole.get(conv.name)
-            if why_whole is None:
-                key = (conv.name, tuple(counts))
-                if key not in self.plan.checked:
-                    if self.plan.check_in_pass:
-                        step(f"Conv '{conv.name}' in {len(counts)} chunks against it whole, on ORT CPU")
-                    self.plan.checked[key] = (self._conv_split_refusal(ctx, block, tail, shapes, counts)
-                                              if self.plan.check_in_pass else None)
-                why_whole = self.plan.checked[key]
-        needs_verify = why_whole is None or plan.float16
-        rows_of, r0, kh = {}, 0, shapes.shape(sink)[2] // h
-        for chunk, rows in zip(chunks, counts, strict=True):
-            rows_of[chunk.name] = (sink.name, 2, r0 * kh, (r0 + rows) * kh)
-            r0 += rows
-        self.plan.rows[conv.name] = rows_of
+        why_whole = self._why_conv_whole(ctx, block, tail, counts) if over or want > 1 else ""
+        self.plan.rows[conv.name] = self._rows_of(chunks, counts, sink, shapes.shape(sink)[2] // h)
         if why_whole is None:
             end = (tail[-1] if tail else conv).outputs[0]
             proof = None if plan.float16 else record(ctx, shapes, [conv, *tail], [end])
             if proof is not None:  # (a float16 block's proof is float16_proof.py's, on the written file)
-                proof.parts_inputs.update(rows_of)
+                proof.parts_inputs.update(self.plan.rows[conv.name])
                 self.plan.proofs[conv.name] = proof
             joined = [self._chunk_tail(ctx, conv, tail, shapes, c, chunk, rows)
                       for c, (chunk, rows) in enumerate(zip(chunks, counts, strict=True))]
@@ -406,8 +388,49 @@ class SplitBlocks(Pass):
                        + (", within the limit" if not over else " and REMAINS OVER the limit")
                        + (f": {why_whole}" if why_whole else ""))
         new_nodes = tuple(x.name for x in ctx.graph.nodes[first:])
-        self.plan.chunks[conv.name] = n
+        self.plan.chunks[conv.name] = len(counts)
+        return self._action(match, plan, tail, sink_size, why_whole, verdict, new_nodes)
 
+    @staticmethod
+    def _rows_of(chunks: list[gs.Tensor], counts: list[int], sink: gs.Tensor, rows_per_output_row: int
+                 ) -> dict[str, tuple[str, int, int, int]]:
+        """Each chunk's Conv input -> (the whole Conv input, axis 2, first row, end row) it holds (`plan.rows`:
+        where a proof starts at the Conv's input)."""
+        found, r0 = {}, 0
+        for chunk, rows in zip(chunks, counts, strict=True):
+            found[chunk.name] = (sink.name, 2, r0 * rows_per_output_row, (r0 + rows) * rows_per_output_row)
+            r0 += rows
+        return found
+
+    def _why_conv_whole(self, ctx: Context, block: GatherBlock, tail: list[gs.Node], counts: list[int]
+                        ) -> Refuse | None:
+        """Why the block's Conv stays whole where its whole input would be over the limit or undo a --max-memory
+        split, or None when it is split into the chunks too: what the whole patched model showed
+        (`plan.keep_whole`), else its chunks against it whole on ORT CPU (`_conv_split_refusal`, once per Conv and
+        chunks, and not at all without `plan.check_in_pass`: `patch` shows the split exact with its proof)."""
+        conv = block.conv
+        why_whole = self.plan.keep_whole.get(conv.name)
+        if why_whole is None:
+            key = (conv.name, tuple(counts))
+            if key not in self.plan.checked:
+                if self.plan.check_in_pass:
+                    step(f"Conv '{conv.name}' in {len(counts)} chunks against it whole, on ORT CPU")
+                self.plan.checked[key] = (self._conv_split_refusal(ctx, block, tail, self.shapes, counts)
+                                          if self.plan.check_in_pass else None)
+            why_whole = self.plan.checked[key]
+        return why_whole
+
+    def _action(self, match: BlockMatch, plan: ChunkPlan, tail: list[gs.Node], sink_size: int,
+                why_whole: Refuse | str | None, verdict: str, new_nodes: tuple[str, ...]) -> Action:
+        """What the report says of a block cut into `plan`'s chunks: its largest tensor before and after, and the
+        `verdict` on its Conv (split too when `why_whole` is None, else whole and why)."""
+        block, limit, want = match.block, match.limit, match.want
+        h, counts, sizes, n, sink = block.rows, plan.counts, plan.sizes, len(plan.counts), block.sink
+        before_size, before_tensor = max(sizes, key=lambda p: p[0])  # the first in topological order
+        before_name = before_tensor.name
+        after_size = max(-(-s * max(counts) // h) for s, _ in sizes)
+        over = limit is not None and sink_size > limit
+        needs_verify = why_whole is None or plan.float16
         details = {"chunks": n, "chunk_rows": counts, "rows": h, "gathers": len(block.seeds),
                    "nodes_per_chunk": len(block.nodes), "tensor": before_name, "size_bytes": before_size,
                    "chunk_bytes": after_size, "limit_bytes": limit, "conv_input": sink.name,
