@@ -389,3 +389,43 @@ def test_a_pair_a_killed_writer_moved_aside_is_put_back(tmp_path):
     write.recover_pair(out, data)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.onnx", "out.onnx_data"]
     _a_consistent_pair(out)
+
+
+def test_replacing_an_out_never_removes_an_input_named_as_its_data(tmp_path):
+    """Fourth-round campaign: an old OUT that names the input's own data file (a copied model), or an input that
+    bears OUT's data file name, was moved aside with the old OUT and removed once the new one was in place: the
+    input's weights, or the input itself, were gone, exit 0. An input is never moved or removed; what the old OUT
+    named of the input's stays where it is."""
+    model = onnx.load(str(FIXTURE))
+    onnx.save(model, tmp_path / "in.onnx", save_as_external_data=True, location="out.onnx_data", size_threshold=0)
+    (tmp_path / "out.onnx").write_bytes((tmp_path / "in.onnx").read_bytes())  # an old OUT naming the same data
+    weights = (tmp_path / "out.onnx_data").read_bytes()
+    proc = _patch_cli(tmp_path / "in.onnx", tmp_path / "out.onnx", "--external-data", "never")
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "out.onnx_data").read_bytes() == weights and _locations(tmp_path / "out.onnx") == set()
+    _same_outputs(tmp_path / "in.onnx", tmp_path / "out.onnx")  # the input still loads, and agrees with OUT
+    other = tmp_path / "b"
+    other.mkdir()
+    assert _patch_cli(FIXTURE, other / "out.onnx", "--external-data", "always").returncode == 0
+    (other / "out.onnx_data").write_bytes(FIXTURE.read_bytes())  # now a model file: the input of the next patch
+    proc = _patch_cli(other / "out.onnx_data", other / "out.onnx")
+    assert proc.returncode == 0, proc.stderr
+    assert (other / "out.onnx_data").read_bytes() == FIXTURE.read_bytes()
+    _same_outputs(other / "out.onnx_data", other / "out.onnx")
+
+
+def test_an_old_outs_data_file_leaves_with_it_whatever_the_new_forms_name(tmp_path):
+    """Fourth-round campaign: an OUT written with `<OUT>.data` (the input's form), then with `<OUT>_data`, left the
+    old `<OUT>.data` behind, and the next run refused it as a user's own. The old OUT's own data files leave with
+    it; a rerun of the first command works."""
+    onnx.save(onnx.load(str(FIXTURE)), tmp_path / "dotted.onnx", save_as_external_data=True,
+              location="dotted.onnx.data", size_threshold=0)
+    out = tmp_path / "o" / "out.onnx"
+    out.parent.mkdir()
+    for args in ((tmp_path / "dotted.onnx",), (FIXTURE, "--external-data", "always"), (tmp_path / "dotted.onnx",)):
+        proc = _patch_cli(args[0], out, *args[1:])
+        assert proc.returncode == 0, proc.stderr
+        names = sorted(p.name for p in out.parent.iterdir())
+        assert names == ["out.onnx", *(f"out.onnx{s}" for s in {Path(x).name[len("out.onnx"):]
+                                                               for x in _locations(out)})], names
+        _a_consistent_pair(out)

@@ -180,7 +180,7 @@ def save_model_atomic(
                 if tmp_data is not None:
                     _write_model(_pieces(model, weights, layout, data_target.name), weights, tmp, target)
             weights.check_unchanged()  # last: every input read (copied, verified) is the one loaded
-            _install(tmp, target, tmp_data, data_target)
+            _install(tmp, target, tmp_data, data_target, weights.inputs.values())
     except OSError as exc:
         weights.check_unchanged()  # an input removed or replaced under the writer: that is the file to name
         raise SurgeonError(target, f"could not be written ({exc.strerror or exc})") from None
@@ -298,15 +298,16 @@ def names_data_file(model_path: Path, data_path: Path) -> bool:
         return False
 
 
-def _install(tmp: Path, target: Path, tmp_data: Path | None, data_target: Path) -> None:
+def _install(tmp: Path, target: Path, tmp_data: Path | None, data_target: Path, inputs: Iterable[tuple]) -> None:
     """Put the complete temporary model `tmp` (and its data file `tmp_data`) in place as `target` (and
     `data_target`), so that no one ever finds an OUT naming a data file that is not its own (module docstring):
-    an existing OUT that names `data_target` leaves with it (moved aside, put back if a rename fails, removed
-    once the new model is in place: a one-file OUT replacing a pair leaves no stale data file behind); otherwise
-    the new data file takes a name no model uses before the new model takes OUT's. Signals wait until this is
-    done."""
+    an existing OUT leaves with the data files of its own it names (`_old_pair`: moved aside, put back if a rename
+    fails, removed once the new model is in place, whatever form the new one has: no stale data file is left for
+    the next run to refuse as a user's own); otherwise the new data file takes a name no model uses before the
+    new model takes OUT's. No input (`inputs`: `Weights.inputs`' file keys) is ever moved or removed. Signals
+    wait until this is done."""
     with _signals_held():
-        aside = _move_aside([target, data_target]) if names_data_file(target, data_target) else []
+        aside = _move_aside(_old_pair(target, inputs))
         placed = False
         try:
             if tmp_data is not None:
@@ -320,6 +321,32 @@ def _install(tmp: Path, target: Path, tmp_data: Path | None, data_target: Path) 
             raise
         for backup, _ in aside:
             backup.unlink(missing_ok=True)
+
+
+def _old_pair(target: Path, inputs: Iterable[tuple]) -> list[Path]:
+    """The existing OUT and the data files of its own that it names (`<OUT>.data`, `<OUT>_data` and its chunks,
+    beside it), which leave with it; [] where it names none (OUT is then replaced in one rename). Never a file
+    this command reads (an old OUT may name the input's data file, a copied model; or the input itself may bear a
+    data file's name: removing it lost the input), nor a file named otherwise, which other models may share."""
+    if not target.is_file():
+        return []
+    try:
+        locations = wire.scan_model(target).locations
+    except (OSError, RuntimeError, ValueError, SurgeonError):
+        return []
+    read = {key[:2] for key in inputs}  # (device, inode): the same file by any name
+    own = re.compile(re.escape(target.name) + r"(\.data|_data(_\d+)?)")
+    found = []
+    for loc in dict.fromkeys(locations):
+        path = target.parent / loc
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if path.parent.resolve() == target.parent.resolve() and own.fullmatch(path.name) and \
+                (st.st_dev, st.st_ino) not in read:
+            found.append(path)
+    return [target, *found] if found else []
 
 
 def _move_aside(paths: list[Path]) -> list[tuple[Path, Path]]:
