@@ -46,6 +46,7 @@ command-line options are defaults that the manifest overrides.
 
 from __future__ import annotations
 
+import contextlib
 import glob as globlib
 import json
 import math
@@ -68,7 +69,7 @@ from .args import PATCH_GROUPS, manifest_options, manifest_problem, val_ranges_f
 from .budget import human
 from .errors import SurgeonError
 from .io_check import FilePlan, external_locations, file_kind
-from .model_io import DataForm, atomic_path, external_data_path, temp_prefix
+from .model_io import DataForm, atomic_path, external_data_path, temp_prefix, wire
 from .model_io.write import BROWSER_SINGLE_FILE_LIMIT, recover_pair
 from .report import FINDING_EXIT, OK, REFUSED, UNCHANGED
 
@@ -769,16 +770,13 @@ class TransformersConfig:
         return all(data_files_read(self.value(), name, base) == n
                    for name, n in counts.items() for base in base_names(name))
 
-    def update(self, written: list[Entry]) -> str | None:
-        """Make the config say how many data files each model in OUTDIR/onnx/ has: the written ones as written (the
-        data file the writer wrote, in transformers.js's name, never one an earlier run left), the others as the
-        config said for the name a pipeline gives (`model` for `model_fp16.onnx`). Returns what was done, or None
-        (the config says so already: left as copied, byte for byte)."""
+    def update(self) -> str | None:
+        """Make the config say how many data files each model in OUTDIR/onnx/ has, as each model file names them
+        (`_data_files_named`): the written ones as written (never a data file an earlier run left), and the ones
+        a failed or stopped run left as they are (the copy of DIR's config said what DIR's models had). Returns
+        what was done, or None (the config says so already: left as copied, byte for byte)."""
         folder = self.path.parent / TRANSFORMERS_SUBFOLDER
-        counts = {p.name: data_files_read(self.value(), p.name, min(base_names(p.name), key=len))
-                  for p in sorted(folder.glob("*.onnx"))}
-        counts.update({Path(e.output).name: _data_files_written(e) for e in written
-                       if Path(e.output).parent == folder})
+        counts = {p.name: _data_files_named(p) for p in sorted(folder.glob("*.onnx"))}
         if self.says(counts):
             return None
         if self.problem:  # (only where the plan's external data was not written: a model with no stored tensor)
@@ -794,12 +792,18 @@ class TransformersConfig:
                 f"({shown or 'none'}), so transformers.js fetches them")
 
 
-def _data_files_written(e: Entry) -> int:
-    """1 where the writer wrote the entry's weights to `<name>.onnx_data` (the one data file transformers.js
-    fetches for a count of 1), else 0 (one file; or a data file in another name, which transformers.js never
-    fetches)."""
-    data = ((e.result or {}).get("weights") or {}).get("external_data")
-    return int(data == f"{Path(e.output).name}_data")
+def _data_files_named(model: Path) -> int:
+    """How many data files of transformers.js's names the model file names, in the order it fetches them
+    (`<name>_data`, `<name>_data_1`, ...): 1 for a model the writer wrote with `<name>.onnx_data`, 0 for one file
+    (or a data file in another name, which transformers.js never fetches)."""
+    try:
+        named = {Path(loc).name for loc in wire.scan_model(model).locations}
+    except (OSError, RuntimeError, ValueError, SurgeonError):
+        return 0
+    n = 0
+    while f"{model.name}_data" + (f"_{n}" if n else "") in named:
+        n += 1
+    return n
 
 
 # --------------------------------------------------------------------------------------------------- reporting
@@ -996,11 +1000,16 @@ def main(manifest: str | None, globs: list[str], cli: dict, jobs: int | None, su
     else:
         entries = plan(manifest, globs, cli, summary_json)
     jobs = max(1, min(jobs, sum(e.error is None for e in entries) or 1))
-    seconds = run(entries, jobs, Progress() if show_progress else None)
+    try:
+        seconds = run(entries, jobs, Progress() if show_progress else None)
+    except BaseException:  # stopped (Ctrl-C, SIGTERM) or failed: the config says what onnx/ holds all the same
+        with contextlib.suppress(OSError, SurgeonError):
+            config and config.update()
+        raise
     write_reports(entries)
     print(variant_table(entries, manifest, jobs, seconds, len(copies)) if out_folder is not None else
           summary_table(entries, jobs, seconds))
-    note = config and config.update([e for e in entries if e.result and e.result.get("written")])
+    note = config and config.update()
     if note:
         print(note)
     if summary_json is not None:

@@ -429,3 +429,42 @@ def test_an_old_outs_data_file_leaves_with_it_whatever_the_new_forms_name(tmp_pa
         assert names == ["out.onnx", *(f"out.onnx{s}" for s in {Path(x).name[len("out.onnx"):]
                                                                for x in _locations(out)})], names
         _a_consistent_pair(out)
+
+
+def _fetched(out: Path) -> dict[str, int]:
+    """The data files transformers.js fetches for each model of OUTDIR/onnx/, from OUTDIR's config.json
+    (`batch.data_files_read`, the port of its resolveExternalDataFormat that test_batch.py holds to the real one)."""
+    from deform_surgeon.batch import base_names, data_files_read
+
+    value = json.loads((out / "config.json").read_text()).get("transformers.js_config", {}).get(
+        "use_external_data_format")
+    return {p.name: data_files_read(value, p.name, min(base_names(p.name), key=len))
+            for p in sorted((out / "onnx").glob("*.onnx"))}
+
+
+def test_batch_config_says_what_onnx_holds_after_an_entry_fails_or_the_run_stops(tmp_path, monkeypatch):
+    """Fourth-round campaign: a rerun whose entry failed, or that was stopped, left OUTDIR's config.json as DIR's
+    copy while onnx/ kept the earlier run's pair: transformers.js fetched no data file for a model that names one.
+    The config counts the data files each model file in onnx/ names, after a failure and after a stop too."""
+    from deform_surgeon import batch as batch_module
+
+    src, out = _folder(tmp_path / "in", {"model_type": "birefnet"}), tmp_path / "out"
+    assert _batch(src, out, "--external-data", "always").returncode == 0
+    assert _fetched(out) == {"model.onnx": 1, "model_fp16.onnx": 1}
+    (src / "onnx" / "model.onnx").write_bytes(FIXTURE.read_bytes()[:1000])  # now not a model: its entry fails
+    proc = _batch(src, out, "--external-data", "never")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert _locations(out / "onnx" / "model.onnx") == {"model.onnx_data"}  # the earlier pair, kept
+    assert _fetched(out) == {"model.onnx": 1, "model_fp16.onnx": 0}
+    _same_outputs(FIXTURE, out / "onnx" / "model.onnx")  # (it loads, its data file fetched)
+
+    def stopped(*args, **kwargs):  # Ctrl-C once DIR's files (its config.json) are copied, before any model
+        raise KeyboardInterrupt
+
+    (src / "onnx" / "model.onnx").write_bytes(FIXTURE.read_bytes())
+    monkeypatch.setattr(batch_module, "run", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        batch_module.main(str(src), [], {"external_data": "always"}, 1, None, show_progress=False,
+                          out_folder=str(out))
+    assert json.loads((out / "config.json").read_text())["model_type"] == "birefnet"
+    assert _fetched(out) == {"model.onnx": 1, "model_fp16.onnx": 0}  # what onnx/ holds, not DIR's config
