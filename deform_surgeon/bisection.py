@@ -313,15 +313,19 @@ class Replay:
             try:
                 data = json.loads(path.read_text())
                 recorded = data["search"]
-                known = {int(s["prefix_end"]): str(s["status"]) for s in data["steps"]}
             except (OSError, ValueError, KeyError, TypeError, OverflowError, RecursionError) as e:
-                raise SurgeonError(path, f"is not a bisect replay file ({e.__class__.__name__}: {str(e)[:200]})",
-                                   "give --replay a new file name, or the file an earlier bisect wrote") from None
+                raise _not_a_replay_file(path, e) from None
             if recorded != key:
-                what = ", ".join(f"{k} {recorded.get(k)!r} (now {v!r})" for k, v in key.items()
-                                 if recorded.get(k) != v)
+                what = ", ".join([*(f"{k} {recorded.get(k)!r} (now {v!r})" for k, v in key.items()
+                                    if recorded.get(k) != v),
+                                  *(f"{k} {v!r} (not part of this search)" for k, v in recorded.items()
+                                    if k not in key)]) if isinstance(recorded, dict) else f"{recorded!r:.200}"
                 raise SurgeonError(path, f"records another search: {what}",
                                    "give --replay a new file name for this search")
+            try:
+                known = {_step(s["prefix_end"], key.get("nodes")): str(s["status"]) for s in data["steps"]}
+            except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as e:
+                raise _not_a_replay_file(path, e) from None
             if any(v not in (AGREE, DIFFER, FAIL) for v in known.values()):
                 raise SurgeonError(path, "is not a bisect replay file (a step's status is not agrees, differs or "
                                          "fails)")
@@ -337,6 +341,19 @@ class Replay:
         steps = [{"prefix_end": i, "status": v} for i, v in sorted(self.known.items())]
         with atomic_path(self.path, suffix=".json") as tmp:
             tmp.write_text(json.dumps({"search": self.key, "steps": steps}, indent=1) + "\n")
+
+
+def _not_a_replay_file(path: Path, e: BaseException) -> SurgeonError:
+    return SurgeonError(path, f"is not a bisect replay file ({e.__class__.__name__}: {str(e)[:200]})",
+                        "give --replay a new file name, or the file an earlier bisect wrote")
+
+
+def _step(value: Any, nodes: int | None) -> int:
+    """A recorded prefix end: a whole number of nodes, 0 to the model's node count (a string, a fraction, a bool
+    or a step past the model is no step of this search: `ValueError`, the file refused)."""
+    if type(value) is not int or not 0 <= value <= (nodes if isinstance(nodes, int) else value):
+        raise ValueError(f"prefix_end {value!r} is not a step of a model of {nodes} nodes")
+    return value
 
 
 # ------------------------------------------------------------------------------------------------ the search

@@ -226,10 +226,10 @@ def test_a_replay_file_of_another_model_or_timeout_is_refused(chain64: Path, tmp
                                   "[" * 5000 + "]" * 5000], ids=["infinity", "deep"])
 def test_a_replay_file_with_an_infinite_step_or_deep_nesting_is_one_line(chain64: Path, tmp_path: Path,
                                                                         text: str) -> None:
-    """Fourth round: OverflowError and RecursionError tracebacks."""
+    """Fourth round: OverflowError and RecursionError tracebacks (the file of an empty search is another search)."""
     replay = tmp_path / "search.json"
     replay.write_text(text)
-    with pytest.raises(ds.SurgeonError, match="is not a bisect replay file") as info:
+    with pytest.raises(ds.SurgeonError, match="is not a bisect replay file|records another search: model") as info:
         bisect_with(chain64, PlantedRuntime(), "stub", replay=replay)
     assert info.value.path == str(replay) and "\n" not in str(info.value)
 
@@ -534,3 +534,32 @@ def test_a_tensor_shape_inference_cannot_type_is_typed_from_ort_cpu(tmp_path: Pa
     result = bisect_with(path, PlantedRuntime(planted={"neg"}), "stub", repro_dir=tmp_path / "repro")
     assert result.finding.node == "neg" and result.finding.inputs["b"].startswith("byte-identical")
     assert onnx.load(result.repro.model).graph.input[0].type.tensor_type.elem_type == TensorProto.FLOAT
+
+
+@pytest.mark.parametrize("step", [-1, 100_000, 9.5, True, "9", None])
+def test_a_replay_file_with_an_impossible_step_is_one_line(chain64: Path, tmp_path: Path, step) -> None:
+    """Fourth-round campaign: steps of -1, past the model, 9.5, true or "9" were taken (a string read as its
+    number); a step is a whole number of nodes of this model, or the file is refused in one line."""
+    import json
+
+    replay = tmp_path / "search.json"
+    bisect_with(chain64, PlantedRuntime(planted={"n5"}), "stub", replay=replay)
+    data = json.loads(replay.read_text())
+    data["steps"][0]["prefix_end"] = step
+    replay.write_text(json.dumps(data))
+    with pytest.raises(ds.SurgeonError, match="is not a bisect replay file") as info:
+        bisect_with(chain64, PlantedRuntime(planted={"n5"}), "stub", replay=replay)
+    assert info.value.path == str(replay) and "\n" not in str(info.value)
+
+
+def test_a_replay_file_with_a_key_this_search_has_not_names_it(chain64: Path, tmp_path: Path) -> None:
+    """Fourth-round campaign: an extra key in `search` gave "records another search: " with nothing after it."""
+    import json
+
+    replay = tmp_path / "search.json"
+    bisect_with(chain64, PlantedRuntime(planted={"n5"}), "stub", replay=replay)
+    data = json.loads(replay.read_text())
+    data["search"]["extra"] = 1
+    replay.write_text(json.dumps(data))
+    with pytest.raises(ds.SurgeonError, match=r"records another search: extra 1 \(not part of this search\)"):
+        bisect_with(chain64, PlantedRuntime(planted={"n5"}), "stub", replay=replay)

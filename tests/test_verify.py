@@ -337,3 +337,16 @@ def test_cli_verify_model_that_cannot_run_one_stderr_line(tmp_path):
     lines = proc.stderr.splitlines()
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("deform-surgeon: error: refused.onnx: fails to run")
+
+
+def test_a_model_with_an_empty_input_passes_without_numpys_warnings(tmp_path):
+    """Fourth-round campaign: six lines of numpy's "Mean of empty slice" (polygraphy's statistics of an empty
+    output) came before PASSED on stderr; the verdict is the one line, stderr stays empty."""
+    from onnx import TensorProto, helper
+
+    x, y = (helper.make_tensor_value_info(n, TensorProto.FLOAT, [0, 3]) for n in ("x", "y"))
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "zero.onnx")
+    proc = subprocess.run([sys.executable, "-m", "deform_surgeon", "verify", "zero.onnx", "zero.onnx"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert (proc.returncode, proc.stderr) == (0, "") and proc.stdout.startswith("verify: PASSED"), proc.stderr
