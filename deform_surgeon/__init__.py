@@ -16,23 +16,22 @@ Ctrl-C was a KeyboardInterrupt traceback).
 from __future__ import annotations
 
 import importlib
-import sys
-from types import ModuleType
 
 TYPE_CHECKING = False  # (typing is not imported: it was most of the time before the command's signal handlers)
 if TYPE_CHECKING:
     from typing import Any
 
-    from .bisection import BisectResult, bisect
-    from .device import DeviceProfile, resolve_profile
-    from .errors import SurgeonError, VerificationError
-    from .report import PatchReport
-    from .surgeon import inspect, patch
-    from .verify import VerifyResult, verify
+    from .base.errors import SurgeonError, VerificationError
+    from .checks.verify import VerifyResult, verify
+    from .commands.patch import inspect, patch
+    from .commands.report import PatchReport
+    from .graph.device import DeviceProfile, resolve_profile
+    from .webgpu.bisect import BisectResult, bisect
 
-_LAZY = {"patch": "surgeon", "inspect": "surgeon", "PatchReport": "report", "verify": "verify",
-         "VerifyResult": "verify", "SurgeonError": "errors", "VerificationError": "errors", "DeviceProfile": "device",
-         "resolve_profile": "device", "bisect": "bisection", "BisectResult": "bisection"}
+_LAZY = {"patch": "commands.patch", "inspect": "commands.patch", "PatchReport": "commands.report",
+         "verify": "checks.verify", "VerifyResult": "checks.verify", "SurgeonError": "base.errors",
+         "VerificationError": "base.errors", "DeviceProfile": "graph.device", "resolve_profile": "graph.device",
+         "bisect": "webgpu.bisect", "BisectResult": "webgpu.bisect"}
 
 __all__ = ["patch", "inspect", "verify", "PatchReport", "VerifyResult", "SurgeonError", "VerificationError",
            "DeviceProfile", "resolve_profile", "bisect", "BisectResult"]
@@ -46,16 +45,3 @@ def __getattr__(name: str) -> Any:
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-
-class _Package(ModuleType):
-    """This package, whose `verify` stays the API's function: importing a submodule sets it as its package's
-    attribute, and the submodule `verify` would otherwise replace the function of that name once imported (before,
-    an import of the function here came after the submodule's and won)."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if isinstance(value, ModuleType) and _LAZY.get(name) == name:
-            return  # the submodule is in sys.modules; the name is the function's
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .errors import catch_signals, stopped_exit
+from .base.errors import catch_signals, stopped_exit
 
 TYPE_CHECKING = False  # (typing and threading are not imported before the handlers: errors.py says why)
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ def run(note: str | None = None) -> int:
     about huge pages)."""
     _catch_signals()
     try:
-        from .cli import main as cli_main
+        from .commands.cli import main as cli_main
     except BaseException as exc:
         code = stopped_exit(exc)
         if code is None:

@@ -18,9 +18,11 @@ import time
 
 import onnx_graphsurgeon as gs
 
-from deform_surgeon import model_io, pipeline, surgeon
+from deform_surgeon import files as model_io
+from deform_surgeon.commands import patch as surgeon
+from deform_surgeon.graph import pipeline
+from deform_surgeon.graph.pipeline import Options
 from deform_surgeon.passes.split import SplitPlan
-from deform_surgeon.pipeline import Options
 
 
 def _gs_tidy(graph: gs.Graph) -> gs.Graph:

@@ -51,7 +51,7 @@ TARGET = 1.15
 CPU_CHILD = r"""
 import json, sys, time
 import numpy as np, onnxruntime as ort
-from deform_surgeon.placement.runner import make_inputs
+from deform_surgeon.webgpu.placement.runner import make_inputs
 import onnx
 model, runs, prof, feeds_file = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 opts = ort.SessionOptions()
@@ -188,7 +188,7 @@ def cut_regions(fitted: Path, unfitted: Path, work: Path) -> tuple[Path, Path, d
     shows what the fitting costs there without a whole inference (a software adapter takes minutes per model)."""
     import onnxruntime as ort
 
-    from deform_surgeon.placement.runner import make_inputs
+    from deform_surgeon.webgpu.placement.runner import make_inputs
 
     f_model, u_model = onnx.load(str(fitted)), onnx.load(str(unfitted))
     f_in, f_out = _boundary(f_model, _differing(f_model, u_model))
@@ -241,7 +241,7 @@ def bench_cpu(fitted: Path, unfitted: Path, runs: int, rounds: int, profile: boo
 
 def bench_webgpu(fitted: Path, unfitted: Path, runtime: str, bundle: str, rounds: int,
                  timeout: float, feeds: dict[str, np.ndarray] | None = None) -> tuple[float, float]:
-    from deform_surgeon.placement.runner import measure_placement
+    from deform_surgeon.webgpu.placement.runner import measure_placement
 
     times: dict[str, list[float]] = {"unfitted": [], "fitted": []}
     for r in range(rounds):

@@ -5,7 +5,7 @@ onnxruntime-web in headless Chromium (``ort.webgpu.min.mjs`` = native EP, ``ort.
 
     .venv/bin/python scripts/bench_residency.py [--json FILE] [--fixtures NAME ...] [--runtimes ID ...] [--jobs N]
 
-Placement comes from ORT's own verbose log (``deform_surgeon.placement.measure_placement``, session creation
+Placement comes from ORT's own verbose log (``deform_surgeon.webgpu.placement.measure_placement``, session creation
 only, no inference). Bytes crossing = the sum over the Memcpy nodes ORT inserted of the size of the tensor each
 one copies (each Memcpy node runs once per inference); graph inputs and outputs, which cross in both models
 alike, are left out and printed once per fixture below the table.
@@ -104,7 +104,7 @@ class Sizer:
     def _run_ort(self, names: list[str]) -> dict[str, TensorInfo]:
         import onnxruntime as ort
 
-        from deform_surgeon.placement import make_inputs
+        from deform_surgeon.webgpu.placement import make_inputs
 
         model = onnx.load(str(self.model_path))
         present = {o.name for o in model.graph.output}
@@ -139,7 +139,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 def measure(model: Path, runtime_id: str, timeout: float, work: Path) -> tuple[Any, list[tuple[str, str]]]:
     """Placement of one model on one runtime, and (kind, tensor) of every copy node from the raw log (the
     Placement lists the tensors but not which direction each one goes)."""
-    from deform_surgeon.placement import measure_placement
+    from deform_surgeon.webgpu.placement import measure_placement
 
     runtime, bundle = RUNTIMES[runtime_id]
     log = work / f"{model.stem}.{runtime_id.replace('/', '_')}.log"
@@ -186,7 +186,7 @@ def side(p: Any, copies: list[tuple[str, str]], sizer: Sizer) -> dict[str, Any]:
 
 
 def io_bytes(model_path: Path) -> tuple[int, int]:
-    from deform_surgeon.placement import make_inputs
+    from deform_surgeon.webgpu.placement import make_inputs
 
     model = onnx.load(str(model_path), load_external_data=False)
     feeds, _ = make_inputs(model, seed=0)
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     import deform_surgeon as ds
-    from deform_surgeon.placement import missing_setup
+    from deform_surgeon.webgpu.placement import missing_setup
 
     msg = missing_setup()
     if msg:

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import onnx
 
-from deform_surgeon.placement.runner import ModelFolder, external_data_files, measure_placement
-from deform_surgeon.verdict import combine, judge_outputs
+from deform_surgeon.checks.verdict import combine, judge_outputs
+from deform_surgeon.webgpu.placement.runner import ModelFolder, external_data_files, measure_placement
 
 
 def _size(model: Path) -> str:

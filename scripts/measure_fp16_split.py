@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 def _run(path: Path, feeds: dict, level: str, optimized: Path | None = None) -> list[np.ndarray]:
     import onnxruntime as ort
 
-    from deform_surgeon.verify import _ort_level
+    from deform_surgeon.base.ort_cpu import ort_level as _ort_level
 
     options = ort.SessionOptions()
     options.graph_optimization_level = _ort_level(level)

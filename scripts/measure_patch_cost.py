@@ -62,7 +62,7 @@ def gb(n: float) -> str:
 
 def parse_size(text: str) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from deform_surgeon.sizes import parse_size as parse
+    from deform_surgeon.base.sizes import parse_size as parse
 
     return parse(text)
 

@@ -36,7 +36,7 @@ def peak():
 
 _IMPORTS = """
 import numpy, onnx, onnxruntime, polygraphy.backend.onnxrt, polygraphy.comparator  # noqa: F401
-import deform_surgeon.verify  # noqa: F401  (what verify's process holds before it runs anything)
+import deform_surgeon.checks.verify  # noqa: F401  (what verify's process holds before it runs anything)
 """
 
 _BASE = _PEAK + _IMPORTS + """

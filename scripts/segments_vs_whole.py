@@ -16,8 +16,8 @@ import tempfile
 import numpy as np
 import onnxruntime as ort
 
-from deform_surgeon.budget import parse_size
-from deform_surgeon.segments import run_in_segments, segment_graph
+from deform_surgeon.checks.run_in_segments import run_in_segments, segment_graph
+from deform_surgeon.graph.budget import parse_size
 
 
 def session(path) -> ort.InferenceSession:

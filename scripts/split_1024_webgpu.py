@@ -38,9 +38,9 @@ sys.path.insert(0, str(REPO / "tests"))
 from exporter_replica import SPECS, build  # noqa: E402
 
 from deform_surgeon import patch  # noqa: E402
-from deform_surgeon.budget import analyze, parse_size  # noqa: E402
-from deform_surgeon.placement import measure_placement  # noqa: E402
-from deform_surgeon.placement import runner as runner_mod  # noqa: E402
+from deform_surgeon.graph.budget import analyze, parse_size  # noqa: E402
+from deform_surgeon.webgpu.placement import measure_placement  # noqa: E402
+from deform_surgeon.webgpu.placement import runner as runner_mod  # noqa: E402
 
 RUNTIMES = {"browser/webgpu": ("browser", "webgpu"), "browser/jsep": ("browser", "jsep"), "node": ("node", None)}
 

@@ -2,8 +2,8 @@
 # Installs the real WebGPU runtimes that `deform-surgeon placement` and the `webgpu` tests drive:
 #   * Debian's chromium (headless browser for onnxruntime-web; it also ships SwiftShader's Vulkan ICD that
 #     onnxruntime-node's WebGPU EP uses on a machine without a GPU) and libvulkan1 (the Vulkan loader Dawn dlopens),
-#   * the pinned npm packages of deform_surgeon/placement/package-lock.json (onnxruntime-web, onnxruntime-node,
-#     playwright-core, webgpu), through `deform-surgeon setup` (a per-user cache folder; see deform_surgeon/runtimes.py).
+#   * the pinned npm packages of deform_surgeon/webgpu/placement/package-lock.json (onnxruntime-web, onnxruntime-node,
+#     playwright-core, webgpu), through `deform-surgeon setup` (a per-user cache folder; see deform_surgeon/base/js_runtimes.py).
 #
 # Idempotent: every step checks first and skips work that is already done, so `make webgpu-setup` is cheap to
 # repeat. Never downloads a browser build (`npx playwright install` cannot work here) and never runs npm

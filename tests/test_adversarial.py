@@ -485,7 +485,7 @@ def test_placement_run_timeout_is_reported_as_what_happened(tmp_path):
     """The session is created in about a second; the original 1024 fixture's run takes 15-30 s on the software
     adapter (CPU fallback): with --timeout 8 the report says the session was created and the run timed out, and
     the run is FAILED even if its result lands while the harness is being stopped (CI once saw both)."""
-    from deform_surgeon.placement import missing_setup
+    from deform_surgeon.webgpu.placement import missing_setup
 
     if missing_setup() is not None:
         pytest.skip(f"WebGPU runtimes not set up: {missing_setup()}")
@@ -643,8 +643,9 @@ def test_an_input_changed_during_a_patch_is_seen_with_its_mtime_put_back(tmp_pat
 # ------------------------------------------------------------------------------------------ the background child
 _STOP_THE_PARENT_WHILE_THE_CHILD_REPORTS = """
 import os, signal, sys
-from deform_surgeon import cli, surgeon
-from deform_surgeon.errors import SurgeonError
+from deform_surgeon.commands import cli
+from deform_surgeon.commands import patch as surgeon
+from deform_surgeon.base.errors import SurgeonError
 
 def checker_that_fails(model, path, weights):  # runs in the background child (background.py)
     os.kill(os.getppid(), signal.SIGTERM)  # the parent is stopped now...
@@ -1110,8 +1111,8 @@ def test_batch_folder_reads_only_regular_files_in_dir_and_refuses_before_writing
 def test_batch_folder_copies_only_what_a_regular_file_held_when_opened(tmp_path):
     """What the walk checked may be swapped before it is copied: the copy takes only a regular file, and at most
     the bytes it had when opened (its fstat size), all of DIR's files or none."""
-    from deform_surgeon.batch import copy_files
-    from deform_surgeon.errors import SurgeonError
+    from deform_surgeon.base.errors import SurgeonError
+    from deform_surgeon.commands.batch import copy_files
 
     (tmp_path / "out").mkdir()
     (tmp_path / "a.txt").write_text("a")

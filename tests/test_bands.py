@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from deform_surgeon import patch
-from deform_surgeon.budget import analyze
-from deform_surgeon.pipeline import Outcome, Refuse
+from deform_surgeon.graph.budget import analyze
+from deform_surgeon.graph.pipeline import Outcome, Refuse
 
 KiB = 1024
 LEVELS = {"all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL, "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL}
@@ -257,7 +257,7 @@ def test_the_proofs_run_without_neighbours_at_level_disable_only(tmp_path, monke
     the producers ORT fuses them with, compared at the readers' outputs (the graph output 'mask' has none)."""
     import importlib
 
-    verify = importlib.import_module("deform_surgeon.verify")
+    verify = importlib.import_module("deform_surgeon.base.ort_cpu")
     real, asked = verify.run_ort_cpu, []
 
     def recording(model, feeds, level="all", **kwargs):
@@ -323,8 +323,8 @@ def test_without_max_buffer_the_tail_is_left_alone(tmp_path):
 def test_a_band_not_shown_exact_on_the_whole_model_is_undone(tmp_path):
     """What `patch` does when the whole patched model differs: it keeps those nodes whole (the plan's
     keep_whole, here given up front as the fallback gives it), says why, and writes the rest."""
+    from deform_surgeon.commands.patch import _lift, _options
     from deform_surgeon.passes.split import SplitPlan
-    from deform_surgeon.surgeon import _lift, _options
 
     src = tmp_path / "tail.onnx"
     onnx.save(decoder_tail(), src)
@@ -403,8 +403,8 @@ def test_nested_form_with_the_last_conv_kept_whole(tmp_path):
     """When the last Conv's bands are not shown exact (here: the plan's keep_whole, as a failed proof gives it),
     it is refused with the reason, and the image branch's Conv gets row bands of its own, as before the nested form
     was fitted; the Concat stays over the limit and `patch --max-memory` says what holds the peak."""
+    from deform_surgeon.commands.patch import _lift, _options
     from deform_surgeon.passes.split import SplitPlan
-    from deform_surgeon.surgeon import _lift, _options
 
     src = tmp_path / "full.onnx"
     onnx.save(decoder_tail_full(), src)
@@ -478,7 +478,7 @@ def test_swin_mlp_not_shown_exact_is_undone(tmp_path, monkeypatch):
     the level and the difference measured, and the rest is written."""
     import importlib
 
-    verify = importlib.import_module("deform_surgeon.verify")
+    verify = importlib.import_module("deform_surgeon.base.ort_cpu")
     real, runs = verify.run_ort_cpu, []
 
     def chunked_side_off(model, feeds, level="all", **kwargs):
@@ -653,7 +653,7 @@ def test_concat_bands_with_halo_and_stride(stride):
 def test_the_banded_tail_stays_on_the_gpu_and_matches_ort_cpu(tmp_path, runtime, bundle):
     """The bands and groups are Slice / Concat / Conv / Resize: every node has a kernel on both WebGPU EPs, so
     the patched tail runs with 0 CPU nodes and 0 Memcpy, its output within the GPU's Conv tolerance of ORT CPU."""
-    from deform_surgeon.placement import measure_placement, missing_setup
+    from deform_surgeon.webgpu.placement import measure_placement, missing_setup
 
     if missing_setup() is not None:
         pytest.skip(f"WebGPU runtimes not set up: {missing_setup()}")

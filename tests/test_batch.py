@@ -307,7 +307,7 @@ def _transformers_js_files(tmp_path: Path, folder: Path, dtypes: list[str], valu
     for each dtype: from `folder`'s config.json, or for each `use_external_data_format` value of `values`."""
     import shutil as sh
 
-    from deform_surgeon import runtimes
+    from deform_surgeon.base import js_runtimes as runtimes
 
     modules = runtimes.runtimes_dir()
     if modules is None or sh.which("node") is None:
@@ -325,7 +325,7 @@ def test_data_files_read_as_transformers_js_reads_them(tmp_path):
     """Fourth round: a count was read as Python's int() reads it (1.5: 1; transformers.js fetches 2) and a file
     was looked up by its own stem (`model_q4`) where transformers.js looks it up by full name, then by the name
     every dtype's file shares (`model`). The tool's reading against transformers.js's own, value by value."""
-    from deform_surgeon.batch import data_files_read
+    from deform_surgeon.commands.batch import data_files_read
 
     values = [1.5, 0.1, "2", " 3 ", "\u00a02", "0x2", "0b11", "1e0", "", "abc", "-1", -1, True, False, 0, None, [1],
               {"model": 1}, {"model": 1.5}, {"model": "2"}, {"model_fp16.onnx": "1"}, {"model.onnx": [2]},
@@ -354,7 +354,7 @@ def test_transformers_js_fetches_exactly_the_data_files_each_written_model_reads
     written with one data file was left (transformers.js fetches `_data_1` too); a `model.onnx_data` an earlier
     run left in OUTDIR was counted as written. Asked of transformers.js itself, from the written config.json as a
     page's pipeline reads it: each model's data files are exactly those the written model refers to."""
-    from deform_surgeon.io_check import external_locations
+    from deform_surgeon.files.io_check import external_locations
 
     config, models, args = {
         "base_name": ({"model": 1}, ("model_fp16.onnx",), ()),

@@ -29,10 +29,10 @@ from graphs import wide_split
 from onnx import TensorProto, helper, numpy_helper
 
 import deform_surgeon as ds
-from deform_surgeon.bisection import FAIL, Graph, RunOutcome, bisect_with, outcome_of, sub_model
-from deform_surgeon.cli import main
-from deform_surgeon.placement import missing_setup
-from deform_surgeon.placement.runner import compare_outputs, reference_outputs
+from deform_surgeon.commands.cli import main
+from deform_surgeon.webgpu.bisect import FAIL, Graph, RunOutcome, bisect_with, outcome_of, sub_model
+from deform_surgeon.webgpu.placement import missing_setup
+from deform_surgeon.webgpu.placement.runner import compare_outputs, reference_outputs
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -266,7 +266,7 @@ def test_the_repro_is_the_node_alone_with_cpu_inputs(chain64: Path, tmp_path: Pa
     onnx.checker.check_model(repro, full_check=True)
     inputs = dict(np.load(result.repro.inputs))
     # t30 as ORT CPU computes it in the original model
-    x = ds.bisection._load_inputs(None, 0, onnx.load(str(chain64)), chain64)[0]
+    x = ds.webgpu.bisect._load_inputs(None, 0, onnx.load(str(chain64)), chain64)[0]
     g = Graph.of(onnx.load(str(chain64)), chain64)
     expected = reference_outputs(_saved(sub_model(g, range(31), ["t30"]), tmp_path / "p.onnx"), x)["t30"]
     assert inputs["t30"].tobytes() == expected.tobytes()
@@ -363,9 +363,9 @@ def test_a_timeout_that_is_no_positive_number_of_seconds_is_refused(timeout) -> 
 
 
 def test_bisect_is_a_command_and_an_api_name() -> None:
-    from deform_surgeon.cli import TOOLS
+    from deform_surgeon.commands.cli import TOOLS
 
-    assert TOOLS["bisect"] == "deform_surgeon.bisection:BisectTool"
+    assert TOOLS["bisect"] == "deform_surgeon.webgpu.bisect:BisectTool"
     assert ds.bisect.__name__ == "bisect" and "bisect" in ds.__all__
 
 
@@ -442,7 +442,7 @@ def test_the_jsep_gathernd_bug_is_found_and_its_repro_differs(tmp_path: Path) ->
 
 
 def test_the_suggested_command_has_the_runs_arguments() -> None:
-    from deform_surgeon.verdict import bisect_hint
+    from deform_surgeon.checks.verdict import bisect_hint
 
     assert bisect_hint("a b.onnx", "browser", "jsep", seed=3) == \
         "deform-surgeon bisect 'a b.onnx' --runtime browser --bundle jsep --seed 3"

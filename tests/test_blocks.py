@@ -8,10 +8,10 @@ import onnx
 import pytest
 from helpers import FIXTURES, patch_in_memory
 
-from deform_surgeon.blocks import OUTSIDE, block_of, deform_blocks
-from deform_surgeon.placement.command import per_block
-from deform_surgeon.placement.logparse import LogSummary
-from deform_surgeon.placement.result import Placement
+from deform_surgeon.graph.blocks import OUTSIDE, block_of, deform_blocks
+from deform_surgeon.webgpu.placement.command import per_block
+from deform_surgeon.webgpu.placement.logparse import LogSummary
+from deform_surgeon.webgpu.placement.result import Placement
 
 
 @pytest.mark.parametrize("name", ["decoder_gathernd.onnx", "decoder_gatherelements_fp16.onnx"])
@@ -54,7 +54,7 @@ def test_per_block_counts_cpu_nodes_and_memcpy(tmp_path: Path):
 def test_budget_and_placement_read_the_same_blocks():
     """One block finder: every tensor budget attributes to a block is made by a node of that block in placement's
     table, before and after a patch, so the two tables join on the label."""
-    from deform_surgeon.budget import analyze
+    from deform_surgeon.graph.budget import analyze
 
     model = onnx.load(str(FIXTURES / "decoder_gathernd_1024.onnx"))
     for m in (model, patch_in_memory(model)[0]):

@@ -10,7 +10,9 @@ import pytest
 from helpers import FIXTURES
 from onnx import TensorProto, helper, numpy_helper
 
-from deform_surgeon.budget import (
+from deform_surgeon.base.errors import SurgeonError
+from deform_surgeon.commands.cli import main
+from deform_surgeon.graph.budget import (
     SPEC_MAX_BINDING,
     SPEC_MAX_BUFFER,
     analyze,
@@ -18,9 +20,7 @@ from deform_surgeon.budget import (
     parse_size,
     write_in_execution_order,
 )
-from deform_surgeon.cli import main
-from deform_surgeon.device import SPEC_DEFAULT_LIMITS, profile_from_file
-from deform_surgeon.errors import SurgeonError
+from deform_surgeon.graph.device import SPEC_DEFAULT_LIMITS, profile_from_file
 
 
 @pytest.mark.parametrize("text, value", [("268435456", 268435456), ("256MiB", 256 * 2**20), ("256 mib", 256 * 2**20),
@@ -269,9 +269,9 @@ def test_budget_sees_the_sizes_patch_sees(tmp_path, symbolic):
     height (the pads are then not static), the same tensors for both."""
     import graphs
 
-    from deform_surgeon.budget import sized_tensors
-    from deform_surgeon.model_io import TypeTable
-    from deform_surgeon.surgeon import _options, _run
+    from deform_surgeon.commands.patch import _options, _run
+    from deform_surgeon.files import TypeTable
+    from deform_surgeon.graph.budget import sized_tensors
 
     model = graphs.swin_pad(size=10, window=7)
     if symbolic:

@@ -12,10 +12,10 @@ import textwrap
 import pytest
 from helpers import one_error_line, run
 
-from deform_surgeon import batch
-from deform_surgeon.cli import TOOLS, BatchTool, MissingTool, PatchTool, build_parser, load_tool
-from deform_surgeon.report import api_words
-from deform_surgeon.tool import Tool
+from deform_surgeon.base.tool import Tool
+from deform_surgeon.commands import batch
+from deform_surgeon.commands.cli import TOOLS, BatchTool, MissingTool, PatchTool, build_parser, load_tool
+from deform_surgeon.commands.report import api_words
 
 # The commands the README documents: none may drop out of `--help` (the registry may hold more)
 DOCUMENTED = {"patch", "inspect", "verify", "batch", "budget", "placement", "serve", "setup"}
@@ -68,7 +68,7 @@ sys.meta_path.insert(0, _Unloadable())
 ])
 def test_a_command_that_cannot_be_imported_is_listed_and_says_what_to_install(tmp_path, error, install):
     (tmp_path / "sitecustomize.py").write_text(
-        textwrap.dedent(SITECUSTOMIZE).format(module="deform_surgeon.placement.runner", error=error))
+        textwrap.dedent(SITECUSTOMIZE).format(module="deform_surgeon.webgpu.placement.runner", error=error))
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     proc = run("--help", cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr
@@ -150,7 +150,7 @@ def test_ctrl_c_while_a_command_is_imported_stops_the_command(tmp_path):
 
         class _Interrupted(importlib.abc.MetaPathFinder):
             def find_spec(self, name, path=None, target=None):
-                if name == "deform_surgeon.placement.runner":
+                if name == "deform_surgeon.webgpu.placement.runner":
                     try:
                         os.kill(os.getpid(), signal.SIGINT)
                         time.sleep(30)

@@ -20,8 +20,8 @@ import pytest
 from graphs import deform_conv
 
 import deform_surgeon as ds
-from deform_surgeon.blocks import GraphIndex, find_blocks
-from deform_surgeon.pipeline import Outcome
+from deform_surgeon.graph.blocks import GraphIndex, find_blocks
+from deform_surgeon.graph.pipeline import Outcome
 
 LEVELS = {"disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL, "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
 CASES = {

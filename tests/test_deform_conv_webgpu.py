@@ -16,8 +16,8 @@ import pytest
 from graphs import deform_conv
 
 import deform_surgeon as ds
-from deform_surgeon.placement import measure_placement, missing_setup
-from deform_surgeon.placement.command import per_block
+from deform_surgeon.webgpu.placement import measure_placement, missing_setup
+from deform_surgeon.webgpu.placement.command import per_block
 
 _SETUP = missing_setup()
 pytestmark = [

@@ -20,7 +20,7 @@ from helpers import FIXTURES, assert_bytes_equal, one_error_line, run_ort
 
 import deform_surgeon
 from deform_surgeon import SurgeonError
-from deform_surgeon.model_io import write
+from deform_surgeon.files import write
 
 FIXTURE = FIXTURES / "decoder_gathernd.onnx"
 
@@ -434,7 +434,7 @@ def test_an_old_outs_data_file_leaves_with_it_whatever_the_new_forms_name(tmp_pa
 def _fetched(out: Path) -> dict[str, int]:
     """The data files transformers.js fetches for each model of OUTDIR/onnx/, from OUTDIR's config.json
     (`batch.data_files_read`, the port of its resolveExternalDataFormat that test_batch.py holds to the real one)."""
-    from deform_surgeon.batch import base_names, data_files_read
+    from deform_surgeon.commands.batch import base_names, data_files_read
 
     value = json.loads((out / "config.json").read_text()).get("transformers.js_config", {}).get(
         "use_external_data_format")
@@ -446,7 +446,7 @@ def test_batch_config_says_what_onnx_holds_after_an_entry_fails_or_the_run_stops
     """Fourth-round campaign: a rerun whose entry failed, or that was stopped, left OUTDIR's config.json as DIR's
     copy while onnx/ kept the earlier run's pair: transformers.js fetched no data file for a model that names one.
     The config counts the data files each model file in onnx/ names, after a failure and after a stop too."""
-    from deform_surgeon import batch as batch_module
+    from deform_surgeon.commands import batch as batch_module
 
     src, out = _folder(tmp_path / "in", {"model_type": "birefnet"}), tmp_path / "out"
     assert _batch(src, out, "--external-data", "always").returncode == 0

@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 import deform_surgeon as ds
-from deform_surgeon.budget import analyze
-from deform_surgeon.cli import main
-from deform_surgeon.device import resolve_profile, storage_buffers
-from deform_surgeon.placement.runner import limit_violations
+from deform_surgeon.commands.cli import main
+from deform_surgeon.graph.budget import analyze
+from deform_surgeon.graph.device import resolve_profile, storage_buffers
+from deform_surgeon.webgpu.placement.runner import limit_violations
 
 
 def _model(nodes, inputs, outputs, inits=(), opset=17) -> onnx.ModelProto:

@@ -25,9 +25,9 @@ import pytest
 from graphs import legacy_patches, wide_split
 
 import deform_surgeon as ds
-from deform_surgeon import runtimes
-from deform_surgeon.placement import measure_placement, missing_setup
-from deform_surgeon.placement import runner as runner_mod
+from deform_surgeon.base import js_runtimes as runtimes
+from deform_surgeon.webgpu.placement import measure_placement, missing_setup
+from deform_surgeon.webgpu.placement import runner as runner_mod
 
 _SETUP = missing_setup()
 pytestmark = [

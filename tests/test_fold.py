@@ -1,4 +1,4 @@
-"""The fold step (deform_surgeon/fold.py): static float16 computations are evaluated once, exactly, and stored.
+"""The fold step (deform_surgeon/graph/fold.py): static float16 computations are evaluated once, exactly, and stored.
 
 `graphs.swin_mask_fp16()` stands for the real BiRefNet-lite fp16 export's Swin attention-mask and shape subgraphs
 (`/bb/layers.N/...`; its docstring says which ops, in which order, and which Casts). CI cannot build the real
@@ -21,10 +21,10 @@ from graphs import swin_mask_fp16
 from onnx import TensorProto, helper, numpy_helper
 
 import deform_surgeon as ds
-from deform_surgeon import fold
-from deform_surgeon.blocks import deform_blocks
-from deform_surgeon.fold import fold_static
-from deform_surgeon.model_io import check_and_infer, load_model, split_weights
+from deform_surgeon.files import check_and_infer, load_model, split_weights
+from deform_surgeon.graph import fold
+from deform_surgeon.graph.blocks import deform_blocks
+from deform_surgeon.graph.fold import fold_static
 
 OPSET = [helper.make_opsetid("", 17)]
 
@@ -241,7 +241,7 @@ def test_replica_placement_node_runtime(tmp_path):
     """On the real native WebGPU EP (onnxruntime-node, session creation): the fp16 replica puts its static
     shape/mask nodes on the CPU EP with Memcpy, like the real fp16 BiRefNet; its fp32 form and the patched fp16
     model put nothing there."""
-    from deform_surgeon.placement import measure_placement, missing_setup
+    from deform_surgeon.webgpu.placement import measure_placement, missing_setup
 
     missing = missing_setup()
     if missing is not None:
@@ -262,7 +262,7 @@ def test_replica_placement_node_runtime(tmp_path):
 def test_replica_placement_jsep(tmp_path):
     """The default onnxruntime-web import (JSEP, headless Chromium, session creation): the same as on the native
     EP, the fp16 replica's static nodes on the CPU EP before the patch, none after."""
-    from deform_surgeon.placement import measure_placement, missing_setup
+    from deform_surgeon.webgpu.placement import measure_placement, missing_setup
 
     missing = missing_setup()
     if missing is not None:

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
-from deform_surgeon.pipeline import Outcome
+from deform_surgeon.graph.pipeline import Outcome
 
 
 def feeds(B, G, C, H, W, P, rng, wide=(-4.0, 12.0)):

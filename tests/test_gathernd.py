@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from deform_surgeon.pipeline import Outcome
+from deform_surgeon.graph.pipeline import Outcome
 
 
 def feeds_for(model: onnx.ModelProto, rng: np.random.Generator, offset_range=(-4.0, 12.0)) -> dict:

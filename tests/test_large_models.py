@@ -21,10 +21,12 @@ import pytest
 from helpers import FIXTURES, assert_bytes_equal, one_error_line, snapshot
 from onnx import TensorProto, helper, numpy_helper
 
-from deform_surgeon import model_io, pipeline, surgeon
+from deform_surgeon import files as model_io
+from deform_surgeon.commands import patch as surgeon
+from deform_surgeon.commands.patch import default_passes
+from deform_surgeon.graph import pipeline
+from deform_surgeon.graph.pipeline import Context, Options, run_passes
 from deform_surgeon.passes.split import SplitPlan
-from deform_surgeon.pipeline import Context, Options, run_passes
-from deform_surgeon.surgeon import default_passes
 
 CMD = [sys.executable, "-m", "deform_surgeon"]
 
@@ -133,7 +135,7 @@ def test_past_two_gigabytes_without_loading_the_weights(tmp_path):
     peak = ("import atexit, re, sys\n"
             "status = lambda: open('/proc/self/status').read()\n"
             "atexit.register(lambda: print('VmHWM', re.search(r'VmHWM:\\s+(\\d+)', status())[1]))\n"
-            "from deform_surgeon.cli import main\n"
+            "from deform_surgeon.commands.cli import main\n"
             "sys.exit(main(sys.argv[1:]))")
     proc = subprocess.run([sys.executable, "-c", peak, "patch", path.name, "huge.patched.onnx"], cwd=tmp_path,
                           capture_output=True, text=True)

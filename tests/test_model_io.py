@@ -16,10 +16,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from deform_surgeon import background, patch, surgeon
-from deform_surgeon.background import Background
-from deform_surgeon.errors import SurgeonError
-from deform_surgeon.model_io import (
+from deform_surgeon import patch
+from deform_surgeon.base import background
+from deform_surgeon.base.background import Background
+from deform_surgeon.base.errors import SurgeonError
+from deform_surgeon.commands import patch as surgeon
+from deform_surgeon.files import (
     STORED_WEIGHT_BYTES,
     Weights,
     load_model,
@@ -28,9 +30,9 @@ from deform_surgeon.model_io import (
     split_weights,
     wire,
 )
+from deform_surgeon.graph.pipeline import Options
+from deform_surgeon.graph.region import find_region, splice
 from deform_surgeon.passes.split import SplitPlan
-from deform_surgeon.pipeline import Options
-from deform_surgeon.region import find_region, splice
 
 
 def constant_grid_model() -> onnx.ModelProto:
@@ -275,7 +277,7 @@ def test_a_swin_pad_computed_from_static_shapes_gets_its_shape():
     """ONNX inference leaves a Swin block's Pad (and all after it) without a shape; the type table evaluates its
     pads (static shapes and constants only) and knows it, so the passes and the report see those tensors' sizes.
     The model itself is not changed."""
-    from deform_surgeon.model_io import check_and_infer, infer_value_types, split_weights
+    from deform_surgeon.files import check_and_infer, infer_value_types, split_weights
 
     model = graphs.swin_pad(size=10, window=7)
     plain = onnx.shape_inference.infer_shapes(model, data_prop=True)

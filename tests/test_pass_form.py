@@ -11,9 +11,9 @@ import onnx_graphsurgeon as gs
 import pytest
 from onnx import TensorProto, helper
 
-from deform_surgeon.model_io import infer_value_types
+from deform_surgeon.files import infer_value_types
+from deform_surgeon.graph.pipeline import Action, Context, Outcome, Pass, Refuse
 from deform_surgeon.passes.registry import REGISTRY, make_passes
-from deform_surgeon.pipeline import Action, Context, Outcome, Pass, Refuse
 
 
 def test_every_registered_pass_is_written_in_the_one_form():

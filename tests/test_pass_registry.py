@@ -15,9 +15,9 @@ import pytest
 from helpers import FIXTURES, one_error_line, op_count, run, snapshot
 
 import deform_surgeon as ds
+from deform_surgeon.commands.patch import default_passes
 from deform_surgeon.passes.registry import PASS_NAMES, REGISTRY, make_passes
 from deform_surgeon.passes.split import SplitPlan
-from deform_surgeon.surgeon import default_passes
 
 WHOLE_MODEL_STEPS = {"input-shape", "fold", "slices"}  # model-level steps before the passes: not in the registry
 

@@ -19,12 +19,12 @@ import onnx_graphsurgeon as gs
 import pytest
 from helpers import assert_bytes_equal
 
-from deform_surgeon.model_io import export_graph, infer_value_types
+from deform_surgeon.base.ort_cpu import run_ort_cpu
+from deform_surgeon.files import export_graph, infer_value_types
+from deform_surgeon.graph.pipeline import Action, Context, Options, Outcome, run_passes
 from deform_surgeon.passes.local_proof import refusal
 from deform_surgeon.passes.registry import REGISTRY
 from deform_surgeon.passes.split import SplitPlan
-from deform_surgeon.pipeline import Action, Context, Options, Outcome, run_passes
-from deform_surgeon.verify import run_ort_cpu
 
 LEVELS = ("disable", "all")
 
@@ -43,8 +43,8 @@ def _refusal_one_ulp_off(ran, proof, runs: list[str]):
 
 def test_details_are_json_as_given_and_stay_out_of_the_text():
     """Numpy numbers, tuples, arrays and infinite bounds become plain JSON; the text report shows the reason only."""
-    from deform_surgeon.pipeline import Refuse
-    from deform_surgeon.report import PatchReport
+    from deform_surgeon.commands.report import PatchReport
+    from deform_surgeon.graph.pipeline import Refuse
 
     why = Refuse("a reason", interval=(np.int64(-3), np.float32(np.inf)), sizes=np.array([1, 2]), nan=np.bool_(True))
     action = Action("p", "n", "Op", Outcome.REFUSED, str(why), details=why.details)

@@ -1,4 +1,4 @@
-"""Tests of deform_surgeon.placement.
+"""Tests of deform_surgeon.webgpu.placement.
 
 Parser tests run everywhere, on real logs committed under tests/fixtures/ (captured with
 ``measure_placement(..., log_out=...)`` on SwiftShader):
@@ -29,8 +29,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from deform_surgeon import runtimes
-from deform_surgeon.placement import (
+from deform_surgeon.base import js_runtimes as runtimes
+from deform_surgeon.webgpu.placement import (
     Placement,
     PlacementTool,
     compare_outputs,
@@ -39,7 +39,7 @@ from deform_surgeon.placement import (
     missing_setup,
     parse_ort_log,
 )
-from deform_surgeon.placement import runner as runner_mod
+from deform_surgeon.webgpu.placement import runner as runner_mod
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REQUIRED_KEYS = {

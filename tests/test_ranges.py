@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from deform_surgeon.model_io import infer_value_types
-from deform_surgeon.ranges import RangeProver, Status, gather_elements_verdict, gathernd_verdict
+from deform_surgeon.files import infer_value_types
+from deform_surgeon.graph.ranges import RangeProver, Status, gather_elements_verdict, gathernd_verdict
 
 I64 = TensorProto.INT64
 

@@ -15,8 +15,8 @@ from helpers.scale import build_birefnet_scale
 from onnx import TensorProto, helper
 
 from deform_surgeon import patch
-from deform_surgeon.model_io import Weights
-from deform_surgeon.region import find_region, splice
+from deform_surgeon.files import Weights
+from deform_surgeon.graph.region import find_region, splice
 
 
 def feeds(model: onnx.ModelProto, seed: int) -> dict:
@@ -149,9 +149,9 @@ def test_splice_refuses_a_cycle():
 def test_the_check_of_a_spliced_model_sees_a_region_output_change_type():
     """check_spliced = plain checker on the whole model + strict inference on the region with its declared
     boundary: a region whose output changes type must fail it (the plain checker alone would not notice)."""
-    from deform_surgeon.errors import SurgeonError
-    from deform_surgeon.model_io import check_spliced, export_graph, infer_value_types
-    from deform_surgeon.region import region_model, type_boundary
+    from deform_surgeon.base.errors import SurgeonError
+    from deform_surgeon.files import check_spliced, export_graph, infer_value_types
+    from deform_surgeon.graph.region import region_model, type_boundary
 
     model = _boundary_model()
     region = find_region(model)

@@ -9,7 +9,7 @@ from graphs import exporter_like
 from helpers import FIXTURES, assert_bytes_equal, patch_in_memory, run_ort
 from onnx import TensorProto, helper, numpy_helper
 
-from deform_surgeon.pipeline import Outcome
+from deform_surgeon.graph.pipeline import Outcome
 
 INT64_ARITH = {"Add", "Sub", "Mul", "Clip", "Slice", "Concat", "Min", "Max", "Split"}
 

@@ -1,4 +1,4 @@
-"""`deform-surgeon setup` and the one lookup of the pinned JS runtimes (deform_surgeon/runtimes.py).
+"""`deform-surgeon setup` and the one lookup of the pinned JS runtimes (deform_surgeon/base/js_runtimes.py).
 
 The runtimes are found in the per-user cache keyed by the lock's hash (or a checkout's in-tree install), only when
 stamped with that hash; without node, or without Chromium for --browser, setup says how to install them on this
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from deform_surgeon import runtimes
+from deform_surgeon.base import js_runtimes as runtimes
 
 
 @pytest.fixture

@@ -16,7 +16,13 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from deform_surgeon import SurgeonError, patch, verify
-from deform_surgeon.segments import plan_segments, planned_bytes, run_in_segments, segment_graph, tensor_bytes
+from deform_surgeon.checks.run_in_segments import (
+    plan_segments,
+    planned_bytes,
+    run_in_segments,
+    segment_graph,
+    tensor_bytes,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

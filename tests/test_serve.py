@@ -21,10 +21,10 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from deform_surgeon import runtimes
-from deform_surgeon.device import SPEC_DEFAULT_LIMITS, resolve_profile
-from deform_surgeon.placement.logparse import parse_ort_log
-from deform_surgeon.serve.server import GPU_TOLERANCE, ServeApp, ServedModel, make_server
+from deform_surgeon.base import js_runtimes as runtimes
+from deform_surgeon.graph.device import SPEC_DEFAULT_LIMITS, resolve_profile
+from deform_surgeon.webgpu.placement.logparse import parse_ort_log
+from deform_surgeon.webgpu.serve.server import GPU_TOLERANCE, ServeApp, ServedModel, make_server
 
 FIXTURES = Path(__file__).parent / "fixtures"
 ORIGINAL = FIXTURES / "decoder_gathernd.onnx"
@@ -323,7 +323,7 @@ def test_the_pages_inputs_go_to_a_folder_of_the_servers_own(tmp_path: Path) -> N
     folder this process made, readable by its user only."""
     import stat
 
-    from deform_surgeon.serve.server import _save_input
+    from deform_surgeon.webgpu.serve.server import _save_input
 
     a = _save_input({"x": np.zeros(3, np.float32)}, "0123456789abcdef0123")
     b = _save_input({"x": np.ones(3, np.float32)}, "fedcba98765432100000")
@@ -390,7 +390,7 @@ def _ellipse(path: Path, w: int = 40, h: int = 80) -> np.ndarray:
 
 def _drive(tmp_path: Path, models: list[Path], steps: list[dict], query: str = "", webgpu: bool = True) -> dict:
     """Serves `models` and runs tests/helpers/serve_page.mjs on the page; its report of every step."""
-    from deform_surgeon.runtimes import harness_env
+    from deform_surgeon.base.js_runtimes import harness_env
 
     app = ServeApp([ServedModel.load(label, m) for label, m in zip(("original", "patched")[:len(models)], models,
                                                                    strict=True)], None)

@@ -1,4 +1,4 @@
-"""float16 Split -> Slices (deform_surgeon/slices.py).
+"""float16 Split -> Slices (deform_surgeon/passes/float16_slices.py).
 
 `_attention_split()` stands for the Swin attention of the real BiRefNet-lite fp16 export
 (`/bb/layers.N/blocks.M/attn/Split`: `q, k, v = qkv[0], qkv[1], qkv[2]` exported as Transpose -> Split(axis 0,
@@ -95,7 +95,7 @@ def test_computed_split_sizes_are_refused(tmp_path):
 def test_jsep_places_the_slices_on_the_gpu(tmp_path):
     """The real JSEP (onnxruntime-web 1.30 in headless Chromium, session creation): the float16 Split is on the
     CPU EP with Memcpy; after the patch nothing is."""
-    from deform_surgeon.placement import measure_placement, missing_setup
+    from deform_surgeon.webgpu.placement import measure_placement, missing_setup
 
     missing = missing_setup()
     if missing is not None:

@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from deform_surgeon import patch
-from deform_surgeon.budget import analyze, human
-from deform_surgeon.pipeline import Outcome
+from deform_surgeon.graph.budget import analyze, human
+from deform_surgeon.graph.pipeline import Outcome
 
 MiB = 2**20
 LEVELS = {"all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL, "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL}
@@ -326,8 +326,8 @@ _WEBGPU_RUNTIMES = {"node": ("node", None), "browser/webgpu": ("browser", "webgp
 def small_1024_runs(tmp_path_factory) -> dict:
     """birefnet4_1024_small split at 1 MiB (256x below 256 MiB, as its 7x7 block is 256x below BiRefNet's), run
     once on each runtime; on node also the unsplit patched model, to compare the GPU outputs byte for byte."""
-    from deform_surgeon.placement import measure_placement, missing_setup
-    from deform_surgeon.placement import runner as runner_mod
+    from deform_surgeon.webgpu.placement import measure_placement, missing_setup
+    from deform_surgeon.webgpu.placement import runner as runner_mod
 
     if missing_setup() is not None:
         pytest.skip(f"WebGPU runtimes not set up: {missing_setup()}")
@@ -379,9 +379,9 @@ def test_the_split_also_carries_an_unlowered_gathernd_and_sum():
     """What a refused gather leaves (GatherND on rank-5 data, 4-input Sum) is split exactly too."""
     import onnx_graphsurgeon as gs
 
-    from deform_surgeon.model_io import export_graph, infer_value_types
+    from deform_surgeon.files import export_graph, infer_value_types
+    from deform_surgeon.graph.pipeline import Context, Options, run_passes
     from deform_surgeon.passes.split import SplitBlocks
-    from deform_surgeon.pipeline import Context, Options, run_passes
 
     model = onnx.load(str(FIXTURES / "decoder_gathernd.onnx"))
     graph = gs.import_onnx(model)
@@ -415,10 +415,10 @@ def test_the_chunk_check_asks_the_context_oracle_at_both_levels_and_trusts_no_di
     with the reason."""
     import onnx_graphsurgeon as gs
 
-    from deform_surgeon.model_io import infer_value_types
+    from deform_surgeon.base.ort_cpu import run_ort_cpu
+    from deform_surgeon.files import infer_value_types
+    from deform_surgeon.graph.pipeline import Context, Options, run_passes
     from deform_surgeon.passes.split import SplitBlocks
-    from deform_surgeon.pipeline import Context, Options, run_passes
-    from deform_surgeon.verify import run_ort_cpu
 
     asked: list[str] = []
 
@@ -614,7 +614,7 @@ def test_the_fitted_file_lists_its_nodes_in_the_order_its_peak_was_measured_in(t
     second): in the file's own order the chunks' temporaries are live at once. `patch` writes the nodes in the
     order budget measured the peak in (depth-first, one chunk after another), so a runtime that follows the file
     gets that peak."""
-    from deform_surgeon import surgeon
+    from deform_surgeon.commands import patch as surgeon
 
     src, out, spliced = FIXTURES / "decoder_gathernd.onnx", tmp_path / "m.onnx", tmp_path / "spliced.onnx"
     with monkeypatch.context() as m:
@@ -649,7 +649,7 @@ def test_ort_cpu_is_asked_which_float16_tensors_it_holds_in_float32():
     """passes/cuts.py reads ORT's own optimized graph: a Relu (no float16 CPU kernel) hands its reader float32
     values, so its output is not made by the model's node; the exporter's Reshape before the deform Conv runs on
     its float16 kernel and makes its output itself (the Conv input, rounded to float16 as in the whole block)."""
-    from deform_surgeon.passes.cuts import made_by_ort
+    from deform_surgeon.passes.cut_and_join import made_by_ort
 
     made = made_by_ort(FP16)
     model = onnx.load(str(FP16))

@@ -9,7 +9,7 @@ from graphs import sum_only
 from helpers import assert_bytes_equal, op_count, patch_in_memory, run_ort
 from onnx import TensorProto, helper
 
-from deform_surgeon.pipeline import Outcome
+from deform_surgeon.graph.pipeline import Outcome
 
 
 def adversarial(n: int, shape, dtype, seed=0) -> list[np.ndarray]:

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from helpers import FIXTURES
 
-from deform_surgeon.placement.runner import ModelFolder, measure_placement
-from deform_surgeon.verdict import combine, judge_outputs
+from deform_surgeon.checks.verdict import combine, judge_outputs
+from deform_surgeon.webgpu.placement.runner import ModelFolder, measure_placement
 
 CMD = [sys.executable, "-m", "deform_surgeon"]
 

@@ -23,9 +23,9 @@ from helpers import run as run_command
 from test_bands import LEVELS, KiB, bands_actions, feeds_for, over, run
 
 from deform_surgeon import patch
-from deform_surgeon import surgeon as surgeon_module
-from deform_surgeon.cli import main as cli_main
-from deform_surgeon.pipeline import Outcome
+from deform_surgeon.commands import patch as surgeon_module
+from deform_surgeon.commands.cli import main as cli_main
+from deform_surgeon.graph.pipeline import Outcome
 
 LIMIT = 300 * KiB  # the decoder tail's four rewrites (test_bands.py)
 
@@ -124,7 +124,7 @@ def test_two_wrong_rewrites_are_both_found(tmp_path, monkeypatch):
 def test_a_difference_none_of_the_rewrites_makes_is_not_blamed_on_them(tmp_path, monkeypatch):
     """When the model differs with every checked rewrite undone (here an exact-by-construction pass made wrong),
     no rewrite is blamed: the patch fails as a failed verification does, and nothing is written."""
-    from deform_surgeon.errors import VerificationError
+    from deform_surgeon.base.errors import VerificationError
 
     _plant_wrong(monkeypatch, "Conv_att_conv1")
     real_run = surgeon_module._run

@@ -18,7 +18,7 @@ import pytest
 from helpers import one_error_line, snapshot
 from variant_replicas import build_variants
 
-from deform_surgeon.kernels import KernelReport
+from deform_surgeon.graph.kernels import KernelReport
 
 CMD = [sys.executable, "-m", "deform_surgeon", "batch"]
 QUANTIZED_8BIT = ("quantized", "int8", "uint8")  # ConvInteger / MatMulInteger / DynamicQuantizeLinear
@@ -209,8 +209,8 @@ def test_kernel_table_matches_the_node_runtime(patched, variant):
     """What the report predicts from the table is what onnxruntime-node's native WebGPU EP places on the CPU:
     the same op types with the same counts, inside and outside the deform blocks, and the deform blocks of every
     variant but the 8-bit ones without a CPU node or a Memcpy."""
-    from deform_surgeon.placement import measure_placement, missing_setup
-    from deform_surgeon.placement.command import per_block
+    from deform_surgeon.webgpu.placement import measure_placement, missing_setup
+    from deform_surgeon.webgpu.placement.command import per_block
 
     if missing_setup() is not None:
         pytest.skip(f"WebGPU runtimes not set up: {missing_setup()}")
@@ -346,7 +346,7 @@ def test_input_shapes_in_a_manifest(dynamic, tmp_path):
 def test_a_fixed_size_is_gpu_resident_on_the_node_runtime(dynamic):
     """Patched for its size, the dynamic export has no CPU node and no Memcpy; patched as it is, the shape
     computations on its symbolic dims stay on the CPU, as the report says."""
-    from deform_surgeon.placement import measure_placement, missing_setup
+    from deform_surgeon.webgpu.placement import measure_placement, missing_setup
 
     if missing_setup() is not None:
         pytest.skip(f"WebGPU runtimes not set up: {missing_setup()}")
@@ -400,7 +400,7 @@ def test_shape_computations_after_a_contrib_op_count_as_folded(repo, tmp_path):
 def test_jsep_only_entries_match_the_browser(patched):
     """The bnb4 replica in headless Chromium: the JSEP bundle puts its MatMulBnb4 on the CPU EP, as the report's
     JSEP line says; the native WebGPU bundle runs every node on the GPU."""
-    from deform_surgeon.placement import measure_placement, missing_setup
+    from deform_surgeon.webgpu.placement import measure_placement, missing_setup
 
     if missing_setup() is not None:
         pytest.skip(f"WebGPU runtimes not set up: {missing_setup()}")
@@ -433,7 +433,7 @@ def test_contrib_outputs_are_typed_as_onnxruntime_computes_them(split_variants, 
     import onnxruntime as ort
     from onnx import helper
 
-    from deform_surgeon.model_io import infer_value_types
+    from deform_surgeon.files import infer_value_types
 
     _, paths, _ = split_variants
     model = onnx.load(paths[variant])
@@ -453,8 +453,8 @@ def test_contrib_outputs_are_typed_as_onnxruntime_computes_them(split_variants, 
 def test_a_float16_split_after_matmulnbits_is_named_then_rewritten(split_variants):
     """On the q4f16 input, the report's table names the float16 Split (no JSEP kernel); the patch rewrites it into
     Slices (its type and sizes now known), verifies byte-identical, and nothing is left for JSEP."""
-    from deform_surgeon.kernels import kernel_report
-    from deform_surgeon.model_io import infer_value_types
+    from deform_surgeon.files import infer_value_types
+    from deform_surgeon.graph.kernels import kernel_report
 
     d, paths, procs = split_variants
     model = onnx.load(paths["q4f16"])
@@ -478,9 +478,9 @@ def test_a_float16_split_after_matmulnbits_is_named_then_rewritten(split_variant
 def test_the_split_after_matmulnbits_on_the_jsep_bundle(split_variants):
     """In headless Chromium's JSEP bundle the q4f16 input runs the Split on the CPU EP, as the report's table
     says; the patched file has no CPU node and no Memcpy (the Slices and MatMulNBits on the GPU)."""
-    from deform_surgeon.kernels import kernel_report
-    from deform_surgeon.model_io import infer_value_types
-    from deform_surgeon.placement import measure_placement, missing_setup
+    from deform_surgeon.files import infer_value_types
+    from deform_surgeon.graph.kernels import kernel_report
+    from deform_surgeon.webgpu.placement import measure_placement, missing_setup
 
     if missing_setup() is not None:
         pytest.skip(f"WebGPU runtimes not set up: {missing_setup()}")

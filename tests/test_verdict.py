@@ -1,4 +1,4 @@
-"""One verdict vocabulary (deform_surgeon/verdict.py) and the repeated runtime errors shown once.
+"""One verdict vocabulary (deform_surgeon/checks/verdict.py) and the repeated runtime errors shown once.
 
 The verdicts are judged from `compare_outputs` entries of real arrays; the error summary from the real error text
 JSEP gave for the unpatched 64x64 fixture (tests/fixtures/jsep_gathernd_run_error.txt, from `deform-surgeon
@@ -15,14 +15,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from deform_surgeon.placement.command import format_comparison, format_placement
-from deform_surgeon.placement.logparse import LogSummary
-from deform_surgeon.placement.result import Placement
-from deform_surgeon.placement.runner import compare_outputs
-from deform_surgeon.verdict import GPU_TOLERANCE, combine, judge, judge_outputs, split_errors, summarize_errors
+from deform_surgeon.checks.verdict import GPU_TOLERANCE, combine, judge, judge_outputs, split_errors, summarize_errors
+from deform_surgeon.webgpu.placement.command import format_comparison, format_placement
+from deform_surgeon.webgpu.placement.logparse import LogSummary
+from deform_surgeon.webgpu.placement.result import Placement
+from deform_surgeon.webgpu.placement.runner import compare_outputs
 
 FIXTURES = Path(__file__).parent / "fixtures"
-HARNESS = Path(__file__).parent.parent / "deform_surgeon" / "placement" / "harness_node_and_page.mjs"
+HARNESS = Path(__file__).parent.parent / "deform_surgeon" / "webgpu" / "placement" / "harness_node_and_page.mjs"
 JSEP_ERROR = (FIXTURES / "jsep_gathernd_run_error.txt").read_text()
 
 

@@ -1,4 +1,4 @@
-"""`deform_surgeon.verify`: zero tolerance on ORT CPU, decided by an exact byte comparison.
+"""`deform_surgeon.checks.verify`: zero tolerance on ORT CPU, decided by an exact byte comparison.
 
 The tiny models here pin down what the byte comparison catches that polygraphy's own `atol=0, rtol=0` verdict
 gets wrong (identical NaNs fail it, -0.0 vs +0.0 passes it), which is why `verify` does not simply trust it.
@@ -109,7 +109,7 @@ def test_the_models_run_one_after_the_other_each_in_its_own_process(tmp_path, mo
     the next starts; the result reports each run's peak RSS and the caller's."""
     import onnxruntime
 
-    from deform_surgeon.background import _can_fork
+    from deform_surgeon.base.background import _can_fork
 
     made = tmp_path / "made.txt"
     real = onnxruntime.InferenceSession
@@ -145,9 +145,9 @@ def test_a_run_the_system_kills_is_named_and_not_run_again_here(tmp_path, monkey
     import importlib
     import signal
 
-    from deform_surgeon.background import _can_fork
+    from deform_surgeon.base.background import _can_fork
 
-    verify_module = importlib.import_module("deform_surgeon.verify")  # (the package's `verify` is the function)
+    verify_module = importlib.import_module("deform_surgeon.checks.verify")  # (the package's `verify` is the function)
 
     if not _can_fork():
         pytest.skip("the runs are made in the caller here: nothing to kill")
@@ -297,7 +297,7 @@ def test_cli_verify_mismatch_exit_1_and_first_mismatch(tmp_path):
     assert [ln for ln in proc.stdout.splitlines() if "FAILED" in ln] == verdicts, proc.stdout
     for part in ("'y'", "[1, 2]", repr(float(ONE)), repr(float(ONE_PLUS_ULP))):
         assert part in verdicts[0], verdicts[0]
-    # the vocabulary of every command (deform_surgeon/verdict.py): on the same runtime the tolerance is 0
+    # the vocabulary of every command (deform_surgeon/checks/verdict.py): on the same runtime the tolerance is 0
     ulp = float(np.float64(ONE_PLUS_ULP) - np.float64(ONE))
     assert f"differs (max |diff| {ulp:.3g} > 0)" in verdicts[0], verdicts[0]
 

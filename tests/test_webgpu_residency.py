@@ -43,9 +43,9 @@ import pytest
 from onnx import TensorProto, helper
 
 import deform_surgeon as ds
-from deform_surgeon import runtimes
-from deform_surgeon.placement import Placement, measure_placement, missing_setup
-from deform_surgeon.placement import runner as runner_mod
+from deform_surgeon.base import js_runtimes as runtimes
+from deform_surgeon.webgpu.placement import Placement, measure_placement, missing_setup
+from deform_surgeon.webgpu.placement import runner as runner_mod
 
 FIXTURES = Path(__file__).parent / "fixtures"
 _SETUP = missing_setup()
@@ -428,10 +428,10 @@ def test_patched_fixtures_upload_nothing_mid_run(lab: Lab, name: str, runtime_id
 @pytest.mark.parametrize("name, runtime_id", ALL_CASES)
 def test_cpu_fallback_is_inside_every_deform_block_and_gone_after_the_patch(lab: Lab, name: str,
                                                                             runtime_id: str) -> None:
-    """Per deform block (found from the graph, deform_surgeon.blocks): each of the 8 blocks of the original has CPU
-    nodes and Memcpy nodes and nothing outside the blocks does; the patched blocks have none."""
-    from deform_surgeon.blocks import OUTSIDE
-    from deform_surgeon.placement.command import per_block
+    """Per deform block (found from the graph, deform_surgeon.graph.blocks): each of the 8 blocks of the original
+    has CPU nodes and Memcpy nodes and nothing outside the blocks does; the patched blocks have none."""
+    from deform_surgeon.graph.blocks import OUTSIDE
+    from deform_surgeon.webgpu.placement.command import per_block
 
     before = per_block(lab.measured(name, "original", runtime_id).placement)
     after = per_block(lab.measured(name, "patched", runtime_id).placement)

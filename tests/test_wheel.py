@@ -58,7 +58,7 @@ def test_wheel_carries_the_package_data(venv: tuple[Path, Path]) -> None:
     for f in ("placement/package.json", "placement/package-lock.json", "placement/browser_harness.mjs",
               "placement/browser_device.mjs", "placement/harness_node.mjs", "placement/page.html",
               "serve/page.html", "serve/serve_page.mjs", "serve/headless.mjs", "serve/sample.png"):
-        assert f"deform_surgeon/{f}" in names, f
+        assert f"deform_surgeon/webgpu/{f}" in names, f
     assert not any("node_modules" in n for n in names)
 
 

@@ -65,8 +65,8 @@ from typing import Any
 
 import onnx_graphsurgeon as gs
 
-from ..pipeline import Action, Context, Outcome, Pass, Refuse
-from ..shapes import Shapes
+from ..graph.pipeline import Action, Context, Outcome, Pass, Refuse
+from ..graph.shapes import Shapes
 from .conv_bands import ConvRowBands
 from .matmul_chunks import MatMulRowChunks
 from .oversize import OversizeRun, concat_axis

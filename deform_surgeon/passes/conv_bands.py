@@ -14,12 +14,12 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from ..blocks import conv_tail
-from ..budget import human
-from ..ops import ELEMENTWISE_UNARY, TAIL_OPS
-from ..pipeline import Action, Context, Refuse
-from ..shapes import Shapes, along_rows
-from .cuts import cut, float16_details, join
+from ..graph.blocks import conv_tail
+from ..graph.budget import human
+from ..graph.ops import ELEMENTWISE_UNARY, TAIL_OPS
+from ..graph.pipeline import Action, Context, Refuse
+from ..graph.shapes import Shapes, along_rows
+from .cut_and_join import cut, float16_details, join
 from .oversize import OversizeRun, concat_axis, even_parts, kernels_choice
 
 

@@ -38,9 +38,9 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from ..budget import human
-from ..pipeline import Action, Context, Outcome, Pass, Refuse
-from ..ranges import gather_elements_verdict
+from ..graph.budget import human
+from ..graph.pipeline import Action, Context, Outcome, Pass, Refuse
+from ..graph.ranges import gather_elements_verdict
 from .gathernd import INT32_MAX
 
 OP = "DeformConv"

@@ -28,8 +28,8 @@ import math
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from ..device import storage_buffers
-from ..pipeline import Action, Context, Outcome, Pass, Refuse
+from ..graph.device import storage_buffers
+from ..graph.pipeline import Action, Context, Outcome, Pass, Refuse
 
 FITTED = {"Concat", "Split", "Max", "Min"}
 

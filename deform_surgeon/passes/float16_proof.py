@@ -1,7 +1,7 @@
 """Show float16 rewrites exact on the nodes around them, at the cost of those nodes, not of the whole model.
 
 Why a proof of its own: in a float16 model ORT CPU decides where values are rounded to float16 from the graph
-around each node (passes/cuts.py, passes/precision.py), so a rewrite run on its own, its inputs given as float16
+around each node (passes/cut_and_join.py, passes/precision.py), so a rewrite run on its own, its inputs given as float16
 graph inputs, would be rounded elsewhere than in the model. This proof therefore takes its nodes from the two
 models ORT will really run, and holds it to ORT's own graphs of them:
 
@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from ..pipeline import Refuse
+from ..graph.pipeline import Refuse
 from .local_proof import LEVELS, Facts, LocalProof, NodeSpec, Runner, compare_sides, side_models
 from .precision import GIVEN_ROUNDED, PAST_PRODUCER, TYPED, Rounding, rounding
 
@@ -53,10 +53,10 @@ class Unshown(Refuse):
 class ModelView:
     """A model file read for proofs: its nodes by name, who makes and reads each tensor, their types (the file's
     own declarations first, then shape inference of its skeleton, contrib ops included) and the values of its
-    stored tensors and Constant nodes, read from the file when asked (model_io: no weight is loaded whole)."""
+    stored tensors and Constant nodes, read from the file when asked (files: no weight is loaded whole)."""
 
     def __init__(self, path: str | Path) -> None:
-        from ..model_io import infer_value_types, load_model
+        from ..files import infer_value_types, load_model
 
         self.path = Path(path)
         model, self.weights = load_model(path)

@@ -19,8 +19,8 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from ..pipeline import Action, Context, Pass, Refuse
-from ..ranges import IndexVerdict, gather_elements_verdict
+from ..graph.pipeline import Action, Context, Pass, Refuse
+from ..graph.ranges import IndexVerdict, gather_elements_verdict
 from .gathernd import gate, rewritten
 
 

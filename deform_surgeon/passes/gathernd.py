@@ -22,8 +22,8 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from ..pipeline import Action, Context, Outcome, Pass, Refuse
-from ..ranges import IndexVerdict, Status, gathernd_verdict
+from ..graph.pipeline import Action, Context, Outcome, Pass, Refuse
+from ..graph.ranges import IndexVerdict, Status, gathernd_verdict
 
 INT32_MAX = 2**31 - 1
 

@@ -37,8 +37,8 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from ..heap import release
-from ..pipeline import Context, Refuse
+from ..base.memory import release
+from ..graph.pipeline import Context, Refuse
 
 LEVELS = ("disable", "all")
 MAX_PROOF_NODES = 2000  # a rewritten side larger than this is not a local rewrite: left to the whole-model check

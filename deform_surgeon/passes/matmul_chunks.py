@@ -13,11 +13,11 @@ import math
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from ..budget import human
-from ..ops import ELEMENTWISE_NARY, ELEMENTWISE_UNARY
-from ..pipeline import Action, Context, Refuse
-from ..shapes import Shapes, along_rows
-from .cuts import cut, float16_details, join
+from ..graph.budget import human
+from ..graph.ops import ELEMENTWISE_NARY, ELEMENTWISE_UNARY
+from ..graph.pipeline import Action, Context, Refuse
+from ..graph.shapes import Shapes, along_rows
+from .cut_and_join import cut, float16_details, join
 from .oversize import OversizeRun, even_parts, kernels_choice
 
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import onnx_graphsurgeon as gs
 
-from ..pipeline import Action, Context, Outcome
-from ..shapes import Shapes
-from .cuts import FLOAT16_NOTE
+from ..graph.pipeline import Action, Context, Outcome
+from ..graph.shapes import Shapes
+from .cut_and_join import FLOAT16_NOTE
 from .local_proof import LocalProof, record
 from .split import SplitPlan
 
@@ -51,14 +51,14 @@ class OversizeRun:
     origin: dict[int, gs.Tensor] = field(default_factory=dict)
 
     def held(self, ctx: Context, t: gs.Tensor) -> bool:
-        """Whether ORT CPU holds float16 `t` in float32 (cuts.py), a channel group as the tensor it is part of:
+        """Whether ORT CPU holds float16 `t` in float32 (cut_and_join.py), a channel group as the tensor it is part of:
         the cut of a group made by a Cast to float16 must round as that Cast's readers saw it round."""
         return ctx.held_in_float32(self.origin.get(id(t), t))
 
     def proof(self, ctx: Context, key: str, nodes: list[gs.Node], ends: list[gs.Tensor], float16: bool
               ) -> LocalProof | None:
         """The local proof of a rewrite (local_proof.py), or None for a float16 one: a region's inputs would be
-        float16 graph inputs, rounded already, so only the whole model shows where ORT CPU rounds (cuts.py)."""
+        float16 graph inputs, rounded already, so only the whole model shows where ORT CPU rounds (cut_and_join.py)."""
         if float16:
             return None
         proof = self.plan.proofs[key] = record(ctx, self.shapes, nodes, ends)

@@ -3,7 +3,7 @@ on the nodes around it instead of on the whole model.
 
 Why: ORT CPU has no float16 kernel for most ops; it runs them in float32 behind Casts it inserts, drops the Cast
 pairs between two of them, and runs in float32 a node that has a float16 kernel when its neighbours all run in
-float32 (its InsertCastTransformer, passes/cuts.py). Which tensor is rounded to float16 is therefore decided by
+float32 (its InsertCastTransformer, passes/cut_and_join.py). Which tensor is rounded to float16 is therefore decided by
 the graph around it. A few nodes taken out of the model (a local proof) are rounded where the whole model rounds
 them only if ORT decides the same there, and a proof shows a float16 rewrite exact only then.
 
@@ -41,7 +41,7 @@ class Rounding:
     read: dict[tuple[str, str], str]
 
     def made_by_model(self) -> frozenset[str]:
-        """The tensors the model's own nodes write as they are typed (passes/cuts.py `made_by_ort`)."""
+        """The tensors the model's own nodes write as they are typed (passes/cut_and_join.py `made_by_ort`)."""
         return frozenset(t for t, (form, op) in self.made.items() if form == TYPED and op)
 
     def differences(self, other: Rounding, nodes: Iterable[tuple[str, tuple[str, ...], tuple[str, ...]]],
@@ -80,7 +80,7 @@ def rounding(model: str | Path | onnx.ModelProto, level: str = "disable") -> Rou
     """ORT CPU's graph of `model` (a file, or a model in memory) at `level`, read as a `Rounding`."""
     import onnxruntime as ort
 
-    from ..verify import ort_level
+    from ..base.ort_cpu import ort_level
 
     with tempfile.TemporaryDirectory(prefix="ds-rounding-") as tmp:
         options = ort.SessionOptions()
@@ -124,7 +124,7 @@ def _form(name: str) -> str:
 def file_roundings(asked: list[tuple[Path, str]]) -> dict[tuple[Path, str], Rounding]:
     """`rounding` of each (file, level), the second half of them on a second core (background.py): a session of
     a whole model is made for each, about a second each on BiRefNet's float16 files."""
-    from ..background import Background
+    from ..base.background import Background
 
     mine, theirs = asked[:len(asked) // 2], asked[len(asked) // 2:]
     child = Background(_roundings, theirs)

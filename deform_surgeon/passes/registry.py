@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from ..errors import SurgeonError
-from ..pipeline import Pass
+from ..base.errors import SurgeonError
+from ..graph.pipeline import Pass
 from .bands import BandOversize
 from .deform_conv import LowerDeformConv
 from .fit import FitStorageBuffers

@@ -33,7 +33,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from ..pipeline import Action, Context, Outcome, Pass, Refuse
+from ..graph.pipeline import Action, Context, Outcome, Pass, Refuse
 
 EXACT = 2**24  # float32 represents every integer in [-2^24, 2^24]
 SMALL = 2**22  # bound on constants added before, and limits of, a saturating Clip

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from ..budget import human
-from ..ops import ELEMENTWISE_NARY, ELEMENTWISE_UNARY
-from ..pipeline import Action, Context, Refuse
-from ..shapes import Shapes
-from .cuts import cut, float16_details, join
+from ..graph.budget import human
+from ..graph.ops import ELEMENTWISE_NARY, ELEMENTWISE_UNARY
+from ..graph.pipeline import Action, Context, Refuse
+from ..graph.shapes import Shapes
+from .cut_and_join import cut, float16_details, join
 from .oversize import OversizeRun, concat_axis, even_parts
 
 

@@ -41,7 +41,7 @@ between two of them, so most of the block's float16 tensors are float32 values n
 the split inserts that has a float16 kernel (Slice, Concat) would round such a value where the whole block does
 not (measured: 4.9e-4 on decoder_gathernd_fp16). So in a float16 block the rows of the weights and mask are cut by
 Pads with negative pads (no float16 CPU kernel: ORT runs them in float32 like their neighbours), and a join of the
-Conv's tail is followed by a Pad with zero pads, so that ORT runs the Concat in float32 too (cuts.py). Where ORT
+Conv's tail is followed by a Pad with zero pads, so that ORT runs the Concat in float32 too (cut_and_join.py). Where ORT
 rounds depends on the graph, not on values, but a local proof of the region cannot show it (its inputs would be
 float16 graph inputs, rounded already): the split is `needs_verify` with levels disable and all, written only
 once the whole patched model is byte-identical at both, and the block is kept whole otherwise (docs/variants.md).
@@ -70,13 +70,13 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from ..blocks import GATHERS, GatherBlock, conv_tail, gather_blocks
-from ..budget import human
-from ..ops import ELEMENTWISE_NARY, ELEMENTWISE_UNARY, SHAPE_OPS
-from ..pipeline import Action, Context, Outcome, Pass, Refuse
-from ..shapes import Shapes
-from ..stages import step
-from .cuts import FLOAT16_NOTE, cut, float16_details, join
+from ..base.stages import step
+from ..graph.blocks import GATHERS, GatherBlock, conv_tail, gather_blocks
+from ..graph.budget import human
+from ..graph.ops import ELEMENTWISE_NARY, ELEMENTWISE_UNARY, SHAPE_OPS
+from ..graph.pipeline import Action, Context, Outcome, Pass, Refuse
+from ..graph.shapes import Shapes
+from .cut_and_join import FLOAT16_NOTE, cut, float16_details, join
 from .local_proof import LocalProof, record
 
 
@@ -235,7 +235,7 @@ class ChunkPlan:
 
     counts: list[int]  # output rows per chunk
     sizes: list[tuple[int, gs.Tensor]]  # the bytes of every tensor of the block
-    float16: bool = False  # a float16 block: cut where ORT CPU rounds as it did (cuts.py)
+    float16: bool = False  # a float16 block: cut where ORT CPU rounds as it did (cut_and_join.py)
 
 
 class SplitBlocks(Pass):
@@ -604,7 +604,8 @@ class SplitBlocks(Pass):
         part_shape = split[:axis] + (r1 - r0,) + split[axis + 1:] if src is not t else chunk
         part = ctx.var(base, dtype, part_shape)
         if dtype is not None and np.dtype(dtype).kind == "f":
-            cut(ctx, base, src, r0, r1, axis, part, h)  # float16: a Pad (cuts.py), where ORT keeps float32 values
+            # float16: a Pad (cut_and_join.py), where ORT keeps float32 values
+            cut(ctx, base, src, r0, r1, axis, part, h)
         else:
             ctx.node("Gather", base, [src, ctx.const(f"{base}/rows", np.arange(r0, r1, dtype=np.int64))], [part],
                      {"axis": axis})

@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from ..pipeline import Action, Context, Outcome, Pass, Refuse
+from ..graph.pipeline import Action, Context, Outcome, Pass, Refuse
 
 _WIDEN = {np.dtype(np.float16): np.float32}
 _BFLOAT16 = "bfloat16"

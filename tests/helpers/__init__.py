@@ -46,9 +46,9 @@ def patch_in_memory(model: onnx.ModelProto, **options) -> tuple[onnx.ModelProto,
 def patch_whole_graph(model: onnx.ModelProto, **options) -> tuple[onnx.ModelProto, list]:
     """The passes on the whole model imported into onnx-graphsurgeon, without region lifting: what region lifting
     must be equivalent to (tests/test_region.py)."""
-    from deform_surgeon.model_io import export_graph, infer_value_types
-    from deform_surgeon.pipeline import Context, Options, run_passes
-    from deform_surgeon.surgeon import default_passes
+    from deform_surgeon.commands.patch import default_passes
+    from deform_surgeon.files import export_graph, infer_value_types
+    from deform_surgeon.graph.pipeline import Context, Options, run_passes
 
     graph = gs.import_onnx(model)
     ctx = Context(graph, infer_value_types(model), Options(**options))

@@ -9,7 +9,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 
-import { CHROMIUM_FLAGS, launchChromium, parseArgs } from '../../deform_surgeon/placement/harness_node.mjs';
+import { CHROMIUM_FLAGS, launchChromium, parseArgs } from '../../deform_surgeon/webgpu/placement/harness_node.mjs';
 
 const args = parseArgs(process.argv.slice(2));
 const steps = JSON.parse(args.steps || '[]');
