@@ -454,6 +454,8 @@ def test_batch_config_says_what_onnx_holds_after_an_entry_fails_or_the_run_stops
     (src / "onnx" / "model.onnx").write_bytes(FIXTURE.read_bytes()[:1000])  # now not a model: its entry fails
     proc = _batch(src, out, "--external-data", "never")
     assert proc.returncode == 1, proc.stdout + proc.stderr
+    bad = src / "onnx" / "model.onnx"  # (its row names it once: "src/...: src/...: not a readable" before)
+    assert f"  {bad}: not a readable ONNX model" in proc.stdout and f"{bad}: {bad}" not in proc.stdout
     assert _locations(out / "onnx" / "model.onnx") == {"model.onnx_data"}  # the earlier pair, kept
     assert _fetched(out) == {"model.onnx": 1, "model_fp16.onnx": 0}
     _same_outputs(FIXTURE, out / "onnx" / "model.onnx")  # (it loads, its data file fetched)

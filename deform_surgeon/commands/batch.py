@@ -807,6 +807,13 @@ def _data_files_named(model: Path) -> int:
 
 
 # --------------------------------------------------------------------------------------------------- reporting
+def _problem(e: Entry) -> str:
+    """The entry's error for a line that names its model already: without the model's path in front, which the
+    error's own one line carries (a row read "src/onnx/model.onnx: src/onnx/model.onnx: not a readable ...")."""
+    head = f"{e.input}: "
+    return e.error[len(head):] if e.error and e.error.startswith(head) else (e.error or "")
+
+
 def entry_report(e: Entry) -> dict:
     """The per-model JSON report: the patch report (see PatchReport.to_dict) plus `status` and `error`."""
     base = dict(e.result) if e.result is not None else {
@@ -885,7 +892,7 @@ def variant_table(entries: list[Entry], root: str, jobs: int, seconds: float, co
     lines = [f"batch {root}: {len(entries)} model(s), {copies} other file(s) copied unchanged, {jobs} job(s), "
              f"{seconds:.1f} s"]
     lines += ["  " + "  ".join(f"{c:<{w[i]}}" for i, c in enumerate(r)).rstrip() for r in rows]
-    lines += [f"  {e.input}: {e.error}" for e in entries if e.error]
+    lines += [f"  {e.input}: {_problem(e)}" for e in entries if e.error]
     eight_bit = [str(Path(e.input).relative_to(root)) for e in entries if (e.result or {}).get("webgpu")
                  and KernelReport.from_dict(e.result["webgpu"]).integer_8bit()[0]]
     if eight_bit:
@@ -927,7 +934,7 @@ class Progress:
         self.t0 = time.perf_counter()
         for e in entries:
             if e.status == FAILED:
-                self._line(f"[{e.number}/{len(entries)}] {e.input}: failed: {e.error}")
+                self._line(f"[{e.number}/{len(entries)}] {e.input}: failed: {_problem(e)}")
 
     def tick(self) -> None:
         if self.tty:
@@ -942,7 +949,7 @@ class Progress:
     def finished(self, e: Entry) -> None:
         self.last[e.number] = "done"
         self._line(f"[{e.number}/{len(self.entries)}] {e.input}: {e.status} ({e.seconds:.1f} s)"
-                   + (f": {e.error}" if e.error else ""))
+                   + (f": {_problem(e)}" if e.error else ""))
 
     def close(self) -> None:
         if self.tty:
