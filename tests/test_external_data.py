@@ -470,3 +470,16 @@ def test_batch_config_says_what_onnx_holds_after_an_entry_fails_or_the_run_stops
                           out_folder=str(out))
     assert json.loads((out / "config.json").read_text())["model_type"] == "birefnet"
     assert _fetched(out) == {"model.onnx": 1, "model_fp16.onnx": 0}  # what onnx/ holds, not DIR's config
+
+
+def test_an_unchanged_copy_over_a_pair_takes_the_old_data_file_with_it(tmp_path):
+    """`--copy-unchanged` of a model with nothing to rewrite over an existing OUT pair left the old `<OUT>_data`
+    behind (the next run refused it as a user's own): the copy takes OUT's place as a written model does."""
+    out = tmp_path / "out.onnx"
+    assert _patch_cli(FIXTURE, out, "--external-data", "always").returncode == 0
+    assert (tmp_path / "out.onnx_data").is_file()
+    proc = _patch_cli(FIXTURES / "no_deform.onnx", out, "--copy-unchanged")
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes() == (FIXTURES / "no_deform.onnx").read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.onnx"]
+    assert _patch_cli(FIXTURE, out, "--external-data", "always").returncode == 0  # and a rerun writes the pair

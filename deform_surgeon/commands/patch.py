@@ -425,7 +425,7 @@ def _unchanged(report: PatchReport, lifted: Lifted, output_path: Path | None, co
             clock.enter("write")  # its data must move beside the copy (same tensors, re-pointed), or out of it
             written = save_model_atomic(lifted.model, output_path, weights=weights, form=form)
         else:  # (the copy's size as one file is the input's: "auto" decided by it)
-            copy_atomic(model_path, output_path, check=weights.check_unchanged)
+            copy_atomic(model_path, output_path, check=weights.check_unchanged, inputs=weights.inputs.values())
             written = Written(None, os.path.getsize(output_path))
         report.written = True
         _data_written(report, written, weights, form)

@@ -223,14 +223,19 @@ def single_file_problem(name: str, size: int) -> str | None:
             f"in external data (--external-data always) a page loads it")
 
 
-def copy_atomic(src: str | Path, target: str | Path, check: Callable[[], None] | None = None) -> None:
+def copy_atomic(src: str | Path, target: str | Path, check: Callable[[], None] | None = None,
+                inputs: Iterable[tuple] = ()) -> None:
     """Copy a file byte for byte through a temporary name (used when there is nothing to rewrite); `check()` (e.g.
-    `Weights.check_unchanged`) runs before the copy takes the target's place, and may raise."""
+    `Weights.check_unchanged`) runs before the copy takes the target's place, and may raise. It takes OUT's place
+    as a written model does (`_install`): an old OUT's own data files leave with it, no input (`inputs`) is
+    moved."""
+    target = Path(target)
     try:
-        with atomic_path(target) as tmp:
+        with temp_path(target) as tmp:
             shutil.copyfile(src, tmp)
             if check is not None:
                 check()
+            _install(tmp, target, None, target, inputs)
     except OSError as exc:
         if check is not None:
             check()  # the input removed or replaced: that is the file to name
