@@ -815,6 +815,41 @@ def test_ctrl_c_while_batch_workers_start_is_one_line(tmp_path):
             (tmp_path / name).unlink()
 
 
+def _fork_server_of(pid: int) -> bool:
+    """Whether a child of `pid` is multiprocessing's fork server (read from /proc)."""
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            if parent == pid and b"forkserver" in Path(f"/proc/{entry}/cmdline").read_bytes():
+                return True
+        except (OSError, ValueError, IndexError):
+            continue
+    return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the fork server in /proc")
+@pytest.mark.parametrize("wait", [0.0, 0.1, 0.2, 0.3, 0.45])
+def test_ctrl_c_while_the_fork_server_loads_is_one_line(tmp_path, wait):
+    """Campaign after the fourth round: a Ctrl-C reaches the whole process group, and the fork server batch starts
+    spends about half a second importing the patch stack; a Ctrl-C then printed its KeyboardInterrupt traceback (10
+    to 28 lines) before "interrupted", and one the batch took while a worker was being forked left that worker
+    reading its start-up data after the batch had gone (FileNotFoundError). Ctrl-C `wait` seconds after the fork
+    server exists (the signal lands in its start-up): one line, exit 130, no temporary file."""
+    copy_fixture("decoder_gathernd.onnx", tmp_path, "m0.onnx")
+    before = state(tmp_path)
+    proc = subprocess.Popen([*DS, "batch", "--glob", "m*.onnx", "--jobs", "1", "--no-progress"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    while proc.poll() is None and not _fork_server_of(proc.pid):
+        time.sleep(0.001)
+    time.sleep(wait)  # (where in the fork server's start-up the signal lands; no time is asserted)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    assert (proc.returncode, err) in ((130, "deform-surgeon: interrupted\n"), (0, "")), out + err  # (0: done first)
+    left = {k for k in state(tmp_path) if k not in before}
+    assert not {n for n in left if n.startswith(".") or "tmp" in n}, left
+
+
 # ------------------------------------------------------------------------------------------- folders out of reach
 def _without_permission_bypass() -> list[str]:
     """The prefix that runs a command without the capability to bypass file permissions (root has it)."""

@@ -483,3 +483,32 @@ def test_an_unchanged_copy_over_a_pair_takes_the_old_data_file_with_it(tmp_path)
     assert out.read_bytes() == (FIXTURES / "no_deform.onnx").read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.onnx"]
     assert _patch_cli(FIXTURE, out, "--external-data", "always").returncode == 0  # and a rerun writes the pair
+
+
+def test_an_unreadable_model_beside_its_data_file_fails_alone_in_a_batch(tmp_path):
+    """Campaign after the fourth round: a half-downloaded `onnx/model.onnx` beside its `model.onnx_data` refused the
+    whole folder (the data file, no longer recognized as the model's, was to be copied over the output's data file);
+    docs/batch.md says a model that cannot be read fails alone: it does, the other variant is patched, exit 1."""
+    src, out = _folder(tmp_path / "in", {"model_type": "birefnet"}), tmp_path / "out"
+    onnx.save(onnx.load(str(FIXTURE)), src / "onnx" / "model.onnx", save_as_external_data=True,
+              location="model.onnx_data", size_threshold=1024)
+    (src / "onnx" / "model.onnx").write_bytes(b"garbage")
+    proc = _batch(src, out)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"{src / 'onnx' / 'model.onnx'}: not a readable ONNX model" in proc.stdout
+    assert sorted(p.name for p in (out / "onnx").iterdir()) == ["model_fp16.onnx"]
+    assert deform_surgeon.verify(FIXTURES / "decoder_gathernd_fp16.onnx", out / "onnx" / "model_fp16.onnx",
+                                 iterations=1).identical
+
+
+def test_two_write_targets_that_are_hard_links_of_one_file_are_named_so(tmp_path):
+    """Campaign after the fourth round: a --report that is a hard link of OUT's data file was refused as "rep.json
+    and out.onnx_data are both .../rep.json" (the real path of a hard link is itself); it says what they are."""
+    from deform_surgeon.files.io_check import FilePlan
+
+    (tmp_path / "out.onnx_data").write_bytes(b"")
+    (tmp_path / "rep.json").hardlink_to(tmp_path / "out.onnx_data")
+    plan = FilePlan()
+    plan.write("OUT's external data file", tmp_path / "out.onnx_data")
+    with pytest.raises(SurgeonError, match=r"rep.json and .*out.onnx_data are two names of one file"):
+        plan.write("--report", tmp_path / "rep.json")

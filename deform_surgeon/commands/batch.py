@@ -67,7 +67,7 @@ from pathlib import Path
 
 from ..base.errors import SurgeonError
 from ..files import DataForm, atomic_path, external_data_path, temp_prefix, wire
-from ..files.io_check import FilePlan, external_locations, file_kind
+from ..files.io_check import FilePlan, file_kind
 from ..files.write import BROWSER_SINGLE_FILE_LIMIT, recover_pair
 from ..graph.budget import human
 from .args import PATCH_GROUPS, manifest_options, manifest_problem, val_ranges_for
@@ -235,9 +235,16 @@ def plan_folder(folder: str, out_dir: str, cli: dict, summary: str | None = None
     data = set()
     for m in models:
         try:
-            data.update((m.parent / loc).resolve() for loc in external_locations(m))
+            scan = wire.scan_model(m)
         except SurgeonError:
-            pass  # an unreadable model fails as its own entry
+            scan = None
+        if scan is not None and scan.complete:
+            data.update((m.parent / loc).resolve() for loc in scan.locations)
+        else:  # an unreadable model fails as its own entry, and the data files named after it stay its own, not
+            # copied (a half-downloaded model.onnx beside its model.onnx_data refused the whole folder: the copy
+            # would have collided with the output's data file)
+            data.update(f.resolve() for f in others if f.parent == m.parent and _DATA_OF.fullmatch(f.name)
+                        and f.name.startswith(m.name))
     copies = [(f, out / f.relative_to(src)) for f in others if f.resolve() not in data]
     report_dir = cli.get("report_dir")
     options = {k: v for k, v in cli.items() if k in OPTIONS and v is not None and k not in SWITCHES}
@@ -341,6 +348,9 @@ def _external_planned(e: Entry, form: DataForm) -> bool:
         return os.path.getsize(e.input) > BROWSER_SINGLE_FILE_LIMIT
     except OSError:  # (a missing or unreadable input: loading it names the problem)
         return False
+
+
+_DATA_OF = re.compile(r".+\.onnx(\.data|_data(_\d+)?)")  # a data file named after its model, as writers name them
 
 
 def _data_name(model: Path, src: Path) -> dict:
@@ -488,7 +498,8 @@ def run(entries: list[Entry], jobs: int, progress: Progress | None = None) -> fl
         if e.error is not None:
             e.status = FAILED
     ctx = _context()
-    messages = ctx.Queue()
+    with _signals_held():  # (the queue's lock may start multiprocessing's resource tracker)
+        messages = ctx.Queue()
     running: dict[int, tuple[Entry, object, float]] = {}
     by_number = {e.number: e for e in entries}
     if progress:
@@ -546,18 +557,30 @@ def run(entries: list[Entry], jobs: int, progress: Progress | None = None) -> fl
 
 @contextmanager
 def _signals_held() -> Iterator[None]:
-    """Ctrl-C and SIGTERM held back while a worker starts and is entered in `running`, then handled as they would
-    have been. Raised inside `Process.start()`, they left a worker the batch did not know of and so did not stop:
-    it went on after the batch had exited, and printed a traceback when the queue it was to read was gone."""
+    """Ctrl-C and SIGTERM held back while a worker (or the fork server, or the queue's resource tracker) starts
+    and is entered in `running`, then handled as they would have been.
+
+    Why: raised inside `Process.start()`, they left a worker the batch did not know of and so did not stop: it
+    went on after the batch had exited, and printed a traceback when the queue it was to read was gone. And a
+    Ctrl-C reaches the whole process group: the fork server, started by the first `start()`, spent half a second
+    importing its preload with Python's own Ctrl-C handling, and printed a KeyboardInterrupt traceback there. So
+    both are caught here (this process: another of its threads, numpy's, may take the signal and Python then
+    runs the handler in the main thread, so blocking them in the main thread would not hold them back), and
+    Ctrl-C is blocked as well (`pthread_sigmask`): a process started now inherits the mask through its exec, so
+    the fork server never sees a Ctrl-C (it ignores Ctrl-C once its preload is done, and its workers are born
+    with the mask). SIGTERM is not blocked: the workers must still end on the SIGTERM the batch stops them with."""
     if threading.current_thread() is not threading.main_thread():  # (signals are the main thread's)
         yield
         return
     held: list[int] = []
     previous = {sig: signal.signal(sig, lambda signum, _frame: held.append(signum))
                 for sig in (signal.SIGINT, signal.SIGTERM)}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if hasattr(signal, "pthread_sigmask") else None
     try:
         yield
     finally:
+        if mask is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # (a Ctrl-C that waited is handled by `held` now)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if held:

@@ -142,7 +142,9 @@ class FilePlan:
                 other, other_target = self.writes[key]
                 both = ""
                 if os.path.abspath(other_target) != os.path.abspath(target):  # two names, one file: say which
-                    both = f" ({target} and {other_target} are both {_real(target)})"
+                    real = _real(target)
+                    both = (f" ({target} and {other_target} are both {real})" if real != os.path.abspath(target)
+                            else f" ({target} and {other_target} are two names of one file)")
                 raise SurgeonError(target, f"{role} is also {other}{both}: one would overwrite the other",
                                    "give each output its own name")
 
