@@ -829,7 +829,7 @@ def _fork_server_of(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the fork server in /proc")
-@pytest.mark.parametrize("wait", [0.0, 0.1, 0.2, 0.3, 0.45])
+@pytest.mark.parametrize("wait", [0.0, 0.05, 0.1, 0.2, 0.3])
 def test_ctrl_c_while_the_fork_server_loads_is_one_line(tmp_path, wait):
     """Campaign after the fourth round: a Ctrl-C reaches the whole process group, and the fork server batch starts
     spends about half a second importing the patch stack; a Ctrl-C then printed its KeyboardInterrupt traceback (10
@@ -845,7 +845,10 @@ def test_ctrl_c_while_the_fork_server_loads_is_one_line(tmp_path, wait):
     time.sleep(wait)  # (where in the fork server's start-up the signal lands; no time is asserted)
     os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=300)
-    assert (proc.returncode, err) in ((130, "deform-surgeon: interrupted\n"), (0, "")), out + err  # (0: done first)
+    if "1 ok, 0 unchanged, 0 refused, 0 failed" in out:  # done first: exit 0, or the signal ended Python's own
+        assert (proc.returncode, err) in ((0, ""), (-signal.SIGINT, "")), out + err  # shutdown (robustness.md)
+    else:
+        assert (proc.returncode, err) == (130, "deform-surgeon: interrupted\n"), out + err
     left = {k for k in state(tmp_path) if k not in before}
     assert not {n for n in left if n.startswith(".") or "tmp" in n}, left
 
