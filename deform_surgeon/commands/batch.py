@@ -68,7 +68,7 @@ from pathlib import Path
 from ..base.errors import SurgeonError
 from ..files import DataForm, atomic_path, external_data_path, temp_prefix, wire
 from ..files.io_check import FilePlan, file_kind
-from ..files.write import BROWSER_SINGLE_FILE_LIMIT, recover_pair
+from ..files.write import BROWSER_SINGLE_FILE_LIMIT, is_own_data_name, recover_pair
 from ..graph.budget import human
 from .args import PATCH_GROUPS, manifest_options, manifest_problem, val_ranges_for
 from .report import FINDING_EXIT, OK, REFUSED, UNCHANGED
@@ -243,8 +243,7 @@ def plan_folder(folder: str, out_dir: str, cli: dict, summary: str | None = None
         else:  # an unreadable model fails as its own entry, and the data files named after it stay its own, not
             # copied (a half-downloaded model.onnx beside its model.onnx_data refused the whole folder: the copy
             # would have collided with the output's data file)
-            data.update(f.resolve() for f in others if f.parent == m.parent and _DATA_OF.fullmatch(f.name)
-                        and f.name.startswith(m.name))
+            data.update(f.resolve() for f in others if f.parent == m.parent and is_own_data_name(m.name, f.name))
     copies = [(f, out / f.relative_to(src)) for f in others if f.resolve() not in data]
     report_dir = cli.get("report_dir")
     options = {k: v for k, v in cli.items() if k in OPTIONS and v is not None and k not in SWITCHES}
@@ -348,9 +347,6 @@ def _external_planned(e: Entry, form: DataForm) -> bool:
         return os.path.getsize(e.input) > BROWSER_SINGLE_FILE_LIMIT
     except OSError:  # (a missing or unreadable input: loading it names the problem)
         return False
-
-
-_DATA_OF = re.compile(r".+\.onnx(\.data|_data(_\d+)?)")  # a data file named after its model, as writers name them
 
 
 def _data_name(model: Path, src: Path) -> dict:

@@ -243,6 +243,13 @@ def copy_atomic(src: str | Path, target: str | Path, check: Callable[[], None] |
 
 
 _CHUNKED_DATA = re.compile(r"_data(_\d+)?$")
+
+
+def is_own_data_name(model_name: str, name: str) -> bool:
+    """Whether `name` is a data file named after the model file `model_name` as writers name them: `<model>.data`,
+    `<model>_data` and its chunks `<model>_data_<k>` (an old OUT's own, which leave with it; an unreadable model's
+    in a batch folder, which stay its own)."""
+    return re.fullmatch(re.escape(model_name) + r"(\.data|_data(_\d+)?)", name) is not None
 DATA_SUFFIXES = ("_data", ".data")
 
 
@@ -340,7 +347,6 @@ def _old_pair(target: Path, inputs: Iterable[tuple]) -> list[Path]:
     except (OSError, RuntimeError, ValueError, SurgeonError):
         return []
     read = {key[:2] for key in inputs}  # (device, inode): the same file by any name
-    own = re.compile(re.escape(target.name) + r"(\.data|_data(_\d+)?)")
     found = []
     for loc in dict.fromkeys(locations):
         path = target.parent / loc
@@ -348,7 +354,7 @@ def _old_pair(target: Path, inputs: Iterable[tuple]) -> list[Path]:
             st = os.stat(path)
         except OSError:
             continue
-        if path.parent.resolve() == target.parent.resolve() and own.fullmatch(path.name) and \
+        if path.parent.resolve() == target.parent.resolve() and is_own_data_name(target.name, path.name) and \
                 (st.st_dev, st.st_ino) not in read:
             found.append(path)
     return [target, *found] if found else []
