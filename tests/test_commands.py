@@ -12,7 +12,7 @@ import textwrap
 import pytest
 from helpers import one_error_line, run
 
-from deform_surgeon.base.tool import Tool
+from deform_surgeon.base.tool import Tool, paragraphs
 from deform_surgeon.commands import batch
 from deform_surgeon.commands.cli import TOOLS, BatchTool, MissingTool, PatchTool, build_parser, load_tool
 from deform_surgeon.commands.report import api_words
@@ -45,6 +45,46 @@ def test_every_subcommand_is_listed_in_help_and_loads(tmp_path):
     for name in TOOLS:
         sub = run(name, "--help", cwd=tmp_path)
         assert sub.returncode == 0 and sub.stdout.startswith(f"usage: deform-surgeon {name}"), sub.stderr
+
+
+def test_a_commands_docstring_is_its_help_line_and_description():
+    class Count(Tool):
+        """count the nodes (100% of them)
+        of a model
+
+        Reads MODEL and counts
+        its nodes.
+
+        Exit 0.
+        """
+
+        name = "count"
+
+    class Short(Tool):
+        """one line only"""
+
+    class Plain(Short):
+        pass
+
+    assert Count.help == "count the nodes (100%% of them) of a model"  # argparse-ready: % escaped
+    assert Count.description == "Reads MODEL and counts its nodes.\n\nExit 0."
+    assert (Short.help, Short.description) == ("one line only", None)
+    assert (Plain.help, Plain.description) == ("one line only", None)  # no docstring of its own: inherited
+    with pytest.raises(TypeError, match="sets help"):
+        class Twice(Tool):
+            """the text"""
+
+            help = "the text again"
+
+    parser = argparse.ArgumentParser(prog="deform-surgeon")
+    Count().add_parser(parser.add_subparsers(dest="command", metavar="COMMAND"))
+    assert "count the nodes (100% of them) of a model" in " ".join(parser.format_help().split())
+    assert "Reads MODEL and counts its nodes. Exit 0." in " ".join(subparsers(parser)["count"].format_help().split())
+
+    for name, where in TOOLS.items():  # every registered command: its help line is its docstring's first paragraph
+        cls = type(load_tool(name, where))
+        assert cls.__dict__.get("__doc__") and cls.help.strip(), name
+        assert cls.help == paragraphs(cls.__doc__)[0].replace("%", "%%") and "\n" not in cls.help, name
 
 
 SITECUSTOMIZE = """

@@ -386,11 +386,14 @@ def probe_adapter(timeout: float = 60.0) -> tuple[dict[str, Any] | None, str | N
 
 
 class SetupTool(Tool):
+    """install the pinned WebGPU runtimes (npm) that `placement` and `serve` use
+
+    Installs the npm packages pinned by this package (onnxruntime-web/-node, playwright-core, webgpu) into a per-user
+    cache folder ($XDG_CACHE_HOME/deform-surgeon/runtimes-<hash>) with `npm ci --ignore-scripts`; idempotent. Needs
+    node >= 20 and npm.
+    """
+
     name = "setup"
-    help = "install the pinned WebGPU runtimes (npm) that `placement` and `serve` use"
-    description = ("Installs the npm packages pinned by this package (onnxruntime-web/-node, playwright-core, webgpu) "
-                   "into a per-user cache folder ($XDG_CACHE_HOME/deform-surgeon/runtimes-<hash>) with `npm ci "
-                   "--ignore-scripts`; idempotent. Needs node >= 20 and npm.")
 
     def add_args(self, p: argparse.ArgumentParser) -> None:
         p.add_argument("--browser", action="store_true",

@@ -1,9 +1,9 @@
 """One form for every `deform-surgeon` subcommand, after Polygraphy's tools: a `Tool` subscribes to argument groups.
 
 An `ArgGroup` is a set of `Option`s that add themselves to a parser and parse themselves back into the keyword
-arguments of the Python API (`None` means the API's default), so a command is its own few arguments, the groups it
-takes, and `run`. `patch`, `inspect` and `batch` take the same groups (args.py): an option is written once, and
-appears wherever its group does, in a batch manifest under its API keyword too.
+arguments of the Python API (`None` means the API's default), so a command is its docstring (its help), its own
+few arguments, the groups it takes, and `run`. `patch`, `inspect` and `batch` take the same groups (args.py): an
+option is written once, and appears wherever its group does, in a batch manifest under its API keyword too.
 
 This module imports nothing of the package: the tools of the low layers (`setup`, in base/js_runtimes.py)
 subclass it too.
@@ -12,6 +12,8 @@ subclass it too.
 from __future__ import annotations
 
 import argparse
+import inspect
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,13 +94,36 @@ class ArgGroup:
         return None
 
 
+def paragraphs(doc: str) -> list[str]:
+    """A docstring's paragraphs, each one line: its lines joined with spaces (argparse reflows them anyway)."""
+    return [" ".join(p.split()) for p in re.split(r"\n\s*\n", inspect.cleandoc(doc)) if p.strip()]
+
+
 class Tool:
-    """A subcommand: `name`, a one-line `help` (and an optional `description`), the argument groups it subscribes
-    to (`subscribe`), its own arguments (`add_args`) and `run(args) -> exit code`."""
+    """A subcommand: `name`, its text (the subclass's docstring), the argument groups it subscribes to
+    (`subscribe`), its own arguments (`add_args`) and `run(args) -> exit code`.
+
+    As in Polygraphy, a command's text is its class docstring, written once: its first paragraph is the one-line
+    `help` that `deform-surgeon --help` lists (`%` escaped for argparse: the docstring is plain text), the paragraphs
+    after it the `description` that `deform-surgeon NAME --help` shows under the usage (None if there are none).
+    A subclass without a docstring of its own keeps what it inherits; one with a docstring sets neither attribute
+    itself. A developer's note on a command is a comment, not its docstring."""
 
     name: str = ""
     help: str = ""
     description: str | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        doc = cls.__dict__.get("__doc__")
+        if not doc or not doc.strip():
+            return
+        given = [a for a in ("help", "description") if a in vars(cls)]
+        if given:
+            raise TypeError(f"{cls.__name__} sets {' and '.join(given)}: its docstring is its text, written once")
+        first, *rest = paragraphs(doc)
+        cls.help = first.replace("%", "%%")  # argparse %-formats a help, not a description without %(prog)
+        cls.description = "\n\n".join(rest) or None
 
     def __init__(self) -> None:
         self.groups: list[ArgGroup] = self.subscribe()

@@ -50,8 +50,9 @@ from .report import FINDING_EXIT, REFUSED
 
 
 class PatchTool(Tool):
+    """prove, rewrite and save a model (atomic; optionally verified first)"""
+
     name = "patch"
-    help = "prove, rewrite and save a model (atomic; optionally verified first)"
 
     def subscribe(self) -> list:
         self.write, self.rewrite, self.comparison = WriteArgs(), RewriteArgs(), ComparisonArgs()
@@ -109,8 +110,9 @@ def _progress_lines(shown: bool) -> Iterator[None]:
 
 
 class InspectTool(Tool):
+    """dry run: what would be rewritten or refused, and why"""
+
     name = "inspect"
-    help = "dry run: what would be rewritten or refused, and why"
 
     def subscribe(self) -> list:
         self.rewrite = RewriteArgs()
@@ -132,8 +134,9 @@ class InspectTool(Tool):
 
 
 class VerifyTool(Tool):
+    """compare two models on ORT CPU: zero tolerance + exact bytes"""
+
     name = "verify"
-    help = "compare two models on ORT CPU: zero tolerance + exact bytes"
 
     def subscribe(self) -> list:
         self.comparison = ComparisonArgs()
@@ -159,13 +162,13 @@ class VerifyTool(Tool):
         return 0 if result.identical else 1
 
 
+# `patch` over many models: the same argument groups as `patch`, so every patch option is a batch option and a
+# manifest key (batch.OPTIONS) without being written again.
 class BatchTool(Tool):
-    """`patch` over many models: the same argument groups as `patch`, so every patch option is a batch option and a
-    manifest key (batch.OPTIONS) without being written again."""
+    """patch many models (TOML manifest and/or globs) in parallel processes; a report per model and a summary table
+    (exit 1 if any failed, 3 if refused)"""
 
     name = "batch"
-    help = ("patch many models (TOML manifest and/or globs) in parallel processes; a report per model and a summary "
-            "table (exit 1 if any failed, 3 if refused)")
 
     def subscribe(self) -> list:
         self.write = WriteArgs(helps={"verify": "keep each output only if byte-identical on ORT CPU",
@@ -210,9 +213,10 @@ class BatchTool(Tool):
 
 
 class BudgetTool(Tool):
+    """tensors and nodes beyond a WebGPU device's limits (exit 1 if a tensor exceeds maxBufferSize or a node
+    maxStorageBuffersPerShaderStage)"""
+
     name = "budget"
-    help = ("tensors and nodes beyond a WebGPU device's limits (exit 1 if a tensor exceeds maxBufferSize or a node "
-            "maxStorageBuffersPerShaderStage)")
 
     def add_args(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("model")
@@ -285,10 +289,10 @@ TOOLS: dict[str, str] = {
 }
 
 
+# A command whose module could not be imported: listed in `--help` with why, and run (with any arguments, `--help`
+# too) it exits 2 with one line naming what is missing and what to install. Its help is worded per command, in
+# __init__, so it has no docstring (a Tool's docstring is its text, tool.py).
 class MissingTool(Tool):
-    """A command whose module could not be imported: listed in `--help` with why, and run (with any arguments,
-    `--help` too) it exits 2 with one line naming what is missing and what to install."""
-
     def __init__(self, name: str, error: ImportError) -> None:
         super().__init__()
         self.name, self.error, self.install = name, error, install_hint(error)

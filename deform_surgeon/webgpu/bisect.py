@@ -865,12 +865,15 @@ def bisect_with(model: str | Path, run: RunFn, where: str, *, input_shapes: Mapp
 
 
 class BisectTool(Tool):
+    """find the first node whose output a WebGPU runtime gets wrong (or fails on), and write a repro
+
+    Run MODEL on a real WebGPU runtime and on ORT CPU, bisect over prefixes of the unmodified graph and name the first
+    node whose output differs beyond the GPU tolerance, or whose prefix fails, with its inputs' agreement and the
+    runtime's error; write a minimal repro and run it (docs/bisect.md). Exit 0: nothing differs; 1: a node was found;
+    2: bad input. Needs `deform-surgeon setup`.
+    """
+
     name = "bisect"
-    help = "find the first node whose output a WebGPU runtime gets wrong (or fails on), and write a repro"
-    description = ("Run MODEL on a real WebGPU runtime and on ORT CPU, bisect over prefixes of the unmodified graph "
-                   "and name the first node whose output differs beyond the GPU tolerance, or whose prefix fails, with "
-                   "its inputs' agreement and the runtime's error; write a minimal repro and run it (docs/bisect.md). "
-                   "Exit 0: nothing differs; 1: a node was found; 2: bad input. Needs `deform-surgeon setup`.")
 
     def add_args(self, p: argparse.ArgumentParser) -> None:
         from ..commands.args import DEVICE_PROFILE, INPUT_SHAPES, profile_help

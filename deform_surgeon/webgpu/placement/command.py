@@ -29,13 +29,14 @@ from .runner import BUNDLES, DEFAULT_TIMEOUT, RUNTIMES, ModelFolder, SetupMissin
 
 
 class PlacementTool(Tool):
+    """show which nodes a WebGPU EP leaves on the CPU (real onnxruntime-node / onnxruntime-web)
+
+    Create a session on a real WebGPU execution provider and report node placement from ORT's verbose log: CPU
+    nodes, Memcpy nodes, CPU op histogram, ops without a WebGPU kernel. Needs `deform-surgeon setup` (--browser for
+    --runtime browser).
+    """
+
     name = "placement"
-    help = "show which nodes a WebGPU EP leaves on the CPU (real onnxruntime-node / onnxruntime-web)"
-    description = (
-        "Create a session on a real WebGPU execution provider and report node placement from ORT's verbose log: CPU "
-        "nodes, Memcpy nodes, CPU op histogram, ops without a WebGPU kernel. Needs `deform-surgeon setup` (--browser "
-        "for --runtime browser)."
-    )
 
     def add_args(self, p: argparse.ArgumentParser) -> None:
         p.add_argument("model", nargs="?", metavar="MODEL", help="ONNX model to measure")

@@ -32,12 +32,15 @@ HEADLESS_TIMEOUT = 600.0
 
 
 class ServeTool(Tool):
+    """a local page that runs the original and the patched model on your GPU, side by side
+
+    Serves a page on 127.0.0.1 that runs ORIGINAL (and PATCHED) with onnxruntime-web on this browser's WebGPU adapter:
+    session creation time, warm inference times, CPU nodes and Memcpy from ORT's log, WebGPU errors, the masks side by
+    side, and the outputs' differences from each other and from ORT CPU. Needs `deform-surgeon setup` (and a browser
+    with WebGPU).
+    """
+
     name = "serve"
-    help = "a local page that runs the original and the patched model on your GPU, side by side"
-    description = ("Serves a page on 127.0.0.1 that runs ORIGINAL (and PATCHED) with onnxruntime-web on this browser's "
-                   "WebGPU adapter: session creation time, warm inference times, CPU nodes and Memcpy from ORT's log, "
-                   "WebGPU errors, the masks side by side, and the outputs' differences from each other and from ORT "
-                   "CPU. Needs `deform-surgeon setup` (and a browser with WebGPU).")
 
     def add_args(self, p: argparse.ArgumentParser) -> None:
         p.add_argument("original", metavar="ORIGINAL", help="the model as exported (a .onnx file, or a transformers.js "
