@@ -383,12 +383,37 @@ def test_a_pair_a_killed_writer_moved_aside_is_put_back(tmp_path):
     data.write_bytes(b"the new pair's data")
     write.recover_pair(out, data)
     assert {p.name: p.read_bytes() for p in sorted(tmp_path.iterdir())} == before
+    pair = {p: p.read_bytes() for p in (out, data)}
     write._move_aside([out, data])
-    deform_surgeon.patch(FIXTURE, out, external_data="always")  # (the new pair in place, the backups still there)
+    for path, content in pair.items():  # ... killed here, the new pair in place, the backups still there
+        path.write_bytes(content)
     assert len(list(tmp_path.iterdir())) == 4
     write.recover_pair(out, data)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.onnx", "out.onnx_data"]
     _a_consistent_pair(out)
+
+
+def test_the_next_patch_of_an_out_settles_what_a_killed_patch_moved_aside(tmp_path):
+    """A plain `patch` killed (SIGKILL) between moving the old pair aside and putting the new one in place left the
+    old pair under hidden backup names for good (only batch looked for them). The next write of that OUT settles
+    them first: with OUT missing they are put back and then replaced as any old pair is; with the new OUT in place
+    they are removed. No hidden file is left either way, and a backup of another OUT is not touched."""
+    out, data = tmp_path / "out.onnx", tmp_path / "out.onnx_data"
+    deform_surgeon.patch(FIXTURE, out, external_data="always")
+    other = tmp_path / "other.onnx"
+    other.write_bytes(b"another model")
+    (other_backup, _), = write._move_aside([other])
+    for killed_with_out_in_place in (False, True):
+        pair = {p: p.read_bytes() for p in (out, data)}
+        write._move_aside([out, data])  # ... killed here (the old pair aside, OUT missing)
+        if killed_with_out_in_place:  # ... or here, the new pair in place
+            for path, content in pair.items():
+                path.write_bytes(content)
+        assert len([p for p in tmp_path.iterdir() if p.name.endswith(".old")]) == 3
+        deform_surgeon.patch(FIXTURE, out, external_data="always")
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out.onnx", "out.onnx_data", other_backup.name])
+        _a_consistent_pair(out)
+    assert other_backup.read_bytes() == b"another model"
 
 
 def test_replacing_an_out_never_removes_an_input_named_as_its_data(tmp_path):

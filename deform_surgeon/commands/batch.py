@@ -68,7 +68,7 @@ from pathlib import Path
 from ..base.errors import SurgeonError
 from ..files import DataForm, atomic_path, external_data_path, temp_prefix, wire
 from ..files.io_check import FilePlan, file_kind
-from ..files.write import BROWSER_SINGLE_FILE_LIMIT, is_own_data_name, recover_pair
+from ..files.write import BROWSER_SINGLE_FILE_LIMIT, MAX_DATA_CHUNKS, is_own_data_name, recover_pair
 from ..graph.budget import human
 from .args import PATCH_GROUPS, manifest_options, manifest_problem, val_ranges_for
 from .report import FINDING_EXIT, OK, REFUSED, UNCHANGED
@@ -631,7 +631,6 @@ TRANSFORMERS_SUBFOLDER = "onnx"  # where transformers.js fetches a model folder'
 # transformers.js 4.3.1's file name suffixes by dtype (DEFAULT_DTYPE_SUFFIX_MAPPING, src/utils/dtypes.js): a page asks
 # for the file `model` of dtype fp16, `model_fp16.onnx`, and looks its data up by either name (`data_files_read`)
 DTYPE_SUFFIXES = ("_fp16", "_int8", "_uint8", "_quantized", "_q4", "_q2", "_q1", "_q4f16", "_q2f16", "_q1f16", "_bnb4")
-MAX_DATA_CHUNKS = 100  # its MAX_EXTERNAL_DATA_CHUNKS (src/utils/hub/constants.js): it refuses to load more
 _JS_SPACE = ("\t\n\v\f\r \u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029"
              "\u202f\u205f\u3000\ufeff")  # what JavaScript's Number("...") trims: WhiteSpace and LineTerminator
 _JS_DECIMAL = re.compile(r"[+-]?(?:Infinity|(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)")

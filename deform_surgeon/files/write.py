@@ -27,7 +27,6 @@ file and is refused, never replaced.
 from __future__ import annotations
 
 import errno
-import glob
 import hashlib
 import os
 import re
@@ -251,6 +250,7 @@ def is_own_data_name(model_name: str, name: str) -> bool:
     in a batch folder, which stay its own)."""
     return re.fullmatch(re.escape(model_name) + r"(\.data|_data(_\d+)?)", name) is not None
 DATA_SUFFIXES = ("_data", ".data")
+MAX_DATA_CHUNKS = 100  # transformers.js's MAX_EXTERNAL_DATA_CHUNKS (src/utils/hub/constants.js): it loads no more
 
 
 def external_data_path(model_path: str | Path, input_data: Iterable[str | Path] = (), suffix: str | None = None
@@ -319,6 +319,7 @@ def _install(tmp: Path, target: Path, tmp_data: Path | None, data_target: Path, 
     new model takes OUT's. No input (`inputs`: `Weights.inputs`' file keys) is ever moved or removed. Signals
     wait until this is done."""
     with _signals_held():
+        recover_pair(target, data_target)  # what a writer of this OUT killed here before left (SIGKILL cannot wait)
         aside = _move_aside(_old_pair(target, inputs))
         placed = False
         try:
@@ -378,15 +379,22 @@ def _move_aside(paths: list[Path]) -> list[tuple[Path, Path]]:
 
 
 def recover_pair(target: Path, data_target: Path) -> None:
-    """What a process killed during `_install` (SIGKILL cannot wait; batch's workers) left: the pair it had moved
-    aside (`_move_aside`'s backups) is put back where OUT is missing, and removed where the new OUT is in place."""
+    """What a process killed during `_install` left (SIGKILL cannot wait: a batch's worker, or a `patch`): the
+    pair it had moved aside (`_move_aside`'s backups of OUT, `data_target` and OUT's own data files) is put back
+    where OUT is missing, and removed where the new OUT is in place. Batch calls it for a killed worker, and
+    `_install` before it moves an old pair aside, so the next write of an OUT settles what the last one left."""
+    names = [target.name, data_target.name, *(f"{target.name}{s}" for s in DATA_SUFFIXES),
+             *(f"{target.name}_data_{k}" for k in range(1, MAX_DATA_CHUNKS + 1))]
+    prefixes = {temp_prefix(name): target.parent / name for name in dict.fromkeys(names)}
     missing = not os.path.lexists(target)
-    for path in (target, data_target):
-        for backup in path.parent.glob(f"{glob.escape(temp_prefix(path))}*.old"):
-            if missing:
-                os.replace(backup, path)
-            else:
-                backup.unlink(missing_ok=True)
+    for backup in target.parent.glob(".*.old"):
+        path = next((p for prefix, p in prefixes.items() if backup.name.startswith(prefix)), None)
+        if path is None:
+            continue
+        if missing:
+            os.replace(backup, path)
+        else:
+            backup.unlink(missing_ok=True)
 
 
 def _put_back(aside: list[tuple[Path, Path]]) -> None:
