@@ -15,7 +15,8 @@ the patch's peak against `--max-rss` and its time against `--time-ratio` times t
 With `--verify`, `deform-surgeon verify` then compares MODEL and OUT at levels `disable` and `all`.
 
 The script measures; it exits 0 whether or not a target is met (1 when a command failed). The outputs are written
-to --out (default: a temporary folder, removed afterwards).
+to --out (default: a temporary folder, removed afterwards), each named by the shortest tail of its model's path no
+other model shares (`var1024_model_fp16.patched.onnx`).
 """
 
 from __future__ import annotations
@@ -67,6 +68,18 @@ def parse_size(text: str) -> int:
     return parse(text)
 
 
+def labels(models: list[Path]) -> list[str]:
+    """Each model's shortest tail of its path that no other model given shares (`var1024/model_fp16.onnx` beside
+    `var512/model_fp16.onnx`, which transformers.js's folders all name so): it names the row, and the output file,
+    which must not be another model's (a second `model_fp16` replaced the first's output under --out)."""
+    parts = [model.resolve().parts for model in models]
+    for depth in range(1, max(map(len, parts)) + 1):
+        tails = ["/".join(p[-depth:]) for p in parts]
+        if len(set(tails)) == len(tails):
+            return tails
+    return [f"{k}_{p[-1]}" for k, p in enumerate(parts, 1)]  # the same file given twice
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("models", nargs="+", type=Path)
@@ -81,8 +94,8 @@ def main() -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     rows, failed = [], False
     try:
-        for model in args.models:
-            out = out_dir / f"{model.stem}.patched.onnx"
+        for model, label in zip(args.models, labels(args.models), strict=True):
+            out = out_dir / (label.removesuffix(".onnx").replace("/", "_") + ".patched.onnx")
             infer = measure([sys.executable, "-c", INFER, str(model)])
             patch = measure([command, "patch", str(model), str(out)])
             line = f"{model}: inference {infer['seconds']:.1f} s, {gb(infer['rss'])} (rc {infer['rc']}); " \
@@ -99,7 +112,7 @@ def main() -> int:
                     levels.append(f"{level} {'PASSED' if v['rc'] == 0 else 'FAILED'}")
                     failed |= v["rc"] != 0
                 verified = ", ".join(levels)
-            rows.append((model.name, infer, patch, verified))
+            rows.append((label, infer, patch, verified))
     finally:
         if args.out is None:
             shutil.rmtree(out_dir, ignore_errors=True)
