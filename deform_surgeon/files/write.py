@@ -242,6 +242,8 @@ def copy_atomic(src: str | Path, target: str | Path, check: Callable[[], None] |
 
 
 _CHUNKED_DATA = re.compile(r"_data(_\d+)?$")
+DATA_SUFFIXES = ("_data", ".data")
+MAX_DATA_CHUNKS = 100  # transformers.js's MAX_EXTERNAL_DATA_CHUNKS (src/utils/hub/constants.js): it loads no more
 
 
 def is_own_data_name(model_name: str, name: str) -> bool:
@@ -249,8 +251,6 @@ def is_own_data_name(model_name: str, name: str) -> bool:
     `<model>_data` and its chunks `<model>_data_<k>` (an old OUT's own, which leave with it; an unreadable model's
     in a batch folder, which stay its own)."""
     return re.fullmatch(re.escape(model_name) + r"(\.data|_data(_\d+)?)", name) is not None
-DATA_SUFFIXES = ("_data", ".data")
-MAX_DATA_CHUNKS = 100  # transformers.js's MAX_EXTERNAL_DATA_CHUNKS (src/utils/hub/constants.js): it loads no more
 
 
 def external_data_path(model_path: str | Path, input_data: Iterable[str | Path] = (), suffix: str | None = None
