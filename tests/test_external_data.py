@@ -307,27 +307,77 @@ def _a_consistent_pair(out: Path) -> None:
     assert_bytes_equal(run_ort(str(source), feed), run_ort(str(out), feed))
 
 
-def test_ctrl_c_between_the_pairs_renames_leaves_a_pair(tmp_path, monkeypatch):
-    """Fourth round: SIGINT right after the data file's rename left the old OUT naming the new data file (ORT:
-    out of bounds). The signal now waits for the pair's few renames: OUT and its data file are one pair."""
+def _ctrl_c_after_the_data_rename(monkeypatch, send) -> None:
+    """`os.replace` sends Ctrl-C by `send()` right after the data file takes its name (before OUT takes its own)."""
     import os
-    import signal
 
-    out = tmp_path / "out.onnx"
-    _old_pair(out)
     rename = os.replace
 
     def replace_then_ctrl_c(src, dst, *args, **kwargs):
         rename(src, dst, *args, **kwargs)
         if Path(dst).name == "out.onnx_data":
-            os.kill(os.getpid(), signal.SIGINT)
+            send()
 
     monkeypatch.setattr(os, "replace", replace_then_ctrl_c)
+
+
+def test_ctrl_c_between_the_pairs_renames_leaves_a_pair(tmp_path, monkeypatch):
+    """Fourth round: SIGINT right after the data file's rename left the old OUT naming the new data file (ORT:
+    out of bounds). The signal now waits for the pair's few renames: OUT and its data file are one pair.
+    The signal is sent to the main thread (`pthread_kill`), where a terminal's Ctrl-C lands when the main thread
+    takes it: sent to the process (`os.kill`) the kernel may give it to any thread of pytest's (round five: the
+    one test that failed the suite on a fresh clone); the next test sends it to another thread on purpose."""
+    import signal
+    import threading
+
+    out = tmp_path / "out.onnx"
+    _old_pair(out)
+    _ctrl_c_after_the_data_rename(monkeypatch, lambda: signal.pthread_kill(threading.main_thread().ident,
+                                                                           signal.SIGINT))
     with pytest.raises(KeyboardInterrupt):
         deform_surgeon.patch(FIXTURE, out, external_data="always")
     monkeypatch.undo()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.onnx", "out.onnx_data"]  # no temporary left
     _a_consistent_pair(out)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler put back
+
+
+def test_a_ctrl_c_another_thread_takes_is_held_too(tmp_path, monkeypatch):
+    """Ctrl-C reaches the whole process group, and the kernel gives it to any thread that does not block it: here
+    a thread of the process's own takes it (`pthread_kill` to it), and the write goes on only once CPython's C
+    handler there has marked it (the wakeup fd says so): its Python handler then runs in the main thread, within
+    the renames, and is held as one the main thread took."""
+    import os
+    import signal
+    import socket
+    import threading
+
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)
+    old_fd = signal.set_wakeup_fd(writer.fileno())
+    other_done = threading.Event()
+    other = threading.Thread(target=other_done.wait, daemon=True)
+    other.start()
+
+    def to_the_other_thread():
+        signal.pthread_kill(other.ident, signal.SIGINT)
+        assert reader.recv(1) == bytes([signal.SIGINT])  # marked by the C handler, on the other thread
+
+    out = tmp_path / "out.onnx"
+    _old_pair(out)
+    _ctrl_c_after_the_data_rename(monkeypatch, to_the_other_thread)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            deform_surgeon.patch(FIXTURE, out, external_data="always")
+    finally:
+        signal.set_wakeup_fd(old_fd)
+        other_done.set()
+        reader.close()
+        writer.close()
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.onnx", "out.onnx_data"]
+    _a_consistent_pair(out)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler and os.getpid()
 
 
 def test_an_out_that_cannot_be_replaced_leaves_its_data_file_as_it_was(tmp_path):

@@ -57,7 +57,6 @@ import re
 import signal
 import stat
 import sys
-import threading
 import time
 import tomllib
 from collections.abc import Iterator
@@ -66,6 +65,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..base.errors import SurgeonError
+from ..base.signals import held
 from ..files import DataForm, atomic_path, external_data_path, temp_prefix, wire
 from ..files.io_check import FilePlan, file_kind
 from ..files.write import BROWSER_SINGLE_FILE_LIMIT, MAX_DATA_CHUNKS, is_own_data_name, recover_pair
@@ -459,7 +459,7 @@ def _work(number: int, entry: dict, messages) -> None:
         val_range = None
     verify_options = {k: options.pop(k, None) for k in ("iterations", "seed", "opt_level")}
     verify_options["val_range"] = val_range
-    verify_options["threads"] = entry.get("threads")
+    verify_options["threads"] = options.pop("threads", None) or entry.get("threads")  # (the entry's, else its share)
     messages.put(("stage", number, "start"))
     try:
         report = patch(entry["input"], entry["output"], progress=lambda s: messages.put(("stage", number, s)),
@@ -494,7 +494,7 @@ def run(entries: list[Entry], jobs: int, progress: Progress | None = None) -> fl
         if e.error is not None:
             e.status = FAILED
     ctx = _context()
-    with _signals_held():  # (the queue's lock may start multiprocessing's resource tracker)
+    with held(block_ctrl_c=True):  # (the queue's lock may start multiprocessing's resource tracker)
         messages = ctx.Queue()
     running: dict[int, tuple[Entry, object, float]] = {}
     by_number = {e.number: e for e in entries}
@@ -508,7 +508,7 @@ def run(entries: list[Entry], jobs: int, progress: Progress | None = None) -> fl
                 proc = ctx.Process(target=_work, args=(e.number, {"input": e.input, "output": e.output,
                                                                    "options": e.options, "threads": threads},
                                                        messages), daemon=True)
-                with _signals_held():
+                with held(block_ctrl_c=True):
                     proc.start()
                     e.stage, e.status, e.ran = "start", "running", True
                     running[e.number] = (e, proc, time.perf_counter())
@@ -549,42 +549,6 @@ def run(entries: list[Entry], jobs: int, progress: Progress | None = None) -> fl
         if progress:
             progress.close()
     return time.perf_counter() - start
-
-
-@contextmanager
-def _signals_held() -> Iterator[None]:
-    """Ctrl-C and SIGTERM held back while a worker (or the fork server, or the queue's resource tracker) starts
-    and is entered in `running`, then handled as they would have been.
-
-    Why: raised inside `Process.start()`, they left a worker the batch did not know of and so did not stop: it
-    went on after the batch had exited, and printed a traceback when the queue it was to read was gone. And a
-    Ctrl-C reaches the whole process group: the fork server, started by the first `start()`, spent half a second
-    importing its preload with Python's own Ctrl-C handling, and printed a KeyboardInterrupt traceback there. So
-    both are caught here (this process: another of its threads, numpy's, may take the signal and Python then
-    runs the handler in the main thread, so blocking them in the main thread would not hold them back), and
-    Ctrl-C is blocked as well (`pthread_sigmask`): a process started now inherits the mask through its exec, so
-    the fork server never sees a Ctrl-C (it ignores Ctrl-C once its preload is done, and its workers are born
-    with the mask). SIGTERM is not blocked: the workers must still end on the SIGTERM the batch stops them with."""
-    if threading.current_thread() is not threading.main_thread():  # (signals are the main thread's)
-        yield
-        return
-    held: list[int] = []
-    previous = {sig: signal.signal(sig, lambda signum, _frame: held.append(signum))
-                for sig in (signal.SIGINT, signal.SIGTERM)}
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if hasattr(signal, "pthread_sigmask") else None
-    try:
-        yield
-    finally:
-        if mask is not None:
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # (a Ctrl-C that waited is handled by `held` now)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        if held:
-            handler = previous[held[0]]
-            if callable(handler):  # the CLI's (raise KeyboardInterrupt / Terminated), or Python's own
-                handler(held[0], None)
-            elif handler == signal.SIG_DFL:
-                signal.raise_signal(held[0])
 
 
 def _handle(msg, by_number: dict[int, Entry], running: dict, progress: Progress | None) -> None:

@@ -32,8 +32,6 @@ import os
 import re
 import secrets
 import shutil
-import signal
-import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
@@ -43,6 +41,7 @@ from pathlib import Path
 import onnx
 
 from ..base.errors import SurgeonError
+from ..base.signals import held
 from . import wire
 from .weights import Weights, external_ref, is_external
 
@@ -318,7 +317,7 @@ def _install(tmp: Path, target: Path, tmp_data: Path | None, data_target: Path, 
     the next run to refuse as a user's own); otherwise the new data file takes a name no model uses before the
     new model takes OUT's. No input (`inputs`: `Weights.inputs`' file keys) is ever moved or removed. Signals
     wait until this is done."""
-    with _signals_held():
+    with held():
         recover_pair(target, data_target)  # what a writer of this OUT killed here before left (SIGKILL cannot wait)
         aside = _move_aside(_old_pair(target, inputs))
         placed = False
@@ -413,32 +412,6 @@ def _free_name(target: Path, suffix: str) -> Path:
         if not os.path.lexists(path):
             return path
     raise FileExistsError(errno.EEXIST, "no free temporary name", str(target.parent))
-
-
-@contextmanager
-def _signals_held() -> Iterator[None]:
-    """Ctrl-C and SIGTERM wait until the block is done (a few renames), then act as they would have: a signal
-    between two renames would leave one new file beside one old one. Only the main thread can change handlers;
-    elsewhere the block runs as it is."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    caught: list[tuple[int, object]] = []
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    previous = {sig: h for sig, h in previous.items() if h is not None}  # (None: not a handler Python can put back)
-    for sig in previous:
-        signal.signal(sig, lambda s, f: caught.append((s, f)))
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        for sig, frame in caught[:1]:
-            handler = previous[sig]
-            if callable(handler):
-                handler(sig, frame)
-            elif handler == signal.SIG_DFL:
-                os.kill(os.getpid(), sig)
 
 
 def _pieces(model: onnx.ModelProto, weights: Weights, layout: dict[str, tuple[int, int]], location: str
