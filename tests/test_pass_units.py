@@ -33,9 +33,9 @@ LEVELS = ("disable", "all")
 def _refusal_one_ulp_off(ran, proof, runs: list[str]):
     """The local proof's answer when the rewritten side (every second ORT run) comes out one ulp up; `runs`
     collects the level of each run."""
-    def one_ulp_off(model, feeds, level):
+    def one_ulp_off(model, feeds, level, threads=None):
         runs.append(level)
-        out = run_ort_cpu(model, feeds, level)
+        out = run_ort_cpu(model, feeds, level, threads=threads)
         return [np.nextafter(x, np.float32(np.inf)) for x in out] if len(runs) % 2 == 0 else out
 
     ran.ctx.ort_cpu = one_ulp_off
@@ -338,8 +338,10 @@ def test_bands_compute_a_conv_in_row_bands_and_local_proof_shows_them_exact():
     why = _refusal_one_ulp_off(ran, proof, runs)
     # (whole, rewritten, then the whole side once more: only its digests were held while the other side ran, and
     # a difference is measured on the arrays)
-    assert runs == ["disable", "disable", "disable"] and why.details == {"level": "disable", "max_diff": pytest.approx(
-        why.details["max_diff"]), "neighbours": False} and 0 < why.details["max_diff"] < 1e-3
+    assert runs == ["disable", "disable", "disable"] and why.details == {
+        "level": "disable", "threads": why.details["threads"], "max_diff": pytest.approx(why.details["max_diff"]),
+        "neighbours": False} and 0 < why.details["max_diff"] < 1e-3
+    assert f"{why.details['threads']} intra-op thread(s)" in str(why)
 
 
 def test_bands_refuse_an_input_that_is_needed_whole_anyway():

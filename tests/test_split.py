@@ -422,12 +422,13 @@ def test_the_chunk_check_asks_the_context_oracle_at_both_levels_and_trusts_no_di
 
     asked: list[str] = []
 
-    def honest(model: onnx.ModelProto, feeds: dict, level: str) -> list[np.ndarray]:
+    def honest(model: onnx.ModelProto, feeds: dict, level: str, threads: int | None = None) -> list[np.ndarray]:
         asked.append(level)
-        return run_ort_cpu(model, feeds, level)
+        return run_ort_cpu(model, feeds, level, threads=threads)
 
-    def one_ulp_off(model: onnx.ModelProto, feeds: dict, level: str) -> list[np.ndarray]:
-        whole, chunked = honest(model, feeds, level)
+    def one_ulp_off(model: onnx.ModelProto, feeds: dict, level: str, threads: int | None = None
+                    ) -> list[np.ndarray]:
+        whole, chunked = honest(model, feeds, level, threads)
         return [whole, np.nextafter(chunked, np.float32(np.inf))]
 
     def split_with(oracle) -> list:

@@ -75,7 +75,8 @@ def test_a_wrong_rewrite_planted_among_correct_ones_is_the_only_one_undone(tmp_p
     wrong = acts["Conv_att_conv1"]
     assert wrong.action == Outcome.REFUSED and wrong.details["undone"] == "whole_model"
     assert wrong.details["level"] == "all" and "differs (max |diff|" in wrong.details["difference"]
-    assert "found by a search over the 4 rewrite(s) the check covered, the others kept" in wrong.reason
+    assert ("found by a search over the 4 rewrite(s) the check covered, with every input and thread count the check "
+            "ran, the others kept") in wrong.reason and "with it alone undone it did not" in wrong.reason
     others = [a for name, a in acts.items() if name != "Conv_att_conv1"]
     assert len(others) == 3 and all(a.action == Outcome.REWRITTEN and a.details["shown_exact"] == "whole_model"
                                     for a in others)
@@ -119,6 +120,80 @@ def test_two_wrong_rewrites_are_both_found(tmp_path, monkeypatch):
     feeds = feeds_for(model, 0)
     for level in LEVELS:
         assert_bytes_equal(run(model, feeds, level), run(str(out), feeds, level))
+
+
+def _verify_inputs(path: Path, tensor: str, iterations: int = 3) -> list[float]:
+    """The largest value of `tensor` (a graph input, or one the model computes) on each of `verify`'s seeded
+    inputs (polygraphy's DataLoader, seed and ranges as `verify` makes them): what a rewrite visible on one input
+    only is planted by."""
+    from polygraphy.comparator import DataLoader
+
+    from deform_surgeon.checks.verify import DEFAULT_SEED, default_val_ranges
+
+    probe = onnx.load(path)
+    probe.graph.output.append(onnx.helper.make_tensor_value_info(tensor, onnx.TensorProto.FLOAT, None))
+    from polygraphy.common import TensorMetadata
+
+    meta = TensorMetadata()
+    for vi in probe.graph.input:
+        meta.add(vi.name, np.float32, tuple(d.dim_value for d in vi.type.tensor_type.shape.dim))
+    loader = DataLoader(seed=DEFAULT_SEED, iterations=iterations, val_range=default_val_ranges(path),
+                        input_metadata=meta)
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+    return [float(session.run([tensor], dict(feeds))[0].max()) for feeds in loader]
+
+
+def test_a_rewrite_wrong_on_the_second_input_only_is_found_with_it_and_no_exact_one_is_undone(tmp_path,
+                                                                                               monkeypatch):
+    """Two wrong rewrites planted among four, one of them wrong only where the image peaks past a value that input
+    0 of `verify`'s seeded inputs does not reach and input 1 does: the check (3 inputs) fails on input
+    1, and the search, asking with every input it ran, finds both, each blamed with the difference measured with
+    it applied (iteration 1 for the second); the two exact ones are kept and written."""
+    src, out = tmp_path / "tail.onnx", tmp_path / "tail.patched.onnx"
+    model = decoder_tail()
+    onnx.save(model, src)
+    peaks = _verify_inputs(src, "image")
+    assert peaks[1] != peaks[0]
+    threshold = (peaks[0] + peaks[1]) / 2
+    _plant_wrong(monkeypatch, "Conv_att_conv1")
+    first = surgeon_module._run
+
+    def and_the_mask_on_input_one(model_path, options, plan=None):
+        lifted = first(model_path, options, plan)
+        act = next((a for a in lifted.actions if a.node == "Conv_mask" and a.action == Outcome.REWRITTEN), None)
+        if act is not None:  # y * (1.001 where max(x) is past the threshold on input 1's side, else 1)
+            conv = next(n for n in lifted.graph.nodes if n.name in set(act.new_nodes) and n.op == "Conv")
+            out_t = conv.outputs[0]
+            raw = gs.Variable(f"{out_t.name}/planted", dtype=out_t.dtype, shape=out_t.shape)
+            conv.outputs[0] = raw
+            peak, past, by = (gs.Variable(f"{conv.name}/{k}") for k in ("peak", "past", "by"))
+            compare = "Greater" if peaks[1] > peaks[0] else "Less"
+            lifted.graph.nodes += [
+                gs.Node("ReduceMax", f"{conv.name}/peak", {"keepdims": 0}, [lifted.graph.tensors()["image"]],
+                        [peak]),
+                gs.Node(compare, f"{conv.name}/past", inputs=[peak, gs.Constant(f"{conv.name}/threshold", np.array(
+                    threshold, np.float32))], outputs=[past]),
+                gs.Node("Where", f"{conv.name}/by", inputs=[past, gs.Constant(f"{conv.name}/off", np.array(
+                    1.001, np.float32)), gs.Constant(f"{conv.name}/one", np.array(1, np.float32))], outputs=[by]),
+                gs.Node("Mul", f"{conv.name}/planted", inputs=[raw, by], outputs=[out_t])]
+        return lifted
+
+    monkeypatch.setattr(surgeon_module, "_run", and_the_mask_on_input_one)
+    report = patch(src, out, max_buffer=LIMIT)
+    acts = {a.node: a for a in bands_actions(report.actions)}
+    assert {n for n, a in acts.items() if a.action == Outcome.REFUSED} == {"Conv_att_conv1", "Conv_mask"}
+    assert {n for n, a in acts.items() if a.action == Outcome.REWRITTEN} == {"Conv_ipt_conv_out", "Resize_dec_up"}
+    mask = acts["Conv_mask"]
+    assert "(iteration 1" in mask.details["difference"] and "with it alone undone it did not" in mask.reason
+    assert "(iteration 0" in acts["Conv_att_conv1"].details["difference"]
+    kept = [acts["Conv_ipt_conv_out"], acts["Resize_dec_up"]]
+    assert all(a.details["shown_exact"] == "whole_model" and "3 input(s)" in a.reason for a in kept)
+    for seed in (0, 1):
+        feeds = feeds_for(model, seed)
+        for level in LEVELS:
+            assert_bytes_equal(run(model, feeds, level), run(str(out), feeds, level))
 
 
 def test_a_difference_none_of_the_rewrites_makes_is_not_blamed_on_them(tmp_path, monkeypatch):

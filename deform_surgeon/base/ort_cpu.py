@@ -8,6 +8,8 @@ nothing above it.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import onnx
 
@@ -37,5 +39,7 @@ def run_ort_cpu(model: onnx.ModelProto, feeds: dict[str, np.ndarray], level: str
         options.log_severity_level = 3
     if threads is not None:
         options.intra_op_num_threads = threads
+        if threads > (os.cpu_count() or 1):  # more threads than cores: spinning ones only take the others' time
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(
         None, feeds)

@@ -12,6 +12,7 @@ docs/verify.md); the result reports each run's peak RSS.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 import os
@@ -36,6 +37,7 @@ DEFAULT_SEED = 1
 DEFAULT_FLOAT_RANGE = (0.0, 1.0)
 DEFAULT_INT_RANGE = (0, 8)
 OPT_LEVELS = ("disable", "basic", "extended", "all")
+MAX_THREADS = 1024  # an intra-op thread count past any machine's cores: a typo, not a machine
 MAX_ITERATIONS = 10_000  # every input's outputs are kept for the comparison: a bound, not a hang
 MAX_SEED = 2**32 - 1  # numpy's (polygraphy's DataLoader's) largest seed
 
@@ -48,11 +50,13 @@ class Mismatch:
     index: tuple[int, ...] | None = None
     original: str | None = None
     patched: str | None = None
+    threads: int | None = None  # the intra-op thread count of the runs that differed (None: ORT's default)
 
     def text(self) -> str:
         if not self.output:  # not about one output (the models' inputs differ)
             return self.problem
-        where = f"output '{self.output}' (iteration {self.iteration})"
+        at = "" if self.threads is None else f", {self.threads} intra-op thread(s)"
+        where = f"output '{self.output}' (iteration {self.iteration}{at})"
         if self.index is None:
             return f"{where}: {self.problem}"
         return f"{where}: {self.problem} at index {list(self.index)}: original {self.original}, patched {self.patched}"
@@ -80,6 +84,9 @@ class VerifyResult:
     segment_memory: int | None = None
     segments: dict[str, int] = field(default_factory=dict)
     segment_disk: dict[str, int] = field(default_factory=dict)
+    # the ORT intra-op thread counts both models were run and compared at, in order (None: ORT's default, one
+    # per physical core of this machine): a Conv's or GEMM's bytes depend on it (docs/runtime-facts.md)
+    threads: list[int] | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -90,10 +97,17 @@ class VerifyResult:
         if self.identical:
             return (f"verify: PASSED: {len(self.outputs_compared)} output(s) {Verdict(BYTE_IDENTICAL, 0.0, 0.0).text} "
                     f"on {self.iterations} "
-                    f"seeded input(s) (seed {self.seed}, ORT CPU, opt level '{self.opt_level}'{self.segment_text()}; "
+                    f"seeded input(s) (seed {self.seed}, ORT CPU, opt level '{self.opt_level}', "
+                    f"{self.threads_text()}{self.segment_text()}; "
                     f"polygraphy atol=0 rtol=0: {'passed' if self.polygraphy_passed else 'failed (NaNs)'})"
                     f"{self.peak_text()}")
         return f"verify: FAILED: {self.mismatch.text() if self.mismatch else 'outputs differ'}{self.peak_text()}"
+
+    def threads_text(self) -> str:
+        """"intra-op threads 1, 4, 8" or "ORT's default intra-op threads": the thread counts compared."""
+        if not self.threads:
+            return "ORT's default intra-op threads"
+        return f"intra-op thread{'s' if len(self.threads) > 1 else ''} {', '.join(map(str, self.threads))}"
 
     def segment_text(self) -> str:
         """", in segments of at most 6.00 GB (5.59 GiB) of tensors: the original in 41 (at most 17.65 GB (16.44 GiB)
@@ -196,8 +210,10 @@ def check_options(iterations: object, seed: object, opt_level: object, val_range
             raise SurgeonError(None, f"a run in segments equals the whole model's run only at opt level "
                                      f"'{SEGMENT_LEVEL}' (got '{opt_level}': ORT fuses nodes across a segment's edge "
                                      f"at the other levels)", f"give --opt-level {SEGMENT_LEVEL} or no --opt-level")
-    if threads is not None and (not _is_int(threads) or threads < 1):
-        raise SurgeonError(None, f"threads must be a positive integer (got {threads!r})")
+    if threads is not None and not (_is_int(threads) and 1 <= threads <= MAX_THREADS or isinstance(
+            threads, list | tuple) and threads and all(_is_int(t) and 1 <= t <= MAX_THREADS for t in threads)):
+        raise SurgeonError(None, f"threads must be an integer from 1 to {MAX_THREADS}, or a list of them (got "
+                           f"{threads!r})", "e.g. --threads 1,4,8")
     if val_range is None:
         return
     if not isinstance(val_range, dict):
@@ -251,8 +267,10 @@ def verify(original: str | Path, patched: str | Path, *, iterations: int | None 
     static with other kernels than the same model with symbolic dims: measured up to 3e-7 apart on the replica,
     identical at the levels below; docs/variants.md).
 
-    `threads`: ORT intra-op threads per session (None: ORT's default, one per core); `batch` gives each of its
-    parallel workers its share of the cores.
+    `threads`: ORT intra-op threads per session, or a list of counts to compare at, each in turn (None: ORT's
+    default, one per physical core); a Conv's or GEMM's bytes depend on it (docs/runtime-facts.md, "Threads"),
+    so the original and the patched model are run at the same count and compared, count by count. `batch`
+    gives each of its parallel workers its share of the cores unless its entry names counts.
 
     `segment_memory` (bytes, or a size such as "8GB"): each model runs in segments of at most that many bytes of
     tensors, the tensors between them on disk (checks/run_in_segments.py), for models whose whole run does not fit
@@ -281,12 +299,18 @@ def verify(original: str | Path, patched: str | Path, *, iterations: int | None 
         result.mismatch = Mismatch(0, "", f"the models' inputs differ: original takes {signatures[0]}; patched "
                                           f"takes {signatures[1]}")
         return result
-    runs = _CpuRuns(original, opt_level, threads, input_shapes, seed, iterations, ranges, fix)
-    with _quiet_logs(quiet), tempfile.TemporaryDirectory(prefix="deform-surgeon-verify-") as folder:
-        results = _run_both(runs, patched, result, folder)
-        _compare(results, result)
-        del results  # (the outputs map files of `folder`, removed now)
-        result.peak_rss["caller"] = _peak_rss()
+    counts = None if threads is None else [threads] if _is_int(threads) else list(dict.fromkeys(threads))
+    result.threads, result.polygraphy_passed = counts, True
+    for count in counts or [None]:
+        runs = _CpuRuns(original, opt_level, count, input_shapes, seed, iterations, ranges, fix)
+        with _quiet_logs(quiet), tempfile.TemporaryDirectory(prefix="deform-surgeon-verify-") as folder:
+            results = _run_both(runs, patched, result, folder)
+            _compare(results, result)
+            del results  # (the outputs map files of `folder`, removed now)
+            result.peak_rss["caller"] = _peak_rss()
+        if result.mismatch is not None:
+            result.mismatch = dataclasses.replace(result.mismatch, threads=count)
+            break
     result.identical = result.mismatch is None
     return result
 
@@ -381,6 +405,8 @@ class _CpuRuns:
         options.enable_cpu_mem_arena = False
         if self.threads is not None:
             options.intra_op_num_threads = self.threads
+            if self.threads > (os.cpu_count() or 1):  # more threads than cores: spinning ones take the others' time
+                options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         return options
 
     def session(self, path: str | Path):
@@ -441,7 +467,7 @@ def _run_both(runs: _CpuRuns, patched: str | Path, result: VerifyResult, folder:
                                "most likely out of memory: the run of one model needs what one ORT CPU "
                                "inference of it needs") from None
         results.append((name, [IterationResult(outputs=_load_outputs(files), runner_name=name) for files in saved]))
-        result.peak_rss[name] = peak
+        result.peak_rss[name] = max(peak, result.peak_rss.get(name, 0))  # (the largest of its thread counts)
     return results
 
 
@@ -453,7 +479,7 @@ def _compare(results, result: VerifyResult) -> None:
 
     accuracy = Comparator.compare_accuracy(results, compare_func=SimpleCompareFunc(atol=0.0, rtol=0.0,
                                                                                      check_shapes=True))
-    result.polygraphy_passed = bool(accuracy)
+    result.polygraphy_passed = result.polygraphy_passed and bool(accuracy)  # (every thread count's)
     (_, orig_iters), (_, patch_iters) = results[0], results[1]
     result.mismatch = compare_bytes(orig_iters, patch_iters, result)
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..base.errors import SurgeonError
 from ..base.tool import ArgGroup, Option
-from ..checks.verify import DEFAULT_ITERATIONS, DEFAULT_SEED, MAX_ITERATIONS, MAX_SEED, OPT_LEVELS
+from ..checks.verify import DEFAULT_ITERATIONS, DEFAULT_SEED, MAX_ITERATIONS, MAX_SEED, MAX_THREADS, OPT_LEVELS
 from ..files import BROWSER_SINGLE_FILE_LIMIT, EXTERNAL_DATA_CHOICES
 from ..graph.device import PROFILE_NAMES
 from ..graph.input_shapes import check_input_shapes, parse_input_shapes
@@ -55,6 +55,27 @@ def val_ranges_for(val_range: Mapping[str, Any] | None, model: str | Path) -> di
         everything = ranges.pop("")
         ranges = {**{k: everything for k in default_val_ranges(model)}, **ranges}
     return ranges
+
+
+def threads_arg(text: str) -> list[int]:
+    """argparse's type of `--threads 1,4,8`: a bad one is argparse's usage error, one line."""
+    try:
+        counts = [int(t) for t in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of thread counts (e.g. 1,4,8)"
+                                         ) from None
+    problem = _threads_problem(counts)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return counts
+
+
+def _threads_problem(value: int | list) -> str | None:
+    counts = value if isinstance(value, list) else [value]
+    if not counts or not all(isinstance(t, int) and not isinstance(t, bool) and 1 <= t <= MAX_THREADS
+                             for t in counts):
+        return f"option threads = {value!r} should be thread counts from 1 to {MAX_THREADS:,}"
+    return None
 
 
 def size_arg(text: str) -> int:
@@ -169,6 +190,10 @@ VAL_RANGE = Option(("--val-range",), "val_range", settings={"nargs": "+", "metav
                    help="value range per input, polygraphy syntax (default floats [0,1], integers [0,8])")
 OPT_LEVEL = Option(("--opt-level",), "opt_level", settings={"choices": OPT_LEVELS}, manifest=(str,),
                    help="ORT graph optimisation level of both sessions (default all; disable with --segment-memory)")
+THREADS = Option(("--threads",), "threads", settings={"type": threads_arg, "metavar": "N[,N...]"},
+                 manifest=(int, list), check=_threads_problem,
+                 help="ORT intra-op thread counts to compare at, each in turn (e.g. 1,4,8; default: ORT's, one per "
+                      "core): a Conv's bytes depend on the count, and a patched model must match at each")
 SEGMENT_MEMORY = Option(
     ("--segment-memory",), "segment_memory", settings={"type": size_arg, "metavar": "BYTES"},
     manifest=(int, str), check=_size_problem("segment_memory"),
@@ -205,7 +230,7 @@ class ComparisonArgs(ArgGroup):
     `val_range` is parsed as given; `val_ranges_for` gives a range for all inputs (`[0,1]`) to each input of a model."""
 
     title = "comparison (ONNX Runtime CPU, zero tolerance + byte comparison)"
-    options = (ITERATIONS, SEED, VAL_RANGE, OPT_LEVEL, SEGMENT_MEMORY)
+    options = (ITERATIONS, SEED, VAL_RANGE, OPT_LEVEL, THREADS, SEGMENT_MEMORY)
 
     def problem(self, spec: Mapping[str, Any]) -> str | None:
         problem = super().problem(spec)

@@ -56,6 +56,7 @@ from ..graph.pipeline import SUM_MODES, Action, Context, Options, Outcome, Refus
 from ..graph.region import Region, find_region, region_model, splice, type_boundary
 from ..passes.bands import BandOversize
 from ..passes.float16_slices import split_to_slices
+from ..passes.local_proof import unshown_threads
 from ..passes.registry import PASS_NAMES, check_pass_names, make_passes
 from ..passes.split import SplitBlocks, SplitPlan
 from .report import PatchReport
@@ -443,9 +444,10 @@ class _Unshown(Exception):
     whole-model check that differed and the rewrites it checked (`_Writing.culprits` then finds which)."""
 
     def __init__(self, text: str, *, undo: dict[str, Refuse] | None = None, level: str = "all",
-                 candidates: list[str] | None = None) -> None:
+                 candidates: list[str] | None = None, options: dict | None = None) -> None:
         super().__init__(text)
         self.text, self.undo, self.level, self.candidates = text, undo or {}, level, candidates or []
+        self.options = options or {}  # the comparison that differed (`verify`'s keywords): what the search asks
 
 
 @dataclass
@@ -529,17 +531,21 @@ class _Writing:
                 found = result.mismatch.text() if result.mismatch else "outputs differ"
                 raise VerificationError(self.output_path, "patched model differs from the original, not written: "
                                         f"{found}") from (_Unshown(found, level=result.opt_level, candidates=[
-                                            a.node for a in unproven]) if unproven else None)
+                                            a.node for a in unproven], options=kwargs) if unproven else None)
         if unproven:
             checked = "; ".join(f"level '{r.get('opt_level') or 'all'}', "
-                                f"{r.get('iterations') or DEFAULT_ITERATIONS} input(s)" for r in runs)
+                                f"{r.get('iterations') or DEFAULT_ITERATIONS} input(s), {_threads_said(r)}"
+                                for r in runs)
             self._mark({a.node for a in unproven}, f"verified byte-identical before writing ({checked})",
-                       {"shown_exact": "whole_model", "levels": [r.get("opt_level") or "all" for r in runs]})
+                       {"shown_exact": "whole_model", "levels": [r.get("opt_level") or "all" for r in runs],
+                        "threads": sorted({t for r in runs for t in _thread_list(r)})})
 
     def _runs(self, unproven: list) -> list[dict]:
-        """The comparisons of the whole model: the user's (`verify`), and for the rewrites not shown exact one
-        input at ORT's default level and at each level a rewrite asks for (a float16 rewrite: both)."""
-        runs = [self.verify_options] if self.verify else [{**self.verify_options, "iterations": 1}] if unproven \
+        """The comparisons of the whole model: the user's (`verify`), and for the rewrites not shown exact, as many
+        inputs as `verify` compares by default (one input can round a float16 difference away) at ORT's default
+        level and at each level a rewrite asks for (a float16 rewrite: both), each at the thread counts that split
+        those rewrites' kernels differently (`_threads`)."""
+        runs = [self.verify_options] if self.verify else [self._unshown({**self.verify_options})] if unproven \
             else []
         if not unproven:
             return runs
@@ -553,10 +559,19 @@ class _Writing:
         return runs
 
     def _at(self, level: str) -> dict:
-        extra = {**self.verify_options, "opt_level": level, "iterations": 1}
+        extra = self._unshown({**self.verify_options, "opt_level": level})
         if level != SEGMENT_LEVEL:
             extra.pop("segment_memory", None)
         return extra
+
+    def _unshown(self, options: dict) -> dict:
+        """`options` for a comparison that decides the rewrites not shown exact on their own: at least `verify`'s
+        default inputs, and the thread counts their kernels can differ at (`unshown_threads`) where the user named
+        none."""
+        options["iterations"] = max(options.get("iterations") or DEFAULT_ITERATIONS, DEFAULT_ITERATIONS)
+        if options.get("threads") is None:
+            options["threads"] = list(unshown_threads([self.plan.proofs.get(a.node) for a in self._unproven()]))
+        return options
 
     def _compare(self, path: Path, kwargs: dict):
         step(f"the whole model against the original on ORT CPU, level '{kwargs.get('opt_level') or 'all'}'"
@@ -573,7 +588,7 @@ class _Writing:
             unproven = self._unproven()
             raise VerificationError(self.output_path, problem) from (
                 _Unshown(f"it could not be run: {exc.problem}", level=kwargs.get("opt_level") or "all",
-                         candidates=[a.node for a in unproven]) if unproven else None)
+                         candidates=[a.node for a in unproven], options=kwargs) if unproven else None)
 
     def _prove_float16(self, actions: list, tmp: Path) -> None:
         """The float16 rewrites' proofs (passes/float16_proof.py): each connected group of the nodes they changed,
@@ -620,7 +635,8 @@ class _Writing:
         levels = " and ".join(f"'{x}'" for x in LEVELS)
         self._mark(shown, "shown exact before writing, on its own: the nodes it changed (with the rewrites they "
                           "touch), beside the nodes they replaced, with their readers and the producers ORT CPU "
-                          f"rounds their inputs by, on ORT CPU at levels {levels} (seeded inputs of the real "
+                          f"rounds their inputs by, on ORT CPU at levels {levels} and every intra-op thread count "
+                          "(one count of each class that splits their Convs and GEMMs alike; seeded inputs of the real "
                           "shapes), where ORT CPU runs them as in the model without it and in the written file "
                           "(read from its graphs)", {"shown_exact": "on_its_own", "levels": list(LEVELS)})
         self.report.actions = [dataclasses.replace(a, reason=f"{a.reason}; its split Conv's proof starts at the "
@@ -638,41 +654,42 @@ class _Writing:
                                if a.node in nodes and a.needs_verify else a for a in self.report.actions]
 
     def culprits(self, cause: _Unshown) -> dict[str, Refuse]:
-        """The rewrites among `cause.candidates` that make the whole model differ at `cause.level`, each with the
-        difference measured when it was added: a search over prefixes of them (the model with a prefix applied and
-        the rest undone), one rewrite found per binary search; {} when the model differs with all of them undone."""
-        rest, level = list(cause.candidates), cause.level
-        if self._differs(rest, level) is not None:
+        """The rewrites among `cause.candidates` that make the whole model differ, asked with the comparison that
+        differed (`cause.options`: every input, level and thread count it ran): a search over prefixes of them
+        (the model with a prefix applied and the rest undone), one rewrite found per binary search, each blamed
+        with the difference measured with it applied and gone with it alone undone; {} when the model differs
+        with all of them undone. A rewrite is kept unless a search shows it so."""
+        rest, options = list(cause.candidates), cause.options or self._at(cause.level)
+        if self._differs(rest, options) is not None:
             return {}
         bad: dict[str, Refuse] = {}
-        text = cause.text
-        while rest:
-            lo, hi = 0, len(rest)  # rest[:lo] applied: identical; rest[:hi] applied: differs (`text`)
+        while rest and (text := self._differs(list(bad), options)) is not None:
+            lo, hi = 0, len(rest)  # rest[:lo] applied: identical; rest[:hi] applied (`bad` undone): differs (`text`)
             while hi - lo > 1:
                 mid = (lo + hi) // 2
-                found = self._differs([*bad, *rest[mid:]], level)
+                found = self._differs([*bad, *rest[mid:]], options)
                 if found is None:
                     lo = mid
                 else:
                     hi, text = mid, found
-            node = rest.pop(hi - 1)
-            bad[node] = Refuse(f"not shown exact on the whole model: with it the whole patched model was checked on "
-                               f"ORT CPU and it differed from the original ({text}, opt level '{level}'); found by "
-                               f"a search over the {len(cause.candidates)} rewrite(s) the check covered, the others "
-                               "kept", undone="whole_model", level=level, difference=text)
-            if not rest:
-                break
-            text = self._differs(list(bad), level)
-            if text is None:
-                break
+            bad[rest.pop(hi - 1)] = self._blame(len(cause.candidates), options, text)
         return bad
 
-    def _differs(self, undo: list[str], level: str) -> str | None:
-        """The whole model's first difference from the original at `level` (one input) with `undo` kept whole and
-        every other rewrite applied; None when byte-identical."""
+    @staticmethod
+    def _blame(searched: int, options: dict, text: str) -> Refuse:
+        level = options.get("opt_level") or "all"
+        return Refuse(f"not shown exact on the whole model: with it the whole patched model was checked on ORT CPU "
+                      f"and it differed from the original ({text}, opt level '{level}'), and with it alone undone it "
+                      f"did not; found by a search over the {searched} rewrite(s) the check covered, with every "
+                      "input and thread count the check ran, the others kept", undone="whole_model", level=level,
+                      difference=text, threads=_thread_list(options))
+
+    def _differs(self, undo: list[str], options: dict) -> str | None:
+        """The whole model's first difference from the original under `options` (the comparison that failed) with
+        `undo` kept whole and every other rewrite applied; None when byte-identical."""
         step(f"the search: {len(undo)} rewrite(s) kept whole")
         with self._aside(undo, "undo") as path:
-            result = self._compare(path, self._at(level))
+            result = self._compare(path, options)
         return None if result.identical else (result.mismatch.text() if result.mismatch else "outputs differ")
 
     @contextmanager
@@ -712,6 +729,24 @@ class _Writing:
                   "the others written", self.memory)
 
 
+def _every_count(counts: tuple[int, ...]) -> str:
+    """How a proof run at `counts` covers every intra-op thread count (docs/runtime-facts.md, "Threads")."""
+    said = ", ".join(map(str, counts))
+    return (f"at every intra-op thread count (run at {said}: one count of each class that splits its Convs and "
+            "GEMMs alike)")
+
+
+def _thread_list(options: dict) -> list[int]:
+    threads = options.get("threads")
+    return [] if threads is None else [threads] if isinstance(threads, int) else list(threads)
+
+
+def _threads_said(options: dict) -> str:
+    """"intra-op threads 1, 2, 5" (or "ORT's default intra-op threads"): a comparison's thread counts, as said."""
+    counts = _thread_list(options)
+    return f"intra-op threads {', '.join(map(str, counts))}" if counts else "ORT's default intra-op threads"
+
+
 def _prove_locally(model_path: str | Path, options: Options, plan: SplitPlan, lifted: Lifted, memory: str,
                    rounds: int = 3) -> tuple[Lifted, str]:
     """Show each rewrite that is not exact by construction exact on its own (passes/local_proof.py): the nodes
@@ -738,8 +773,10 @@ def _prove_locally(model_path: str | Path, options: Options, plan: SplitPlan, li
             levels = " and ".join(f"'{x}'" for x in LEVELS)
             lifted.actions = [dataclasses.replace(a, needs_verify=False, reason=(
                 f"{a.reason}: shown exact before writing, on its own: beside the nodes it replaced, with the nodes "
-                f"reading it, on ORT CPU at levels {levels} (seeded inputs of the real shapes)"),
-                details={**a.details, "shown_exact": "on_its_own", "levels": list(LEVELS)})
+                f"reading it, on ORT CPU at levels {levels}, {_every_count(plan.proofs[a.node].threads)} (seeded "
+                "inputs of the real shapes)"), details={**a.details, "shown_exact": "on_its_own",
+                                                        "levels": list(LEVELS),
+                                                        "threads": list(plan.proofs[a.node].threads)})
                 if a in unproven else a for a in lifted.actions]
             break
         plan.keep_whole.update({node: why.prefixed("not shown exact: ", undone="on_its_own")

@@ -14,7 +14,6 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import onnx
 import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.util.misc import SynchronizedList
 
@@ -130,9 +129,10 @@ class Context:
     options: Options = field(default_factory=Options)
     reserved: set[str] | None = None  # names taken outside `graph` (the rest of the model, when `graph` is a region)
     stored: Weights | None = None  # the stored tensors among the graph's inputs, whose values the prover may read
-    # the runtime a pass asks when exactness depends on a kernel, not on the graph: (model, feeds, level) ->
-    # outputs; None: ORT CPU (base.ort_cpu.run_ort_cpu). Tests give their own to reach the paths it decides.
-    ort_cpu: Callable[[onnx.ModelProto, dict[str, np.ndarray], str], list[np.ndarray]] | None = None
+    # the runtime a pass asks when exactness depends on a kernel, not on the graph: (model, feeds, level,
+    # threads=...) -> outputs; None: ORT CPU (base.ort_cpu.run_ort_cpu). Tests give their own to reach the paths
+    # it decides.
+    ort_cpu: Callable[..., list[np.ndarray]] | None = None
     # the tensors ORT CPU makes with the model's own nodes (passes/cut_and_join.py `made_by_ort`), None where not read
     made_by_ort: frozenset[str] | None = None
     names: NameScope = field(init=False)

@@ -32,12 +32,14 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
 from ..base.memory import release
+from ..base.threads import MLAS_MAXIMUM_THREAD_COUNT, Kernel, thread_counts
 from ..graph.pipeline import Context, Refuse
 
 LEVELS = ("disable", "all")
@@ -101,6 +103,7 @@ class LocalProof:
     layout: list[NodeSpec] = field(default_factory=list)  # the producers of the whole side's inputs (see taken)
     float16: bool = False  # a float16 rewrite's proof (float16_proof.py): read out and shared as in the model
     opset: int | None = None  # the model's (None: the region graph's)
+    threads: tuple[int, ...] = ()  # the intra-op thread counts its sides were compared at (`compare_sides`)
 
     def taken(self, ctx: Context, shapes) -> LocalProof:
         """Take the rewritten side and the readers of its ends, just after the rewrite: each proof then shows the
@@ -191,7 +194,7 @@ def refusal(ctx: Context, proof: LocalProof, outside: Outside | None = None,
     return compare_sides(proof, runs, ctx.ort_cpu)
 
 
-Runner = Callable[[onnx.ModelProto, dict[str, np.ndarray], str], list[np.ndarray]]
+Runner = Callable[..., list[np.ndarray]]  # (model, feeds, level, threads=...) -> outputs: ORT CPU or a test's own
 
 
 def compare_sides(proof: LocalProof, runs: list, run: Runner) -> Refuse | None:
@@ -221,21 +224,83 @@ def compare_sides(proof: LocalProof, runs: list, run: Runner) -> Refuse | None:
         return out
 
     for level, ((whole, whole_inputs), (split, split_inputs)), alone in runs:
-        expected = _digests(whole, run(whole, feed(whole_inputs), level))
-        release()  # (the whole side's outputs are not held while the other side runs: their digests are)
-        got = run(split, feed(split_inputs), level)
-        diff = None
-        if _digests(split, got, set(expected)) != expected:  # measure the difference: the whole side once more
-            diff = _max_diff(*_in_common(whole, run(whole, feed(whole_inputs), level), split, got))
-            diff = float("nan") if diff is None else diff  # (not the same bytes twice: not a kernel to trust)
-        del got
-        release()
-        if diff is not None:
-            company = "without its neighbours" if alone else "with its neighbours"
-            return Refuse(f"run on its own {company} on ORT CPU (level '{level}'), it does not give the "
-                          f"whole node's bytes (max diff {diff:.2g}): the kernel's summation order depends on the "
-                          "shapes it is given", level=level, max_diff=diff, neighbours=not alone)
+        counts = proof_threads(facts, whole, split)
+        proof.threads = tuple(sorted({*proof.threads, *counts}))
+        for threads in counts:
+            diff = _difference(run, whole, partial(feed, whole_inputs), split, partial(feed, split_inputs),
+                               level, threads)
+            if diff is not None:
+                company = "without its neighbours" if alone else "with its neighbours"
+                return Refuse(f"run on its own {company} on ORT CPU (level '{level}', {threads} intra-op "
+                              f"thread(s)), it does not give the whole node's bytes (max diff {diff:.2g}): the "
+                              "kernel's summation order depends on the shapes and the thread count it is given",
+                              level=level, threads=threads, max_diff=diff, neighbours=not alone)
     return None
+
+
+def proof_threads(facts: Facts | None, *models: onnx.ModelProto) -> tuple[int, ...]:
+    """The intra-op thread counts a proof of `models` runs at: one of each class of counts that split their Convs
+    and GEMMs alike (base/threads.py), so that what it shows holds at every count. Shapes from `facts`, else
+    from onnx's shape inference of each model."""
+    import os
+
+    return thread_counts([k for m in models for k in kernels_of(m, facts)], os.cpu_count() or 1)
+
+
+def unshown_threads(proofs: list[LocalProof | None]) -> tuple[int, ...]:
+    """The thread counts a whole-model comparison runs at to decide rewrites not shown exact on their own: the
+    classes of their proofs' kernels (`proof_threads`), or every count to `MLAS_MAXIMUM_THREAD_COUNT` where one
+    has no proof to read them from."""
+    import os
+
+    if any(p is None or isinstance(p.parts, str) for p in proofs):
+        return tuple(range(1, MLAS_MAXIMUM_THREAD_COUNT + 1))
+    kernels = []
+    for proof in proofs:
+        for spec in [*proof.whole, *proof.parts]:
+            shapes = tuple(None if proof.facts.types.get(i) is None else tuple(proof.facts.types[i][1])
+                           for i in spec.inputs)
+            out = proof.facts.types.get(spec.outputs[0]) if spec.outputs else None
+            kernels.append(Kernel(spec.op, spec.attrs, shapes, len(spec.inputs) > 1 and
+                                  proof.facts.constants.get(spec.inputs[1]) is not None,
+                                  None if out is None else tuple(out[1])))
+    return thread_counts(kernels, os.cpu_count() or 1)
+
+
+def kernels_of(model: onnx.ModelProto, facts: Facts | None = None) -> list[Kernel]:
+    """`model`'s nodes as MLAS sees them (base/threads.py): op, attributes, input shapes, and whether the second
+    input is stored (a GEMM's prepacked B)."""
+    stored = {t.name for t in model.graph.initializer}
+    stored |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+    if facts is not None:
+        types = {name: tuple(typ[1]) for name, typ in facts.types.items() if typ is not None}
+    else:
+        inferred = onnx.shape_inference.infer_shapes(model).graph
+        types = {v.name: tuple(d.dim_value if d.HasField("dim_value") else -1 for d in v.type.tensor_type.shape.dim)
+                 for v in [*inferred.input, *inferred.value_info, *inferred.output]
+                 if v.type.tensor_type.HasField("shape")}
+        types |= {t.name: tuple(t.dims) for t in model.graph.initializer}
+    types = {k: v for k, v in types.items() if all(d >= 0 for d in v)}
+    return [Kernel(n.op_type, {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute},
+                   tuple(types.get(i) for i in n.input), len(n.input) > 1 and n.input[1] in stored,
+                   types.get(n.output[0]) if n.output else None) for n in model.graph.node]
+
+
+def _difference(run: Runner, whole: onnx.ModelProto, whole_feed: Callable[[], dict], split: onnx.ModelProto,
+                split_feed: Callable[[], dict], level: str, threads: int) -> float | None:
+    """None when the two sides give the same bytes at `level` and `threads`, else the largest difference (nan:
+    the whole side did not give the same bytes twice, not a kernel to trust). The feeds are made for each run,
+    not held (the largest inputs are held once)."""
+    expected = _digests(whole, run(whole, whole_feed(), level, threads=threads))
+    release()  # (the whole side's outputs are not held while the other side runs: their digests are)
+    got = run(split, split_feed(), level, threads=threads)
+    diff = None
+    if _digests(split, got, set(expected)) != expected:  # measure the difference: the whole side once more
+        diff = _max_diff(*_in_common(whole, run(whole, whole_feed(), level, threads=threads), split, got))
+        diff = float("nan") if diff is None else diff
+    del got
+    release()
+    return diff
 
 
 def _digests(model: onnx.ModelProto, outputs: list[np.ndarray], names: set[str] | None = None) -> dict[str, tuple]:

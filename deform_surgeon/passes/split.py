@@ -77,7 +77,7 @@ from ..graph.ops import ELEMENTWISE_NARY, ELEMENTWISE_UNARY, SHAPE_OPS
 from ..graph.pipeline import Action, Context, Outcome, Pass, Refuse
 from ..graph.shapes import Shapes
 from .cut_and_join import FLOAT16_NOTE, cut, float16_details, join
-from .local_proof import LocalProof, record
+from .local_proof import LocalProof, proof_threads, record
 
 
 @dataclass(frozen=True)
@@ -539,12 +539,14 @@ class SplitBlocks(Pass):
             inits), opset_imports=[helper.make_opsetid("", 17)])
         feed = {"x": np.random.default_rng(0).standard_normal(xs, dtype=np.float32).astype(dtype)}
         for level in ("disable", "all"):
-            a, b = ctx.ort_cpu(model, feed, level)
-            if a.tobytes() != b.tobytes():
-                diff = float(np.abs(a - b).max())
-                return Refuse(f"its {len(counts)} row chunks do not give the whole Conv's bytes on ORT CPU (max diff "
-                              f"{diff:.2g}; the kernel's summation order depends on the number of output pixels it is "
-                              "given)", level=level, max_diff=diff)
+            for threads in proof_threads(None, model):
+                a, b = ctx.ort_cpu(model, feed, level, threads=threads)
+                if a.tobytes() != b.tobytes():
+                    diff = float(np.abs(a - b).max())
+                    return Refuse(f"its {len(counts)} row chunks do not give the whole Conv's bytes on ORT CPU (max "
+                                  f"diff {diff:.2g} at level '{level}', {threads} intra-op thread(s); the kernel's "
+                                  "summation order depends on the number of output pixels and threads it is given)",
+                                  level=level, threads=threads, max_diff=diff)
         return None
 
     def _chunk(self, ctx: Context, block: GatherBlock, shapes: Shapes, c: int, r0: int, r1: int) -> gs.Tensor:

@@ -97,3 +97,50 @@ def one_error_line(proc: subprocess.CompletedProcess) -> str:
     assert len(lines) == 1, f"expected one stderr line, got {len(lines)}:\n{proc.stderr}"
     assert lines[0].startswith(ERROR_PREFIX), lines[0]
     return lines[0][len(ERROR_PREFIX):]
+
+
+EVERY_THREAD_COUNT = (1, 2, 3, 4, 6, 8, 16)  # the counts the exactness promise is checked at (docs/runtime-facts.md)
+INPUT_KINDS = ("random", "large", "tiny", "zero", "nan", "inf")
+
+
+def kind_of_input(kind: str, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    """A float32 input of one kind the promise covers: random normal, 1e4 x that, 1e-30 x that (subnormal
+    products), zeros, random with NaNs, random with infinities of both signs."""
+    x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+    if kind == "large":
+        return x * np.float32(1e4)
+    if kind == "tiny":
+        return x * np.float32(1e-30)
+    if kind == "zero":
+        return np.zeros(shape, np.float32)
+    if kind in ("nan", "inf"):
+        flat = x.reshape(-1)
+        flat[:: 7] = np.nan if kind == "nan" else np.inf
+        flat[3:: 11] = np.nan if kind == "nan" else -np.inf
+    return x
+
+
+def assert_exact_everywhere(original: str | Path, patched: str | Path,
+                            inputs: dict[str, tuple[int, ...]] | None = None) -> None:
+    """The patched model gives the original's bytes on ORT CPU at levels `disable` and `all`, at every count of
+    `EVERY_THREAD_COUNT`, on every kind of input of `INPUT_KINDS` (float inputs of the model's types; shapes from
+    the model unless given)."""
+    import onnxruntime as ort
+
+    model = onnx.load(str(original), load_external_data=False)
+    shapes = inputs or {i.name: tuple(d.dim_value for d in i.type.tensor_type.shape.dim) for i in model.graph.input}
+    dtypes = {i.name: onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type) for i in model.graph.input}
+    for kind in INPUT_KINDS:
+        feeds = {name: kind_of_input(kind, shape, k).astype(dtypes.get(name, np.float32))
+                 for k, (name, shape) in enumerate(shapes.items())}
+        for threads in EVERY_THREAD_COUNT:
+            for level in ("disable", "all"):
+                options = ort.SessionOptions()
+                options.intra_op_num_threads = threads
+                options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+                options.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_DISABLE_ALL if level == "disable"
+                                                    else ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+                got = [ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]).run(None, feeds)
+                       for path in (original, patched)]
+                for a, b in zip(*got, strict=True):
+                    assert a.shape == b.shape and a.tobytes() == b.tobytes(), (kind, threads, level)
