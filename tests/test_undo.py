@@ -196,6 +196,23 @@ def test_a_rewrite_wrong_on_the_second_input_only_is_found_with_it_and_no_exact_
             assert_bytes_equal(run(model, feeds, level), run(str(out), feeds, level))
 
 
+def test_with_verify_the_rewrites_not_shown_on_their_own_are_still_checked_at_their_thread_counts(tmp_path,
+                                                                                                    monkeypatch):
+    """`--verify` is the user's comparison, at ORT's default thread count; rewrites left to the whole-model check
+    are also compared at their proofs' thread-count classes (a comparison at the default count alone showed them
+    exact at that count only), and their lines say where."""
+    _plant_wrong(monkeypatch, "no such node")  # (nothing planted: every proof skipped)
+    src, out = tmp_path / "tail.onnx", tmp_path / "tail.patched.onnx"
+    onnx.save(decoder_tail(), src)
+    report = patch(src, out, max_buffer=LIMIT, verify=True)
+    assert report.verification.identical and report.verification.threads is None  # the user's, as asked
+    kept = [a for a in bands_actions(report.actions) if a.action == Outcome.REWRITTEN]
+    assert kept and all(a.details["shown_exact"] == "whole_model" for a in kept)
+    for a in kept:
+        assert "ORT's default intra-op threads" in a.reason and len(a.details["threads"]) > 1, a.reason
+        assert re.search(r"level 'all', 3 input\(s\), intra-op threads \d+(, \d+)+", a.reason), a.reason
+
+
 def test_a_difference_none_of_the_rewrites_makes_is_not_blamed_on_them(tmp_path, monkeypatch):
     """When the model differs with every checked rewrite undone (here an exact-by-construction pass made wrong),
     no rewrite is blamed: the patch fails as a failed verification does, and nothing is written."""

@@ -554,8 +554,9 @@ class _Writing:
         # (runs in segments are at level disable: the whole model at ORT's default level was not asked for then,
         # and a level a rewrite asks for is run whole)
         for level in dict.fromkeys([*([] if segmented else ["all"]), *asked]):
-            if all(level_of(r.get("opt_level"), r.get("segment_memory")) != level for r in runs):
-                runs.append(self._at(level))
+            extra = self._at(level)
+            if not any(_covers(r, extra) for r in runs):  # (the user's own may: same level, inputs and counts)
+                runs.append(extra)
         return runs
 
     def _at(self, level: str) -> dict:
@@ -727,6 +728,20 @@ class _Writing:
         _annotate(self.report, self.lifted, f"{len(self.undone)} rewrite(s) undone ("
                   + ", ".join(f"{c} {k}" for k, c in sorted(kinds.items())) + "): not shown exact (see their lines); "
                   "the others written", self.memory)
+
+
+def _covers(run: dict, needed: dict) -> bool:
+    """Whether the comparison `run` asks at least what `needed` asks: its level, as many inputs, every thread
+    count of it (ORT's default count stands only for itself)."""
+    def level(r: dict) -> str:
+        return level_of(r.get("opt_level"), r.get("segment_memory"))
+
+    def inputs(r: dict) -> int:
+        return r.get("iterations") or DEFAULT_ITERATIONS
+
+    counts, wanted = set(_thread_list(run)), set(_thread_list(needed))
+    return level(run) == level(needed) and inputs(run) >= inputs(needed) and (
+        wanted <= counts if wanted else not counts)
 
 
 def _every_count(counts: tuple[int, ...]) -> str:
