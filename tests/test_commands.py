@@ -8,6 +8,7 @@ import argparse
 import os
 import re
 import textwrap
+from pathlib import Path
 
 import pytest
 from helpers import one_error_line, run
@@ -100,9 +101,24 @@ sys.meta_path.insert(0, _Unloadable())
 """
 
 
+def _requirement(name: str) -> str:
+    """`name`'s requirement as setup.cfg declares it, in the form installed metadata gives it
+    (`onnxruntime<1.33,>=1.32`)."""
+    import configparser
+
+    from packaging.requirements import Requirement
+
+    config = configparser.ConfigParser()
+    config.read(Path(__file__).parents[1] / "setup.cfg")
+    requirements = [Requirement(x.strip()) for x in config["options"]["install_requires"].splitlines()
+                    if x.strip() and not x.strip().startswith("#")]
+    return str(next(r for r in requirements if r.name == name))
+
+
 @pytest.mark.parametrize("error, install", [
     # a package deform-surgeon requires is missing: its own requirement, from the installed metadata
-    ("ModuleNotFoundError(\"No module named 'onnxruntime'\", name='onnxruntime')", "pip install 'onnxruntime>=1.17'"),
+    ("ModuleNotFoundError(\"No module named 'onnxruntime'\", name='onnxruntime')",
+     f"pip install '{_requirement('onnxruntime')}'"),
     # one of deform-surgeon's own modules is missing or broken: reinstall it
     ("ImportError('cannot import name run_harness')", "pip install --force-reinstall deform_surgeon"),
 ])
