@@ -1180,3 +1180,23 @@ def test_two_output_links_to_one_file_are_named(tmp_path):
     assert re.match(r"out/b\.onnx: the output of entry 2 \(src/b\.onnx\) is also the output of entry 1 "
                     r"\(src/a\.onnx\) \(out/b\.onnx and out/a\.onnx are both .*/x\.onnx\): one would overwrite",
                     one_error_line(proc)), proc.stderr
+
+
+# ------------------------------------------------------------------------------------------ fifth round (issue 46)
+@pytest.mark.parametrize("argv, option", [
+    (["verify", "m.onnx", "m.onnx", "--segment-memory", "99999999999999999999999999999"], "--segment-memory"),
+    (["patch", "m.onnx", "o.onnx", "--max-memory", "9000000TiB"], "--max-memory"),
+], ids=["verify-segment-memory", "patch-max-memory"])
+def test_a_size_past_64_bits_is_refused_and_one_within_is_read_as_given(tmp_path, argv, option):
+    """`--segment-memory 99999999999999999999999999999` printed "99999999999999983616.00 GB", a number the user
+    did not give (the size went through a float). A size is read exactly, and one over 2**63 - 1 bytes, which no
+    file or memory holds, is refused in one line."""
+    from deform_surgeon.base.sizes import parse_size
+
+    copy_fixture("sum_only.onnx", tmp_path, "m.onnx")
+    proc = run(*argv, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    assert one_error_line(proc) == (f"argument {option}: bad size '{argv[-1]}' (more than 2**63 - 1 bytes (9.22 EB), "
+                                    f"which no file or memory holds) (see `deform-surgeon {argv[0]} --help`)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+    assert parse_size("9223372036854775807") == 2**63 - 1 and parse_size("8589934591.999999999GiB") == 2**63 - 1
