@@ -259,6 +259,13 @@ def test_report_json(decoder):
     assert rewritten["GatherND"] == report["ops_before"]["GatherND"] and rewritten["Sum"] == report["ops_before"]["Sum"]
 
 
+def test_the_reports_verification_names_out(decoder):
+    """Fifth round: `verification.patched` named the temporary file the comparison ran on, gone once OUT took its
+    place. The report names OUT, the file the verdict is about."""
+    verification = json.loads(decoder.report.read_text())["verification"]
+    assert verification["original"] == str(decoder.source) and verification["patched"] == str(decoder.out)
+
+
 def test_names_unique_and_derived_from_replaced_nodes(decoder):
     original, patched = onnx.load(decoder.source), onnx.load(decoder.out)
     assert_unique_names(patched)

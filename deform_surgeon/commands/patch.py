@@ -525,7 +525,9 @@ class _Writing:
         for kwargs in runs:
             result = self._compare(tmp, kwargs)
             if kwargs is runs[0]:  # the comparison the user asked for (the others only show rewrites exact)
-                self.report.verification = result if self.verify else None
+                # (of the file that takes OUT's place: the report names OUT, not its temporary name)
+                self.report.verification = dataclasses.replace(result, patched=str(self.output_path)) \
+                    if self.verify else None
             if not result.identical:
                 self.lifted.weights.check_unchanged()
                 found = result.mismatch.text() if result.mismatch else "outputs differ"
