@@ -587,3 +587,138 @@ def test_two_write_targets_that_are_hard_links_of_one_file_are_named_so(tmp_path
     plan.write("OUT's external data file", tmp_path / "out.onnx_data")
     with pytest.raises(SurgeonError, match=r"rep.json and .*out.onnx_data are two names of one file"):
         plan.write("--report", tmp_path / "rep.json")
+
+
+# ------------------------------------------------------------------------------------- fifth round (issue 46)
+# A writer run in a process of its own, made to stop before each rename whose target is one of `names` until told to
+# go on, and to say so, and to say when it waits for the folder's lock: the test decides how two writers interleave
+# by answering them, without a clock.
+_WRITER = r"""
+import os, sys
+messages, go, names, argv = int(sys.argv[1]), int(sys.argv[2]), set(sys.argv[3].split(",")), sys.argv[4:]
+
+def say(text):
+    os.write(messages, (text + "\n").encode())
+
+def stopping(rename):
+    def call(src, dst, *args, **kwargs):
+        name = os.path.basename(os.fspath(dst))
+        if name in names:
+            say("rename " + name)
+            if not os.read(go, 1):
+                os._exit(99)
+        return rename(src, dst, *args, **kwargs)
+    return call
+
+os.replace, os.rename = stopping(os.replace), stopping(os.rename)
+from deform_surgeon.files import write
+if hasattr(write, "_wait"):
+    wait = write._wait
+    def waiting(fd):
+        say("waiting")
+        wait(fd)
+    write._wait = waiting
+from deform_surgeon.commands.cli import main
+sys.exit(main(argv))
+"""
+
+
+class _Writer:
+    """A `deform-surgeon` command (`argv`) run by `_WRITER`, stopping before each rename to one of `names`."""
+
+    def __init__(self, argv: list, names: list[str], cwd: Path) -> None:
+        import os
+
+        self._messages, messages = os.pipe()
+        go, self._go = os.pipe()
+        self.proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(messages), str(go), ",".join(names),
+                                      *map(str, argv)], cwd=cwd, pass_fds=(messages, go), stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        os.close(messages)
+        os.close(go)
+        self.said = open(self._messages, "rb", buffering=0)  # noqa: SIM115 (closed in finish)
+        self.stopped = False
+
+    def next(self) -> str:
+        """What the writer says next ("rename NAME": it stopped there; "waiting"), or "" once it has ended."""
+        import select
+
+        if not select.select([self.said], [], [], 600)[0]:  # (only so that a writer stuck for good fails the test)
+            raise AssertionError("the writer said nothing for 10 minutes")
+        said = self.said.readline().decode().strip()
+        self.stopped = said.startswith("rename ")
+        return said
+
+    def expect(self, what: str) -> None:
+        said = self.next()
+        assert said == what, (said, self.finish())
+
+    def go(self) -> None:
+        import os
+
+        os.write(self._go, b"g")
+        self.stopped = False
+
+    def as_far_as_it_can(self) -> str:
+        """Let every rename go until the writer waits for the lock ("waiting") or ends ("")."""
+        if self.stopped:
+            self.go()
+        while (said := self.next()).startswith("rename "):
+            self.go()
+        return said
+
+    def finish(self) -> subprocess.CompletedProcess:
+        """Let it go on to its end; its exit code and output."""
+        import os
+
+        self.as_far_as_it_can()
+        while self.next():  # (it waited for the lock: it goes on once it has it)
+            self.as_far_as_it_can()
+        out, err = self.proc.communicate(timeout=600)
+        self.said.close()
+        os.close(self._go)
+        return subprocess.CompletedProcess(self.proc.args, self.proc.returncode, out, err)
+
+
+def _which(out: Path) -> str:
+    """The fixture OUT is the patch of, checked as a pair: OUT with its data file gives that model's outputs."""
+    _a_consistent_pair(out)
+    return "fp16" if onnx.load(out, load_external_data=False).graph.input[0].type.tensor_type.elem_type == \
+        onnx.TensorProto.FLOAT16 else "fp32"
+
+
+@pytest.mark.parametrize("second, interleaved", [("patch", True), ("patch", False), ("batch", False)],
+                         ids=["patch-interleaved", "patch-after-its-data", "batch-after-its-data"])
+def test_two_writers_of_one_out_leave_the_last_ones_pair_whole(tmp_path, second, interleaved):
+    """Fifth round: two `patch` runs to one OUT at once (`--external-data always`, other weights), their renames
+    interleaved (A's data file, B's data file, B's model, A's model), left A's model beside B's data file, both exit
+    0. Here the first writer stops before its data file's rename, the second (a `patch`, or a `batch DIR OUTDIR`
+    whose output is that OUT) goes as far as it can (`interleaved`: past its checks, to its own first rename), the
+    first puts its data file in place, the second goes on, then the first. Or the second starts only once the
+    first's data file is in place: it judged that file, without its OUT, a file of the user's own and refused it.
+    Now the second waits for the folder's lock, then replaces the first's pair whole."""
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir()
+    out.mkdir()
+    (src / "model.onnx").write_bytes((FIXTURES / "decoder_gathernd_fp16.onnx").read_bytes())
+    names = ["model.onnx", "model.onnx_data"]
+    first = _Writer(["patch", FIXTURE, out / "model.onnx", "--external-data", "always"], names, tmp_path)
+    first.expect("rename model.onnx_data")
+    if not interleaved:
+        first.go()
+        first.expect("rename model.onnx")
+    argv = (["patch", src / "model.onnx", out / "model.onnx"] if second == "patch" else
+            ["batch", src, out, "--no-progress", "-j", "1"])
+    last = _Writer([*argv, "--external-data", "always"], names, tmp_path)
+    said = last.next()  # it waits for the lock, or it stops at its first rename
+    if interleaved:
+        first.go()  # the first's data file
+        first.expect("rename model.onnx")
+        if said.startswith("rename"):
+            last.as_far_as_it_can()
+    done = first.finish()
+    assert done.returncode == 0, done.stderr
+    done = last.finish()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(p.name for p in out.iterdir()) == names
+    assert _which(out / "model.onnx") == "fp16"

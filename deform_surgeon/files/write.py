@@ -22,6 +22,11 @@ file is moved aside (with it) before either new file takes its place, and put ba
 no instant does an OUT name a data file that is not its own (for the few renames, OUT is absent instead); Ctrl-C
 and SIGTERM wait for those renames. A data file at the target that the existing OUT does not name is a user's own
 file and is refused, never replaced.
+
+Two writers of one OUT may run at once (two `patch` runs, a `patch` beside a `batch`): each judges the data file
+and puts its pair in place holding the lock of OUT's folder (`_folder_lock`, an advisory lock on the folder
+itself, so nothing is left behind), so one pair is put in place whole before the other replaces it whole. The
+second waits for the first's few renames, not for its whole patch: OUT is then the last writer's pair, never a mix.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import os
 import re
 import secrets
 import shutil
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
@@ -44,6 +50,11 @@ from ..base.errors import SurgeonError
 from ..base.signals import held
 from . import wire
 from .weights import Weights, external_ref, is_external
+
+try:
+    import fcntl
+except ImportError:  # (not POSIX: no advisory locks, the writers of one OUT do not take turns)
+    fcntl = None  # type: ignore[assignment]
 
 _PROTOBUF_LIMIT = 2**31 - 1
 
@@ -291,7 +302,13 @@ def check_data_target(target: Path, data_target: Path, weights: Weights | None =
 def refuse_foreign_data(target: Path, data_target: Path) -> None:
     """Refuse a file at `data_target` that the existing model `target` does not name: a file of the user's own,
     which writing `target` with its data would replace without a word (the data file of the OUT being replaced
-    is replaced with it)."""
+    is replaced with it). Judged holding the folder's lock: another writer of `target` is never seen halfway
+    through putting its pair in place (its data file there, its OUT not yet)."""
+    with _folder_lock(target.parent):
+        _refuse_foreign(target, data_target)
+
+
+def _refuse_foreign(target: Path, data_target: Path) -> None:
     if os.path.lexists(data_target) and not names_data_file(target, data_target):
         raise SurgeonError(data_target, f"exists and is not the external data file of {target.name}: writing "
                            f"{target.name} would replace it", "remove it or choose another OUT")
@@ -316,9 +333,12 @@ def _install(tmp: Path, target: Path, tmp_data: Path | None, data_target: Path, 
     fails, removed once the new model is in place, whatever form the new one has: no stale data file is left for
     the next run to refuse as a user's own); otherwise the new data file takes a name no model uses before the
     new model takes OUT's. No input (`inputs`: `Weights.inputs`' file keys) is ever moved or removed. Signals
-    wait until this is done."""
-    with held():
+    wait until this is done; another writer of the folder waits for it (`_folder_lock`), and the data file is
+    judged again here, as another writer may have put its pair in place since it was judged."""
+    with _folder_lock(target.parent), held():  # (a signal still stops a wait for the lock)
         recover_pair(target, data_target)  # what a writer of this OUT killed here before left (SIGKILL cannot wait)
+        if tmp_data is not None:
+            _refuse_foreign(target, data_target)
         aside = _move_aside(_old_pair(target, inputs))
         placed = False
         try:
@@ -412,6 +432,81 @@ def _free_name(target: Path, suffix: str) -> Path:
         if not os.path.lexists(path):
             return path
     raise FileExistsError(errno.EEXIST, "no free temporary name", str(target.parent))
+
+
+_HELD = threading.local()  # `folders`: the (device, inode) of each folder whose lock this thread holds
+_LOCK_FDS: set[int] = set()  # this process's descriptors that hold a lock
+
+
+@contextmanager
+def _folder_lock(folder: Path) -> Iterator[None]:
+    """Hold the lock of `folder` while the block runs: an advisory `flock` on the folder itself (a lock file beside
+    OUT would be one more file left behind, and one removed could be locked by two writers at once). The writers
+    of a folder's files take turns through it for what they do there in a few renames (judge a data file, put a
+    pair in place); a second one waits (`_wait`). Taken once per thread (a block may call what takes it again).
+    Where the folder cannot be opened or the file system has no locks, the block runs without it."""
+    try:
+        st = os.stat(folder)
+    except OSError:
+        st = None
+    mine = _HELD.__dict__.setdefault("folders", set())
+    key = None if st is None else (st.st_dev, st.st_ino)
+    fd = _lock_folder(folder) if key is not None and key not in mine else None
+    if fd is None:
+        yield
+        return
+    mine.add(key)
+    try:
+        yield
+    finally:
+        mine.discard(key)
+        _LOCK_FDS.discard(fd)
+        os.close(fd)  # (the lock goes with the last descriptor of it)
+
+
+def _lock_folder(folder: Path) -> int | None:
+    """A descriptor of `folder` holding its lock; None where it cannot be had (`_folder_lock`)."""
+    if fcntl is None:
+        return None
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:  # (a folder that may be written but not read)
+        return None
+    _LOCK_FDS.add(fd)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _wait(fd)
+    except BaseException as exc:  # a file system without locks; or Ctrl-C while waiting
+        _LOCK_FDS.discard(fd)
+        os.close(fd)
+        if isinstance(exc, OSError):
+            return None
+        raise
+    return fd
+
+
+def _wait(fd: int) -> None:
+    """Wait for the lock another writer holds (its few renames; a signal still stops the wait)."""
+    fcntl.flock(fd, fcntl.LOCK_EX)
+
+
+def _forget_locks() -> None:
+    """In a forked child (background.py's checks, verify's runs of each model): close the parent's descriptors that
+    hold locks, which the child never uses. Were the parent killed, a child still running would otherwise hold its
+    locks until it ends, and another writer would wait for it."""
+    for fd in list(_LOCK_FDS):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _LOCK_FDS.clear()
+    _HELD.__dict__.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_locks)
 
 
 def _pieces(model: onnx.ModelProto, weights: Weights, layout: dict[str, tuple[int, int]], location: str
