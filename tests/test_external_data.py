@@ -722,3 +722,96 @@ def test_two_writers_of_one_out_leave_the_last_ones_pair_whole(tmp_path, second,
     assert done.returncode == 0, done.stdout + done.stderr
     assert sorted(p.name for p in out.iterdir()) == names
     assert _which(out / "model.onnx") == "fp16"
+
+
+# A writer that kills itself (SIGKILL: nothing of it runs after) just before its n-th rename into OUT's folder, or
+# before its first removal of a file there once all its renames are done ("unlink").
+_KILLED = r"""
+import os, signal, sys
+point, folder, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
+seen = {"rename": 0, "unlink": 0}
+
+def killing(kind, call):
+    def wrapped(path, *args, **kwargs):
+        target = args[0] if kind == "rename" else path
+        if os.path.dirname(os.path.abspath(os.fspath(target))) == folder and (kind == "rename" or seen["rename"] >= 4):
+            seen[kind] += 1
+            if f"{kind}{seen[kind]}" == point:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return call(path, *args, **kwargs)
+    return wrapped
+
+os.replace, os.rename = killing("rename", os.replace), killing("rename", os.rename)
+os.unlink = killing("unlink", os.unlink)
+from deform_surgeon.commands.cli import main
+sys.exit(main(argv))
+"""
+
+
+def _killed_at(point: str, out: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", _KILLED, point, str(out.parent), "patch", FIXTURE, out,
+                           "--external-data", "always"], capture_output=True, text=True, timeout=600)
+
+
+# (kill point, an old pair there, what the folder holds after the kill besides the writer's hidden files)
+_KILL_POINTS = [
+    ("rename1", True, ["model.onnx", "model.onnx_data"]),  # nothing moved yet
+    ("rename2", True, ["model.onnx_data"]),  # the old OUT moved aside, its data file still in place
+    ("rename3", True, []),  # the old pair aside
+    ("rename4", True, ["model.onnx_data"]),  # the old pair aside, the new data file in place
+    ("unlink1", True, ["model.onnx", "model.onnx_data"]),  # the new pair in place, the old one still aside
+    ("rename2", False, ["model.onnx_data"]),  # a new OUT: its data file in place, the OUT not yet
+]
+
+
+@pytest.mark.parametrize("point, old, left", _KILL_POINTS,
+                         ids=["before-rename-1", "before-rename-2", "before-rename-3", "before-rename-4",
+                              "after-the-renames", "new-out-before-its-rename"])
+def test_the_next_patch_settles_every_point_a_killed_writer_stopped_at(tmp_path, point, old, left):
+    """Fifth round: a `patch` replacing an OUT pair, killed (SIGKILL) just before its 2nd rename (the old OUT moved
+    aside, its data file in place) or its 4th (the old pair aside, the new data file in place): the next `patch`
+    exited 2 with "model.onnx_data: exists and is not the external data file of model.onnx ... remove it" (at the
+    2nd point the old OUT's own data file) and the old OUT stayed hidden under its `.old` name; at every point the
+    killed run's temporaries stayed for good. The next write now settles what a killed writer left before it
+    judges the data file: the old pair put back (then replaced) or removed, the temporaries removed, and at a new
+    OUT's point the data file the killed writer had put in place."""
+    out = tmp_path / "model.onnx"
+    if old:
+        _old_pair(out)
+    killed = _killed_at(point, out)
+    assert killed.returncode == -9, killed.stderr
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert [n for n in names if not n.startswith(".")] == left and any(n.startswith(".") for n in names)
+    proc = _patch_cli(FIXTURE, out, "--external-data", "always")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx", "model.onnx_data"]
+    assert _which(out) == "fp32"
+
+
+@pytest.mark.parametrize("point", ["rename2", "rename4"])
+def test_batch_settles_what_a_killed_patch_of_its_output_left(tmp_path, point):
+    """Fifth round: `batch DIR OUTDIR` refused an output a killed `patch` had left halfway (as the next `patch`
+    did); it settles it before it judges, and writes it."""
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir()
+    out.mkdir()
+    (src / "model.onnx").write_bytes((FIXTURES / "decoder_gathernd_fp16.onnx").read_bytes())
+    _old_pair(out / "model.onnx")
+    assert _killed_at(point, out / "model.onnx").returncode == -9
+    proc = _batch(src, out, "--external-data", "always")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["model.onnx", "model.onnx_data"]
+    assert _which(out / "model.onnx") == "fp16"
+
+
+def test_a_temporary_is_removed_only_once_its_writer_is_gone(tmp_path):
+    """What proves a temporary a dead writer's is its lock: one whose writer lives (here, this process) stays, one
+    no process holds (a writer killed) is removed by the next write of its OUT."""
+    out = tmp_path / "model.onnx"
+    dead = tmp_path / f"{write.temp_prefix(out)}0badc0de.tmp.onnx"
+    dead.write_bytes(b"what a killed writer wrote")
+    with write.temp_path(out) as live:
+        live.write_bytes(b"what a living writer writes")
+        write.settle_out(out)
+        assert live.read_bytes() == b"what a living writer writes" and not dead.exists()
+    assert list(tmp_path.iterdir()) == []

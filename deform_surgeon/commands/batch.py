@@ -66,9 +66,9 @@ from pathlib import Path
 
 from ..base.errors import SurgeonError
 from ..base.signals import held
-from ..files import DataForm, atomic_path, external_data_path, temp_prefix, wire
+from ..files import DataForm, atomic_path, external_data_path, wire
 from ..files.io_check import FilePlan, file_kind
-from ..files.write import BROWSER_SINGLE_FILE_LIMIT, MAX_DATA_CHUNKS, is_own_data_name, recover_pair
+from ..files.write import BROWSER_SINGLE_FILE_LIMIT, MAX_DATA_CHUNKS, is_own_data_name, settle_out
 from ..graph.budget import human
 from .args import PATCH_GROUPS, manifest_options, manifest_problem, val_ranges_for
 from .report import FINDING_EXIT, OK, REFUSED, UNCHANGED
@@ -578,16 +578,11 @@ def _finish(e: Entry, result: dict | None, error: str | None, t0: float) -> None
 
 
 def _remove_temporaries(e: Entry) -> None:
-    """What a killed worker may have left: its `atomic_path` temporaries (never the output itself), and an old
-    output pair it had moved aside to put the new one in place (put back, or removed: `recover_pair`)."""
-    if not e.output:
-        return
-    out = Path(e.output)
-    data = external_data_path(out, e.data_files, e.options.get("data_suffix"))
-    for target in (out, data):
-        for tmp in out.parent.glob(f"{globlib.escape(temp_prefix(target))}*.tmp*"):
-            tmp.unlink(missing_ok=True)
-    recover_pair(out, data)
+    """What a killed worker may have left: its temporaries (never the output itself), and an old output pair it had
+    moved aside to put the new one in place (put back, or removed): `settle_out`, which touches only what is proven
+    a dead writer's (another writer of that output may be at work)."""
+    if e.output:
+        settle_out(Path(e.output))
 
 
 # ------------------------------------------------------------------------------------------ transformers.js

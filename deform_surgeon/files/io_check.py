@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..base.errors import SurgeonError
 from . import DataForm, path_problem, scan_model, user_path
-from .write import refuse_foreign_data
+from .write import refuse_foreign_data, settle_out
 
 
 def external_locations(model_path: str | Path) -> list[str]:
@@ -162,8 +162,9 @@ class FilePlan:
     def write_model(self, target: str | Path, input_data: Sequence[Path] = (), role: str = "OUT",
                     form: DataForm | None = None) -> None:
         """An output model and its data file (`form.data_path`, named after `input_data`, the input's data files
-        as its model names them): written when `form` says it will be, reserved where OUT's size decides. A data
-        file already there that the existing OUT does not name is a user's own file, refused."""
+        as its model names them): written when `form` says it will be, reserved where OUT's size decides. What a
+        killed writer of OUT left is settled first (`settle_out`); then a data file already there that the existing
+        OUT does not name is a user's own file, refused."""
         target = user_path(target, role)
         if os.path.isdir(target):
             raise SurgeonError(target, "output path is a folder; give a file name such as model.patched.onnx")
@@ -175,6 +176,8 @@ class FilePlan:
         elif expected:
             self.write(f"{role}'s external data file", data)
             refuse_foreign_data(target, data)
+        if not expected:
+            settle_out(target)
 
 
 def check_io(models: Sequence[str | Path], out: str | Path | None = None,

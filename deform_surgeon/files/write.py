@@ -27,16 +27,26 @@ Two writers of one OUT may run at once (two `patch` runs, a `patch` beside a `ba
 and puts its pair in place holding the lock of OUT's folder (`_folder_lock`, an advisory lock on the folder
 itself, so nothing is left behind), so one pair is put in place whole before the other replaces it whole. The
 second waits for the first's few renames, not for its whole patch: OUT is then the last writer's pair, never a mix.
+
+A writer killed at any moment (SIGKILL cannot wait) leaves what the next write of that OUT settles before it judges
+anything (`settle_out`): an old pair it had moved aside is put back, or removed once the new OUT is in place
+(`recover_pair`), and its temporaries are removed. A temporary is proven a dead writer's by its lock: each writer
+holds an advisory lock on its own temporaries while they exist, which the system lets go when the process ends,
+however it ends; one whose lock can be taken has no writer left. The new data file keeps a second, temporary name
+until OUT is in place, so a writer killed between the two leaves the proof that the data file at OUT's data name is
+its own (not a file of the user's): it is removed with it.
 """
 
 from __future__ import annotations
 
 import errno
+import glob
 import hashlib
 import os
 import re
 import secrets
 import shutil
+import stat
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -73,8 +83,8 @@ _CHUNK = 1 << 24
 
 def temp_prefix(target: str | Path) -> str:
     """The start of every temporary name `atomic_path` makes for `target`: short whatever the target's length (a
-    name of up to 255 bytes must still work), and the same for one target only (batch removes a killed worker's
-    temporaries by it)."""
+    name of up to 255 bytes must still work), and the same for one target only (`settle_out` finds a killed
+    writer's temporaries by it)."""
     name = Path(target).name
     readable = "".join(c if c.isascii() and c.isprintable() else "_" for c in name[:24])  # ORT takes UTF-8 only
     return f".{readable}.{hashlib.sha1(name.encode('utf-8', 'surrogateescape')).hexdigest()[:8]}."
@@ -85,23 +95,30 @@ def temp_path(target: str | Path, suffix: str = ".onnx") -> Iterator[Path]:
     """Yield a new, empty temporary file in the target's folder; it is removed on every way out unless it was
     renamed away, a signal included (the CLI turns SIGTERM into an exception, like Ctrl-C): its name is chosen
     *before* the file is created (O_EXCL), so there is no moment at which the file exists and the `finally` does
-    not know its name."""
+    not know its name. While it exists this process holds its lock (module docstring): it is created and locked
+    holding the folder's lock, so no writer settling the folder ever finds it unlocked while this one lives."""
     target = Path(target)
     tmp_path: Path | None = None
+    fd = None
     try:
-        for _ in range(100):
-            tmp_path = target.parent / f"{temp_prefix(target)}{secrets.token_hex(4)}.tmp{suffix}"
-            try:  # mode 0666 minus the umask: the mode any new file gets
-                os.close(os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-                break
-            except FileExistsError:
-                tmp_path = None
-        else:
-            raise FileExistsError(errno.EEXIST, "no free temporary name", str(target.parent))
+        with _folder_lock(target.parent):
+            for _ in range(100):
+                tmp_path = target.parent / f"{temp_prefix(target)}{secrets.token_hex(4)}.tmp{suffix}"
+                try:  # mode 0666 minus the umask: the mode any new file gets
+                    fd = os.open(tmp_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+                    break
+                except FileExistsError:
+                    tmp_path = None
+            else:
+                raise FileExistsError(errno.EEXIST, "no free temporary name", str(target.parent))
+            _hold(fd)
         yield tmp_path
     finally:
         if tmp_path is not None and tmp_path.exists():
             tmp_path.unlink()
+        if fd is not None:
+            _LOCK_FDS.discard(fd)
+            os.close(fd)
 
 
 @contextmanager
@@ -302,10 +319,66 @@ def check_data_target(target: Path, data_target: Path, weights: Weights | None =
 def refuse_foreign_data(target: Path, data_target: Path) -> None:
     """Refuse a file at `data_target` that the existing model `target` does not name: a file of the user's own,
     which writing `target` with its data would replace without a word (the data file of the OUT being replaced
-    is replaced with it). Judged holding the folder's lock: another writer of `target` is never seen halfway
-    through putting its pair in place (its data file there, its OUT not yet)."""
+    is replaced with it). Judged holding the folder's lock, once what a killed writer of `target` left is
+    settled (`settle_out`): another writer is never seen halfway through putting its pair in place (its data file
+    there, its OUT not yet), nor is a killed one's data file, or the old OUT it moved aside, taken for the user's."""
     with _folder_lock(target.parent):
+        _settle(target)
         _refuse_foreign(target, data_target)
+
+
+def settle_out(target: Path) -> None:
+    """Before `target` is written, or after its writer was killed (batch's worker): what a writer of `target`
+    killed before it was done left, settled (module docstring): an old pair it had moved aside put back or removed
+    (`recover_pair`), its temporaries removed, with the data file it had put in place for an OUT it never put in
+    place. Only what is proven a dead writer's is touched."""
+    with _folder_lock(target.parent):
+        _settle(target)
+
+
+def _settle(target: Path) -> None:
+    recover_pair(target)
+    own = [target.with_name(target.name + s) for s in DATA_SUFFIXES]
+    for name in [target, *own]:
+        for tmp in target.parent.glob(f"{glob.escape(temp_prefix(name))}*.tmp*"):
+            fd = _dead(tmp)
+            if fd is None:
+                continue
+            try:
+                st = os.fstat(fd)
+                for data in own:  # a second name of a data file its writer put in place, OUT not yet
+                    if _same_file(data, st) and not names_data_file(target, data):
+                        data.unlink()
+                tmp.unlink()
+            finally:
+                os.close(fd)
+
+
+def _dead(path: Path) -> int | None:
+    """A descriptor holding the lock of the temporary `path` when its writer is gone (the lock could be taken);
+    None while a writer holds it, or where that cannot be told (not a regular file, a file system without locks)."""
+    if fcntl is None:
+        return None
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+    except OSError:  # (BlockingIOError: its writer lives)
+        pass
+    os.close(fd)
+    return None
+
+
+def _same_file(path: Path, st: os.stat_result) -> bool:
+    try:
+        other = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    return (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino)
 
 
 def _refuse_foreign(target: Path, data_target: Path) -> None:
@@ -336,13 +409,14 @@ def _install(tmp: Path, target: Path, tmp_data: Path | None, data_target: Path, 
     wait until this is done; another writer of the folder waits for it (`_folder_lock`), and the data file is
     judged again here, as another writer may have put its pair in place since it was judged."""
     with _folder_lock(target.parent), held():  # (a signal still stops a wait for the lock)
-        recover_pair(target, data_target)  # what a writer of this OUT killed here before left (SIGKILL cannot wait)
+        _settle(target)  # what a writer of this OUT killed here before left (SIGKILL cannot wait)
         if tmp_data is not None:
             _refuse_foreign(target, data_target)
         aside = _move_aside(_old_pair(target, inputs))
-        placed = False
+        placed, witness = False, None
         try:
             if tmp_data is not None:
+                witness = _witness(tmp_data, data_target)
                 os.replace(tmp_data, data_target)
                 placed = True
             os.replace(tmp, target)
@@ -351,8 +425,23 @@ def _install(tmp: Path, target: Path, tmp_data: Path | None, data_target: Path, 
                 data_target.unlink(missing_ok=True)
             _put_back(aside)
             raise
+        finally:
+            if witness is not None:
+                witness.unlink(missing_ok=True)
         for backup, _ in aside:
             backup.unlink(missing_ok=True)
+
+
+def _witness(tmp_data: Path, data_target: Path) -> Path | None:
+    """A second, temporary name of the new data file, kept until OUT is in place: it shares the data file's lock
+    (the temporary's), so a writer killed between the data file's rename and OUT's leaves the proof that the file
+    at `data_target` is its own (`_settle` removes both). None on a file system without hard links."""
+    witness = _free_name(data_target, ".tmp.data")
+    try:
+        os.link(tmp_data, witness)
+    except OSError:
+        return None
+    return witness
 
 
 def _old_pair(target: Path, inputs: Iterable[tuple]) -> list[Path]:
@@ -397,12 +486,12 @@ def _move_aside(paths: list[Path]) -> list[tuple[Path, Path]]:
     return aside
 
 
-def recover_pair(target: Path, data_target: Path) -> None:
+def recover_pair(target: Path, data_target: Path | None = None) -> None:
     """What a process killed during `_install` left (SIGKILL cannot wait: a batch's worker, or a `patch`): the
     pair it had moved aside (`_move_aside`'s backups of OUT, `data_target` and OUT's own data files) is put back
-    where OUT is missing, and removed where the new OUT is in place. Batch calls it for a killed worker, and
-    `_install` before it moves an old pair aside, so the next write of an OUT settles what the last one left."""
-    names = [target.name, data_target.name, *(f"{target.name}{s}" for s in DATA_SUFFIXES),
+    where OUT is missing, and removed where the new OUT is in place (`settle_out`, with the folder's lock held:
+    no live writer has a pair aside then)."""
+    names = [target.name, *([data_target.name] if data_target else []), *(f"{target.name}{s}" for s in DATA_SUFFIXES),
              *(f"{target.name}_data_{k}" for k in range(1, MAX_DATA_CHUNKS + 1))]
     prefixes = {temp_prefix(name): target.parent / name for name in dict.fromkeys(names)}
     missing = not os.path.lexists(target)
@@ -485,6 +574,16 @@ def _lock_folder(folder: Path) -> int | None:
             return None
         raise
     return fd
+
+
+def _hold(fd: int) -> None:
+    """Lock this process's new temporary `fd` (no one else has it: it was made holding the folder's lock)."""
+    if fcntl is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # (a file system without locks: the temporary cannot be proven a dead writer's either)
+            return
+        _LOCK_FDS.add(fd)
 
 
 def _wait(fd: int) -> None:
