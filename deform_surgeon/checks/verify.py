@@ -16,7 +16,6 @@ import dataclasses
 import math
 import numbers
 import os
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -26,6 +25,7 @@ from typing import TYPE_CHECKING
 from ..base.background import Background, ChildDied
 from ..base.errors import SurgeonError, api_call
 from ..base.ort_cpu import ort_level
+from ..base.scratch import scratch
 from .run_in_segments import SEGMENT_LEVEL
 from .verdict import BYTE_IDENTICAL, Verdict, judge
 
@@ -303,8 +303,8 @@ def verify(original: str | Path, patched: str | Path, *, iterations: int | None 
     result.threads, result.polygraphy_passed = counts, True
     for count in counts or [None]:
         runs = _CpuRuns(original, opt_level, count, input_shapes, seed, iterations, ranges, fix)
-        with _quiet_logs(quiet), tempfile.TemporaryDirectory(prefix="deform-surgeon-verify-") as folder:
-            results = _run_both(runs, patched, result, folder)
+        with _quiet_logs(quiet), scratch("deform-surgeon-verify-", "the outputs verify compares") as folder:
+            results = _run_both(runs, patched, result, str(folder))
             _compare(results, result)
             del results  # (the outputs map files of `folder`, removed now)
             result.peak_rss["caller"] = _peak_rss()

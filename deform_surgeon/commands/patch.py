@@ -21,6 +21,7 @@ import onnx_graphsurgeon as gs
 
 from ..base.background import Background
 from ..base.errors import SurgeonError, VerificationError, api_call
+from ..base.scratch import TmpdirFull, scratch
 from ..base.stages import StageClock, step
 from ..checks.run_in_segments import SEGMENT_LEVEL
 from ..checks.verify import DEFAULT_ITERATIONS, check_verify_options, level_of
@@ -150,6 +151,8 @@ def _made_by_ort_cached(path: str, mtime_ns: int, size: int) -> frozenset[str] |
 
     try:
         return made_by_ort(path)
+    except TmpdirFull:
+        raise
     except Exception:  # onnxruntime's own errors: the model's verdict is given where it is run (verify)
         return None
 
@@ -438,6 +441,11 @@ def _unchanged(report: PatchReport, lifted: Lifted, output_path: Path | None, co
     return report
 
 
+# what a model kept aside (`_Writing._aside`) is for, in the words TMPDIR's line names it by (base/scratch.py)
+_KEPT_ASIDE = {"float16": "the model kept aside for the float16 proofs",
+               "undo": "the model kept aside for the search of the rewrite at fault"}
+
+
 class _Unshown(Exception):
     """Why a check did not show the rewrites not exact by construction exact, from the check to the undo:
     `undo`, the rewrites shown wrong and why (a float16 proof's difference); or `level` and `candidates`, the
@@ -607,7 +615,8 @@ class _Writing:
         step(f"the model without the {len(actions)} float16 rewrite(s), for their proofs")
         with self._aside([a.node for a in actions], "float16") as before_path:
             step("ORT CPU's graphs of it and of the written file, at each level")
-            read = file_roundings([(before_path, level) for level in LEVELS] + [(tmp, level) for level in LEVELS])
+            read = file_roundings([(before_path, level) for level in LEVELS] + [(tmp, level) for level in LEVELS],
+                                  "ORT CPU's graphs of the models they compare")
             roundings = {(path == tmp, level): r for (path, level), r in read.items()}
             before, after = ModelView(before_path), ModelView(tmp)
             found = groups(before, after)
@@ -697,17 +706,15 @@ class _Writing:
 
     @contextmanager
     def _aside(self, undo: list[str], what: str) -> Iterator[Path]:
-        """The patched model with `undo` kept whole, written to a temporary folder (removed after), the plan as it
+        """The patched model with `undo` kept whole, written to a `scratch` folder (removed after), the plan as it
         was after: what the undo search compares, and what a float16 proof's whole side is held to."""
-        import tempfile
-
         saved = {k: dict(getattr(self.plan, k)) for k in ("keep_whole", "proofs", "chunks", "min_chunks", "rows")}
         self.plan.keep_whole.update({n: Refuse("kept whole aside") for n in undo})
         try:
             lifted, _ = _lift(self.model_path, self.options, self.plan, rounds=0)
             patched, _ = lifted.patched()
-            with tempfile.TemporaryDirectory(prefix=f"deform-surgeon-{what}-") as folder:
-                path = Path(folder) / self.output_path.name
+            with scratch(f"deform-surgeon-{what}-", _KEPT_ASIDE[what]) as folder:
+                path = folder / self.output_path.name
                 save_model_atomic(patched, path, weights=lifted.weights, form=self.form)
                 del lifted, patched
                 yield path

@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from ..base.scratch import TmpdirFull
 from ..graph.pipeline import Refuse
 from .local_proof import LEVELS, Facts, LocalProof, NodeSpec, Runner, compare_sides, side_models
 from .precision import GIVEN_ROUNDED, PAST_PRODUCER, TYPED, Rounding, rounding
@@ -451,7 +452,10 @@ def context_of(proof: LocalProof, hood: Hood, roundings: Roundings, rounds: int 
             for (model, inputs), nodes, whole in pairs:
                 core = [(s.name, s.inputs, s.outputs) for s in [*nodes, *after]]
                 try:
-                    found.update(whole.differences(rounding(model, level), core, inputs))
+                    found.update(whole.differences(rounding(model, level, what="ORT CPU's graph of a proof"), core,
+                                                   inputs))
+                except TmpdirFull:
+                    raise
                 except Exception as exc:  # noqa: BLE001 (ORT's own errors: the whole-model check decides)
                     return Unshown(f"ORT CPU's graph of the proof could not be read ({str(exc).splitlines()[0]})")
             if not found:

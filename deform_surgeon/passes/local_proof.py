@@ -395,14 +395,14 @@ def _float32_only(facts: Facts, nodes: list[NodeSpec]) -> bool:
 def _untransformed(model: onnx.ModelProto) -> bool:
     """Whether ORT CPU at level `disable` runs `model`'s nodes as they are (the optimised graph it would save has
     the same nodes, inputs and outputs): a session is made, nothing is run."""
-    import tempfile
-
     import onnxruntime as ort
+
+    from ..base.scratch import scratch
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3
-    with tempfile.TemporaryDirectory(prefix="deform_surgeon_proof_") as folder:
+    with scratch("deform_surgeon_proof_", "ORT CPU's graph of a local proof") as folder:
         options.optimized_model_filepath = f"{folder}/disable.onnx"
         ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
         ran = onnx.load(options.optimized_model_filepath, load_external_data=False)

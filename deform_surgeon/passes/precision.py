@@ -25,6 +25,8 @@ from pathlib import Path
 
 import onnx
 
+from ..base.scratch import scratch
+
 CAST_PREFIX = "InsertedPrecisionFreeCast_"
 TYPED, FLOAT32 = "typed", "float32"  # a tensor as the graph types it, or ORT's float32 copy of a float16 one
 GIVEN_ROUNDED = "held in float32 in the model, given rounded here"
@@ -76,13 +78,17 @@ def _said(made: tuple[str, str] | None) -> str:
     return f"{'as typed' if form == TYPED else 'in float32'} by {op or 'no node (an input)'}"
 
 
-def rounding(model: str | Path | onnx.ModelProto, level: str = "disable") -> Rounding:
-    """ORT CPU's graph of `model` (a file, or a model in memory) at `level`, read as a `Rounding`."""
+def rounding(model: str | Path | onnx.ModelProto, level: str = "disable", folder: Path | None = None,
+             what: str = "ORT CPU's graph of the model") -> Rounding:
+    """ORT CPU's graph of `model` (a file, or a model in memory) at `level`, read as a `Rounding`. ORT saves it in a
+    folder of its own inside `folder` (a `scratch` folder its caller removes: `file_roundings`), or else in a
+    `scratch` folder for `what` (the words TMPDIR's line names it by)."""
     import onnxruntime as ort
 
     from ..base.ort_cpu import ort_level
 
-    with tempfile.TemporaryDirectory(prefix="ds-rounding-") as tmp:
+    with (tempfile.TemporaryDirectory(prefix="ds-rounding-", dir=folder) if folder is not None else
+          scratch("ds-rounding-", what)) as tmp:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort_level(level)
         options.log_severity_level = 3
@@ -121,20 +127,24 @@ def _form(name: str) -> str:
     return FLOAT32 if name.startswith(CAST_PREFIX) else TYPED
 
 
-def file_roundings(asked: list[tuple[Path, str]]) -> dict[tuple[Path, str], Rounding]:
+def file_roundings(asked: list[tuple[Path, str]], what: str = "ORT CPU's graphs of the models"
+                   ) -> dict[tuple[Path, str], Rounding]:
     """`rounding` of each (file, level), the second half of them on a second core (background.py): a session of
-    a whole model is made for each, about a second each on BiRefNet's float16 files."""
+    a whole model is made for each, about a second each on BiRefNet's float16 files. Both write in one `scratch`
+    folder of this process's, removed once the child is reaped: a child stopped while ORT writes (this side
+    failed first) leaves nothing behind."""
     from ..base.background import Background
 
     mine, theirs = asked[:len(asked) // 2], asked[len(asked) // 2:]
-    child = Background(_roundings, theirs)
-    try:
-        found = _roundings(mine)
-        found.update(child.result())
-    finally:
-        child.close()
+    with scratch("ds-rounding-", what) as folder:
+        child = Background(_roundings, theirs, folder)
+        try:
+            found = _roundings(mine, folder)
+            found.update(child.result())
+        finally:
+            child.close()
     return found
 
 
-def _roundings(asked: list[tuple[Path, str]]) -> dict[tuple[Path, str], Rounding]:
-    return {(path, level): rounding(path, level) for path, level in asked}
+def _roundings(asked: list[tuple[Path, str]], folder: Path) -> dict[tuple[Path, str], Rounding]:
+    return {(path, level): rounding(path, level, folder) for path, level in asked}
