@@ -52,8 +52,12 @@ class Background:
         self._answered = False
         self.exitcode: int | None = None
         if _can_fork():
-            sys.stdout.flush()  # the child flushes its copy of these buffers when it ends: they must be empty
-            sys.stderr.flush()
+            for stream in (sys.stdout, sys.stderr):  # the child flushes its copy of these buffers when it ends:
+                try:  # they must be empty (one that cannot take them fails the command where it is written to)
+                    if stream is not None:
+                        stream.flush()
+                except Exception:  # noqa: BLE001
+                    pass
             ctx = multiprocessing.get_context("fork")
             self._conn, child_end = ctx.Pipe(duplex=False)
             self._proc = ctx.Process(target=_child, args=(child_end, fn, args), daemon=True)

@@ -76,7 +76,10 @@ def stopped_exit(exc: BaseException) -> int | None:
     if not (SIGNALLED or isinstance(exc, KeyboardInterrupt)):
         return None
     signum = SIGNALLED[0] if SIGNALLED else signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT
-    print(f"deform-surgeon: {'terminated' if signum == signal.SIGTERM else 'interrupted'}", file=sys.stderr)
+    try:
+        print(f"deform-surgeon: {'terminated' if signum == signal.SIGTERM else 'interrupted'}", file=sys.stderr)
+    except Exception:  # noqa: BLE001 (stderr full or gone: the exit code still says it)
+        pass
     return 128 + signum
 
 

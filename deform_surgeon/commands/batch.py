@@ -66,6 +66,7 @@ from pathlib import Path
 
 from ..base.errors import SurgeonError
 from ..base.signals import held
+from ..base.streams import wrote
 from ..files import DataForm, atomic_path, external_data_path, wire
 from ..files.io_check import FilePlan, file_kind
 from ..files.write import BROWSER_SINGLE_FILE_LIMIT, MAX_DATA_CHUNKS, is_own_data_name, settle_out
@@ -990,12 +991,10 @@ def main(manifest: str | None, globs: list[str], cli: dict, jobs: int | None, su
         with contextlib.suppress(OSError, SurgeonError):
             config and config.update()
         raise
-    write_reports(entries)
-    print(variant_table(entries, manifest, jobs, seconds, len(copies)) if out_folder is not None else
-          summary_table(entries, jobs, seconds))
+    write_reports(entries)  # every file before the table is printed: a stdout that fails costs none (streams.py)
+    wrote(*(target for _, target in copies), *(e.output for e in entries if (e.result or {}).get("written")),
+          *(e.report for e in entries if e.report_written), *([] if config is None else [config.path]))
     note = config and config.update()
-    if note:
-        print(note)
     if summary_json is not None:
         data = {"jobs": jobs, "seconds": round(seconds, 3), "exit_code": exit_code(entries),
                 "models": [entry_report(e) | {"report": e.report if e.report_written else None} for e in entries]}
@@ -1004,5 +1003,10 @@ def main(manifest: str | None, globs: list[str], cli: dict, jobs: int | None, su
                 tmp.write_text(json.dumps(data, indent=2) + "\n")
         except OSError as exc:
             raise SurgeonError(summary_json, f"could not be written ({exc.strerror or exc})") from None
+        wrote(summary_json)
+    print(variant_table(entries, manifest, jobs, seconds, len(copies)) if out_folder is not None else
+          summary_table(entries, jobs, seconds))
+    if note:
+        print(note)
     return exit_code(entries)
 

@@ -5,9 +5,10 @@ the API's keywords; `TOOLS` lists every command, and one whose module cannot be 
 says in one line what to install (`MissingTool`). docs/architecture.md, "Commands", says how to add one.
 
 Exit codes: 0 success; 1 verification failed (patched outputs differ) or a runtime check failed;
-2 bad input (one line on stderr naming the file and the problem); 3 a finding: some node was refused or some tensor
-stays over the device profile (`patch`, `batch`: the report's status `refused`, the model written unless
-`--strict`; `inspect --strict`).
+2 bad input (one line on stderr naming the file and the problem), or a stdout or stderr that is closed or cannot be
+written; 3 a finding: some node was refused or some tensor stays over the device profile (`patch`, `batch`: the
+report's status `refused`, the model written unless `--strict`; `inspect --strict`); 141 the reader of stdout left
+(`| head`). A command writes its files before it prints its report (base/streams.py says why).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any, NoReturn
 
 from .. import __version__
 from ..base.errors import SIGNALLED, SurgeonError, catch_signals, stopped_exit
+from ..base.streams import StreamFailed, closed_stream, failed_exit, guarded, say, wrote
 from ..base.tool import Tool
 from ..checks.verify import verify
 from ..files import atomic_path, check_model, load_model
@@ -74,13 +76,17 @@ class PatchTool(Tool):
         with _progress_lines(not args.no_progress and sys.stderr.isatty()):
             report = patch(args.model, out, **self.write.parse(args), **self.rewrite.parse(args),
                            verify_options=self.comparison.for_model(args, args.model))
+        if report.written:
+            data = (report.weights or {}).get("external_data")
+            wrote(out, data and Path(out).with_name(data))
+        if args.report:  # (every file before the report is printed: a stdout that fails costs none)
+            _write_text(args.report, report.to_json())
         print(report.format(verbose=args.verbose, cli=True))
         if args.verbose and args.start_note:  # whether this run has glibc's huge pages (__main__.py), and why
             print(args.start_note)
         if report.written:
             print(f"wrote {out}")
         if args.report:
-            _write_text(args.report, report.to_json())
             print(f"report: {args.report}")
         if report.status == REFUSED:  # the word and exit code `batch` gives the same file
             print(f"refused: {report.findings}" + (f"; {out} written all the same" if report.written else ""))
@@ -127,9 +133,9 @@ class InspectTool(Tool):
     def run(self, args: argparse.Namespace) -> int:
         check_io([args.model], others=[("--json", args.json)])
         report = inspect(args.model, **self.rewrite.parse(args))
-        print(report.format(verbose=args.verbose, cli=True))
         if args.json:
             _write_text(args.json, report.to_json())
+        print(report.format(verbose=args.verbose, cli=True))
         return FINDING_EXIT if (args.strict and report.status == REFUSED) else 0
 
 
@@ -156,9 +162,9 @@ class VerifyTool(Tool):
             model, weights = load_model(path)
             check_model(model, path, weights)
         result = verify(args.original, args.patched, **self.comparison.for_model(args, args.original))
-        print(result.summary())
         if args.json:
             _write_text(args.json, json.dumps(result.to_dict(), indent=2) + "\n")
+        print(result.summary())
         return 0 if result.identical else 1
 
 
@@ -247,14 +253,14 @@ class BudgetTool(Tool):
             source += "; " + ", ".join(f"--{k.replace('_', '-')}" for k in given) + " given"
         report = analyze(args.model, max_buffer, max_binding, limits_source=source,
                          storage_buffers=profile.storage_buffers)
+        if args.json:
+            _write_text(args.json, report.to_json())
         print(report.format(limit_rows=args.rows))
         fits = True
         if args.max_memory is not None:
             fits = report.peak_bytes <= args.max_memory
             print(f"{'OK' if fits else 'FAIL'}: peak of live activations {human(report.peak_bytes)} "
                   f"{'within' if fits else 'OVER'} --max-memory {human(args.max_memory)}")
-        if args.json:
-            _write_text(args.json, report.to_json())
         return 0 if report.ok and fits else 1
 
 
@@ -264,6 +270,7 @@ def _write_text(path: str, text: str) -> None:
             tmp.write_text(text)
     except OSError as exc:
         raise SurgeonError(path, f"could not be written ({exc.strerror or exc})") from None
+    wrote(path)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -361,7 +368,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, start_note: str | None = None) -> int:
-    """The command line; `start_note` is what `__main__` tells `patch --verbose` about how the process started."""
+    """The command line; `start_note` is what `__main__` tells `patch --verbose` about how the process started.
+    stdout and stderr are the command's as base/streams.py says: a closed one is refused before any work, one that
+    fails is one line and an exit code, never a traceback."""
+    closed = closed_stream()
+    if closed is not None:
+        return closed
     for stream in (sys.stdout, sys.stderr):  # a file name that is not UTF-8 is printed, not a traceback
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
@@ -369,22 +381,39 @@ def main(argv: list[str] | None = None, start_note: str | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         previous = catch_signals()  # Ctrl-C and SIGTERM: temporaries and workers cleaned up, exit 130 / 143
     try:
-        parser = build_parser()
-        parser.set_defaults(start_note=start_note)
-        args = parser.parse_args(argv)
-        return int(args.tool.run(args))
-    except BaseException as exc:
-        code = stopped_exit(exc)
-        if code is not None:
-            return code
-        if isinstance(exc, SurgeonError):
-            print(f"deform-surgeon: error: {exc.one_line()}", file=sys.stderr)
-            return exc.exit_code
-        if isinstance(exc, OSError) and exc.filename is not None:  # a file the checks above did not foresee
-            error = SurgeonError(exc.filename, f"cannot be used ({exc.strerror or exc})")
-            print(f"deform-surgeon: error: {error.one_line()}", file=sys.stderr)
-            return error.exit_code
-        raise
+        with guarded():
+            try:
+                parser = build_parser()
+                parser.set_defaults(start_note=start_note)
+                args = parser.parse_args(argv)
+                code = int(args.tool.run(args))
+                sys.stdout.flush()  # (what a full stdout refuses, said here, not at the interpreter's exit)
+                return code
+            except BaseException as exc:
+                return _ended(exc)
     finally:
         for sig, handler in previous.items():  # main() called in-process (tests, scripts) leaves them as it found
             signal.signal(sig, handler)
+
+
+def _ended(exc: BaseException) -> int:
+    """The exit code of a command that raised `exc`, its one line said; re-raised where it is not the user's."""
+    code = stopped_exit(exc)
+    if code is not None:
+        return code
+    if isinstance(exc, SystemExit):  # argparse's --help, --version and usage errors: what it printed, out now
+        try:
+            sys.stdout.flush()
+        except StreamFailed as failed:
+            return failed_exit(failed)
+        raise exc
+    if isinstance(exc, StreamFailed):
+        return failed_exit(exc)
+    if isinstance(exc, SurgeonError):
+        say(f"deform-surgeon: error: {exc.one_line()}")
+        return exc.exit_code
+    if isinstance(exc, OSError) and exc.filename is not None:  # a file the checks above did not foresee
+        error = SurgeonError(exc.filename, f"cannot be used ({exc.strerror or exc})")
+        say(f"deform-surgeon: error: {error.one_line()}")
+        return error.exit_code
+    raise exc

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..base.errors import SurgeonError, api_call
+from ..base.streams import wrote
 from ..base.tool import Tool
 from ..checks.verdict import AGREES, BYTE_IDENTICAL, DIFFERS, Verdict, judge_outputs, split_errors, summarize_errors
 from ..graph.subgraphs import Graph, reads, save_model, sub_model, window_inputs
@@ -919,10 +920,11 @@ class BisectTool(Tool):
         result = bisect(args.model, runtime=args.runtime, bundle=args.bundle, device_profile=args.device_profile,
                         input_shapes=INPUT_SHAPES.value(args), seed=args.seed, inputs=args.inputs, repro_dir=repro,
                         timeout=args.timeout, progress=progress, marked=args.marked, replay=args.replay)
-        print(result.format())
-        if args.json:
+        if args.json:  # (before the report: a stdout that fails costs no file, base/streams.py)
             import json
 
             Path(args.json).write_text(json.dumps(result.to_dict(), indent=2, default=str) + "\n")
+            wrote(args.json)
+        print(result.format())
         return 0 if result.finding is None else 1
 

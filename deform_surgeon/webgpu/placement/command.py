@@ -19,6 +19,7 @@ from typing import Any
 
 import onnx
 
+from ...base.streams import wrote
 from ...base.tool import Tool
 from ...checks.verdict import bisect_hint, combine, judge_outputs, split_errors, summarize_errors
 from ...commands.args import DEVICE_PROFILE
@@ -128,8 +129,8 @@ def run_placement_command(args: argparse.Namespace) -> int:
     except _Stop as e:
         _err(str(e))
         return e.code
+    _write_files(args, results)  # (before the report: a stdout that fails costs no file, base/streams.py)
     _print_results(args, models, results)
-    _write_files(args, results)
     return 0 if all(r.ok for r in results) else 1
 
 
@@ -219,6 +220,7 @@ def _write_files(args: argparse.Namespace, results: list[Placement]) -> None:
             else results[0].to_dict()
         )
         Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
+        wrote(args.json)
     if args.device_limits_out:
         adapter = results[0].adapter
         Path(args.device_limits_out).write_text(
@@ -233,6 +235,7 @@ def _write_files(args: argparse.Namespace, results: list[Placement]) -> None:
             )
             + "\n"
         )
+        wrote(args.device_limits_out)
 
 
 # --------------------------------------------------------------------------------------------------- output

@@ -22,6 +22,7 @@ from typing import Any
 
 from ...base import js_runtimes as runtimes
 from ...base.errors import SurgeonError
+from ...base.streams import wrote
 from ...base.tool import Tool
 from ...checks.verdict import split_errors, summarize_errors
 from ...commands.args import DEVICE_PROFILE
@@ -192,6 +193,7 @@ def _headless(url: str, args: argparse.Namespace) -> int:
             shutil.move(tmp / "page.png", args.screenshot)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    wrote(out, args.screenshot if args.screenshot and Path(args.screenshot).exists() else None)
     print(format_result(result))
     print(f"result: {out}" + (f", screenshot: {args.screenshot}" if args.screenshot else ""))
     return 0 if result.get("ok") else 1
