@@ -97,8 +97,8 @@ class VerifyResult:
         if self.identical:
             return (f"verify: PASSED: {len(self.outputs_compared)} output(s) {Verdict(BYTE_IDENTICAL, 0.0, 0.0).text} "
                     f"on {self.iterations} "
-                    f"seeded input(s) (seed {self.seed}, ORT CPU, opt level '{self.opt_level}', "
-                    f"{self.threads_text()}{self.segment_text()}; "
+                    f"seeded input(s) (seed {self.seed}, ORT CPU, opt level '{self.opt_level}'{self.segment_text()}, "
+                    f"{self.threads_text()}; "
                     f"polygraphy atol=0 rtol=0: {'passed' if self.polygraphy_passed else 'failed (NaNs)'})"
                     f"{self.peak_text()}")
         return f"verify: FAILED: {self.mismatch.text() if self.mismatch else 'outputs differ'}{self.peak_text()}"
