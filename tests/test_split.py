@@ -179,7 +179,7 @@ def test_a_float16_block_is_cut_by_pads_and_the_whole_model_stays_byte_identical
     (split,) = [a for a in split_actions(report.actions) if a.action == Outcome.REWRITTEN]
     assert split.node == "Conv_1017" and chunks_of(split) == 2 and not split.details["conv_split"]
     assert split.details["float16"] and split.details["shown_exact"] == "on_its_own"
-    assert split.details["levels"] == ["disable", "all"]
+    assert split.details["levels"] == ["disable", "all"] and split.details["threads"] == []  # (nothing run: below)
     assert "where ORT CPU runs them as in the model without it and in the written file" in split.reason
     # its Conv stays whole: the proof starts at the Conv's input, and what is left is the join of the chunks, which
     # both ORT graphs write and read as the whole block's (float16_proof._joined_as_made); the runs below check it
@@ -236,6 +236,7 @@ def test_a_float16_split_whose_proof_differs_is_undone_alone_with_what_it_measur
     assert [a.node for a in undone] == ["Conv_1017"] and undone[0].details["undone"] == "on_its_own"
     assert "not shown exact: run on its own with its neighbours" in undone[0].reason
     assert undone[0].details["level"] in ("disable", "all") and 0 < undone[0].details["max_diff"] < 1e-3
+    assert 1 <= undone[0].details["threads"] <= 64  # the thread count it differed at
     # the proof ran the Conv on its own input (seeded), the nodes before it being alike in the chunks as ORT's
     # graphs of both models show (float16_proof.cut_at_conv_inputs)
     conv = next(n for n in onnx.load(str(FP16)).graph.node if n.name == "Conv_1017")

@@ -610,7 +610,7 @@ class _Writing:
         from ..passes.local_proof import LEVELS
         from ..passes.precision import file_roundings
 
-        shown, disproved, left, starts = set(), {}, {}, {}
+        shown, disproved, left, starts, counts = set(), {}, {}, {}, {}
         rows = {x: r for by_conv in self.plan.rows.values() for x, r in by_conv.items()}  # (the written lift's)
         step(f"the model without the {len(actions)} float16 rewrite(s), for their proofs")
         with self._aside([a.node for a in actions], "float16") as before_path:
@@ -632,6 +632,7 @@ class _Writing:
                 if why is None:
                     shown.update(covered)
                     starts.update(dict.fromkeys(covered, list(proof.starts_at)))
+                    counts.update({n: sorted({*counts.get(n, ()), *proof.threads}) for n in covered})
                 elif isinstance(why, Unshown):
                     left.update(dict.fromkeys(covered, str(why)))
                 else:
@@ -659,6 +660,8 @@ class _Writing:
                                if starts.get(a.node) and a.node in shown else a for a in self.report.actions]
         self.report.actions = [dataclasses.replace(a, details={**a.details, "not_shown_on_its_own": left[a.node]})
                                if a.node in left and a.needs_verify else a for a in self.report.actions]
+        self.report.actions = [dataclasses.replace(a, details={**a.details, "threads": counts[a.node]})
+                               if a.node in shown and a.node in counts else a for a in self.report.actions]
 
     def _mark(self, nodes: set[str], how: str, details: dict) -> None:
         self.report.actions = [dataclasses.replace(a, needs_verify=False, reason=f"{a.reason}: {how}",

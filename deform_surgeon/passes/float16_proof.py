@@ -179,6 +179,7 @@ class Verdict:
 
     why: Refuse | None
     starts_at: tuple[str, ...] = ()
+    threads: tuple[int, ...] = ()  # the intra-op thread counts its sides were compared at (none: nothing was run)
 
 
 def verdict(group: Group, before: ModelView, after: ModelView, roundings: Roundings, run: Runner,
@@ -189,14 +190,16 @@ def verdict(group: Group, before: ModelView, after: ModelView, roundings: Roundi
     `SplitPlan.rows`): split blocks whose proof may start at their Conv's input (`cut_at_conv_inputs`); where that
     proof cannot stand for the models, the whole group is proven as it is."""
     cut = cut_at_conv_inputs(group, before, after, rows or {}, roundings)
+    ran: set[int] = set()
     if cut is not None:
         starts = tuple(dict.fromkeys(r[0] for r in cut[1].values()))
         if not cut[0].whole and _joined_as_made(*cut, before, after, roundings):
             return Verdict(None, starts)
-        why = refusal(*cut, before, after, roundings, run)
+        why = refusal(*cut, before, after, roundings, run, ran)
         if not isinstance(why, Unshown):
-            return Verdict(why, starts)
-    return Verdict(refusal(group, {}, before, after, roundings, run))
+            return Verdict(why, starts, tuple(sorted(ran)))
+    why = refusal(group, {}, before, after, roundings, run, ran)
+    return Verdict(why, threads=tuple(sorted(ran)))
 
 
 def _joined_as_made(group: Group, rows: Rows, before: ModelView, after: ModelView, roundings: Roundings) -> bool:
@@ -231,8 +234,9 @@ def _joined_as_made(group: Group, rows: Rows, before: ModelView, after: ModelVie
 
 
 def refusal(group: Group, parts_inputs: Rows, before: ModelView, after: ModelView, roundings: Roundings,
-            run: Runner) -> Refuse | None:
-    """The group's proof as it is (`parts_inputs`: rewritten-side inputs that hold rows of a whole-side input)."""
+            run: Runner, ran: set[int] | None = None) -> Refuse | None:
+    """The group's proof as it is (`parts_inputs`: rewritten-side inputs that hold rows of a whole-side input);
+    the thread counts its sides ran at are added to `ran`."""
     if not group.whole or not group.parts:
         return Unshown("the rewrite only adds or only removes nodes")
     if not before.unique or not after.unique:
@@ -258,6 +262,8 @@ def refusal(group: Group, parts_inputs: Rows, before: ModelView, after: ModelVie
             return Unshown(str(models))
         runs.append((level, models, False))
     why = compare_sides(proof, runs, run)
+    if ran is not None:
+        ran.update(proof.threads)
     if why is not None and "max_diff" not in why.details:
         return Unshown(str(why))  # (not run: not disproved)
     return why
