@@ -446,9 +446,19 @@ def _check_writes(entries: list[Entry], files: FilePlan, summary: str | None,
 
 
 # ---------------------------------------------------------------------------------------------------- running
+def _stop_in_a_finalizer(unraisable) -> None:
+    """A worker's SIGTERM that Python handled inside a finalizer (a weakref callback): its SystemExit cannot
+    unwind from there, and Python would print it as "Exception ignored" and go on. The worker ends at once,
+    quietly, as the batch that sent it asked (what it leaves is settled as a killed worker's)."""
+    if isinstance(unraisable.exc_value, SystemExit):
+        os._exit(143)
+    sys.__unraisablehook__(unraisable)
+
+
 def _work(number: int, entry: dict, messages) -> None:
     """Worker process: patch one model, reporting stages and the result on `messages`."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so temporary files are removed on the way out
+    sys.unraisablehook = _stop_in_a_finalizer
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the batch stops its workers
     from ..base.errors import SurgeonError as Error
     from .patch import patch
