@@ -449,9 +449,11 @@ def _check_writes(entries: list[Entry], files: FilePlan, summary: str | None,
 def _stop_in_a_finalizer(unraisable) -> None:
     """A worker's SIGTERM that Python handled inside a finalizer (a weakref callback): its SystemExit cannot
     unwind from there, and Python would print it as "Exception ignored" and go on. The worker ends at once,
-    quietly, as the batch that sent it asked (what it leaves is settled as a killed worker's)."""
+    quietly, by the signal itself, as the batch that sent it asked (what it leaves is settled as a killed
+    worker's)."""
     if isinstance(unraisable.exc_value, SystemExit):
-        os._exit(143)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.raise_signal(signal.SIGTERM)
     sys.__unraisablehook__(unraisable)
 
 
