@@ -257,13 +257,9 @@ def unshown_threads(proofs: list[LocalProof | None]) -> tuple[int, ...]:
         return tuple(range(1, MLAS_MAXIMUM_THREAD_COUNT + 1))
     kernels = []
     for proof in proofs:
-        for spec in [*proof.whole, *proof.parts]:
-            shapes = tuple(None if proof.facts.types.get(i) is None else tuple(proof.facts.types[i][1])
-                           for i in spec.inputs)
-            out = proof.facts.types.get(spec.outputs[0]) if spec.outputs else None
-            kernels.append(Kernel(spec.op, spec.attrs, shapes, len(spec.inputs) > 1 and
-                                  proof.facts.constants.get(spec.inputs[1]) is not None,
-                                  None if out is None else tuple(out[1])))
+        types = {name: tuple(typ[1]) for name, typ in proof.facts.types.items() if typ is not None}
+        stored = {name for name, value in proof.facts.constants.items() if value is not None}
+        kernels += [_kernel(s.op, s.attrs, s.inputs, s.outputs, types, stored) for s in [*proof.whole, *proof.parts]]
     return thread_counts(kernels, os.cpu_count() or 1)
 
 
@@ -281,9 +277,14 @@ def kernels_of(model: onnx.ModelProto, facts: Facts | None = None) -> list[Kerne
                  if v.type.tensor_type.HasField("shape")}
         types |= {t.name: tuple(t.dims) for t in model.graph.initializer}
     types = {k: v for k, v in types.items() if all(d >= 0 for d in v)}
-    return [Kernel(n.op_type, {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute},
-                   tuple(types.get(i) for i in n.input), len(n.input) > 1 and n.input[1] in stored,
-                   types.get(n.output[0]) if n.output else None) for n in model.graph.node]
+    return [_kernel(n.op_type, {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}, n.input, n.output,
+                    types, stored) for n in model.graph.node]
+
+
+def _kernel(op: str, attrs: dict, inputs, outputs, types: dict[str, tuple[int, ...]], stored: set[str]) -> Kernel:
+    """One node as MLAS sees it: its input shapes and output shape from `types`, its second input stored or not."""
+    return Kernel(op, attrs, tuple(types.get(i) for i in inputs), len(inputs) > 1 and inputs[1] in stored,
+                  types.get(outputs[0]) if outputs else None)
 
 
 def _difference(run: Runner, whole: onnx.ModelProto, whole_feed: Callable[[], dict], split: onnx.ModelProto,
