@@ -29,6 +29,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+import deform_surgeon as ds
 from deform_surgeon.base import js_runtimes as runtimes
 from deform_surgeon.webgpu.placement import (
     Placement,
@@ -40,6 +41,7 @@ from deform_surgeon.webgpu.placement import (
     parse_ort_log,
 )
 from deform_surgeon.webgpu.placement import runner as runner_mod
+from deform_surgeon.webgpu.placement.command import format_placement
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REQUIRED_KEYS = {
@@ -412,3 +414,38 @@ def test_lowered_gathernd5_runs_on_jsep_and_matches_cpu(tmp_path: Path) -> None:
     after = measure_placement(patched, runtime="browser", bundle="jsep", run=True, timeout=120)
     assert after.cpu_nodes == 0 and after.memcpy == 0, after.cpu_ops
     assert after.run is not None and after.run["ok"] and after.run["identical"], after.run
+
+
+def _expand_model(path: Path, n: int) -> Path:
+    """x [1] expanded to n floats, then reduced: a run that holds n * 4 bytes at once."""
+    graph = helper.make_graph(
+        [helper.make_node("Expand", ["x", "shape"], ["big"], name="expand"),
+         helper.make_node("ReduceMax", ["big"], ["y"], name="reduce", keepdims=0)],
+        "expand", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])],
+        [onnx.numpy_helper.from_array(np.array([n], np.int64), "shape")])
+    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+@pytest.mark.webgpu
+@pytest.mark.skipif(_SETUP is not None, reason=f"WebGPU runtimes not set up: {_SETUP}")
+def test_wasm_bundle_runs_on_the_cpu_backend_and_reads_its_heap(tmp_path: Path) -> None:
+    """--bundle wasm: onnxruntime-web's CPU backend in Chromium. A patched deform fixture runs there with the
+    original's bytes (and close to ORT CPU's, whose kernels sum in another order); the heap read after the run
+    holds what the run needed at once (an Expand to 300 M floats: 1.2 GB)."""
+    patched = tmp_path / "decoder.patched.onnx"
+    ds.patch(FIXTURES / "decoder_gathernd.onnx", patched)
+    runs = [measure_placement(m, runtime="browser", bundle="wasm", run=True, timeout=300)
+            for m in (FIXTURES / "decoder_gathernd.onnx", patched)]
+    for p in runs:
+        assert p.session_ok and p.run["ok"], (p.error, p.run)
+        assert p.bundle == "wasm" and p.cpu_nodes == p.total_nodes and not p.memcpy  # every node on the CPU EP
+        (out,) = p.run["outputs"].values()
+        assert out["max_abs_diff"] is not None and out["max_abs_diff"] < 1e-4, out
+        assert 0 < p.wasm_heap["after_session"]["bytes"] <= p.wasm_heap["after_run"]["bytes"] <= 4294901760
+    assert runs[0].run["outputs"]["mask"]["sha256"] == runs[1].run["outputs"]["mask"]["sha256"]
+    big = measure_placement(_expand_model(tmp_path / "expand.onnx", 300_000_000), runtime="browser",
+                            bundle="wasm", run=True, timeout=300)
+    assert big.run["ok"] and big.wasm_heap["after_session"]["bytes"] < 10**8 <= 1.2e9 \
+        <= big.wasm_heap["after_run"]["bytes"], big.wasm_heap
+    assert "wasm heap: " in format_placement(big) and "after the run" in format_placement(big)

@@ -1,8 +1,9 @@
 // Measures placement (and optionally runs) a model in headless Chromium with an onnxruntime-web bundle.
 //
-// Usage: node browser_harness.mjs --model M.onnx --out RESULT.json --bundle webgpu|jsep|all
+// Usage: node browser_harness.mjs --model M.onnx --out RESULT.json --bundle webgpu|jsep|all|wasm
 //          [--io DIR --run] [--user-data-dir DIR] [--chromium /usr/bin/chromium] [--external '["a.data"]']
 //          [--limits '{"maxStorageBuffersPerShaderStage": 8, ...}']  (the device profile to apply)
+//          [--session-options JSON]  (more options for InferenceSession.create, as a page passes them)
 //          [--jsep-debug 0|1]  (default 1 for the JSEP bundles jsep/all: ort.env.debug = true)
 //          [--watch-stdin]     (stop everything when stdin closes: the Python caller died)
 //        --bundle transformers --folder DIR --model-file NAME --dtype D
@@ -93,6 +94,7 @@ function startServer({ model, ortDist, io, external, folder, transformersDist })
     if (p === '/browser_page.mjs') return serveFile(res, path.join(HERE, 'browser_page.mjs'));
     if (p === '/harness_node_and_page.mjs') return serveFile(res, path.join(HERE, 'harness_node_and_page.mjs'));
     if (p === '/browser_device.mjs') return serveFile(res, path.join(HERE, 'browser_device.mjs'));
+    if (p === '/wasm_heap.mjs') return serveFile(res, path.join(HERE, 'wasm_heap.mjs'));
     if (p === '/transformers_page.mjs') return serveFile(res, path.join(HERE, 'transformers_page.mjs'));
     if (p.startsWith('/transformers/') && transformersDist) {
       const f = inside(transformersDist, p.slice('/transformers/'.length));
@@ -130,7 +132,7 @@ async function main() {
   if (!args.model || !args.out) throw new Error('--model and --out are required');
   const bundleName = args.bundle || 'webgpu';
   const bundle = BUNDLES[bundleName];
-  if (!bundle) throw new Error(`unknown --bundle ${bundleName} (webgpu|jsep|all)`);
+  if (!bundle) throw new Error(`unknown --bundle ${bundleName} (webgpu|jsep|all|wasm)`);
   // onnxruntime-web's "exports" hide package.json and dist/, so locate it on disk in the runtimes folder.
   const transformersDir = path.join(RUNTIMES_DIR, 'node_modules', '@huggingface', 'transformers');
   const ortWebDir = bundleName === 'transformers' // transformers.js bundles its own onnxruntime-web (its wasm here)
@@ -266,6 +268,8 @@ async function main() {
       inputs: args.run && bundleName !== 'transformers' ? readInputsMeta(io) : [],
       modelFile: args['model-file'],
       userDtype: args.dtype,
+      // more session options, as a page passes them (e.g. '{"graphOptimizationLevel": "disabled"}')
+      sessionOptions: args['session-options'] ? JSON.parse(args['session-options']) : null,
     };
     const r = await page.evaluate((c) => window.runHarness(c), cfg);
     result.peak_rss_mib = chromiumPeakMemory(userDataDir); // before the browser closes: its processes' peaks

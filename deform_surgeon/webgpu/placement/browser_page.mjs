@@ -1,9 +1,10 @@
 // Runs inside headless Chromium (served by browser_harness.mjs from 127.0.0.1): loads an onnxruntime-web bundle,
-// creates a session on WebGPU with the verbose log on, optionally runs it, and returns a JSON-able result.
+// creates a session on WebGPU (or on the wasm CPU backend) with the verbose log on, optionally runs it, and returns a JSON-able result.
 // The WebGPU device hooks (uncaptured errors, device profile) are in browser_device.mjs, shared with `serve`'s page.
 
 import { adapterInfo, applyProfile, gpuErrors, hookDevices } from '/browser_device.mjs';
 import { createTimed, errorText, runOnce } from '/harness_node_and_page.mjs';
+import { watchWasmHeap } from '/wasm_heap.mjs';
 
 window.__gpuErrors = gpuErrors;
 
@@ -41,6 +42,8 @@ window.runHarness = async function runHarness(cfg) {
     return result;
   }
 
+  const onWasm = cfg.bundle === 'wasm';
+  const heap = onWasm ? watchWasmHeap() : null; // before the import: the bundle creates its heap as it loads
   progress(`importing /ort/${cfg.bundleFile}`);
   const ort = await import(`/ort/${cfg.bundleFile}`);
   result.versions['onnxruntime-web'] = ort.env.versions ? ort.env.versions.web || ort.env.versions.common : null;
@@ -53,9 +56,10 @@ window.runHarness = async function runHarness(cfg) {
   progress('fetching model');
   const model = new Uint8Array(await fetchBytes('/model.onnx'));
   const options = {
-    executionProviders: ['webgpu'],
+    executionProviders: [onWasm ? 'wasm' : 'webgpu'],
     logSeverityLevel: 0,
     logVerbosityLevel: 0,
+    ...(cfg.sessionOptions || {}),
   };
   if (cfg.externalData && cfg.externalData.length) {
     options.externalData = cfg.externalData.map((p) => ({ path: p, data: `/external/${encodeURI(p)}` }));
@@ -63,6 +67,7 @@ window.runHarness = async function runHarness(cfg) {
   progress(`creating session (${cfg.bundle} bundle)`);
   const session = await createTimed(() => ort.InferenceSession.create(model, options), result, progress);
   result.gpu_errors_after_session = gpuErrors.slice();
+  if (heap) result.wasm_heap = { after_session: heap() };
 
   if (session && cfg.run) {
     result.run = { ok: false, error: null, outputs: {}, gpu_errors: [] };
@@ -83,6 +88,7 @@ window.runHarness = async function runHarness(cfg) {
     // Let queued uncaptured-error events arrive before judging the run.
     await new Promise((r) => setTimeout(r, 200));
     result.run.gpu_errors = gpuErrors.slice(before);
+    if (heap) result.wasm_heap.after_run = heap();
   }
   if (session) {
     try {

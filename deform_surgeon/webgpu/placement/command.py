@@ -19,6 +19,7 @@ from typing import Any
 
 import onnx
 
+from ...base.sizes import human
 from ...base.streams import wrote
 from ...base.tool import Tool
 from ...checks.verdict import bisect_hint, combine, judge_outputs, split_errors, summarize_errors
@@ -59,7 +60,8 @@ class PlacementTool(Tool):
             default="webgpu",
             help="browser only: webgpu = ort.webgpu.min.mjs (native EP), jsep = ort.min.mjs, "
             "all = ort.all.min.mjs, transformers = transformers.js's pipeline('background-removal') on a model "
-            "folder (MODEL: the folder, or a file in its onnx/; default: webgpu)",
+            "folder (MODEL: the folder, or a file in its onnx/), wasm = ort.wasm.min.mjs, the CPU backend a page "
+            "has without WebGPU (its run and its wasm heap, whose limit is 4 GiB; default: webgpu)",
         )
         p.add_argument("--json", metavar="FILE", help="write the Placement JSON (with --compare: both) to FILE")
         p.add_argument(
@@ -285,6 +287,19 @@ def _profile_lines(p: Placement) -> list[str]:
     return lines
 
 
+def heap_text(heap: dict[str, Any]) -> str:
+    """The wasm heap's sizes, against the 4 GiB a 32-bit wasm heap can reach, and the grows the engine refused:
+    an allocation that finds no room there is the run's `std::bad_alloc`."""
+    steps = [f"{human(h['bytes'])} after the {step}" for step, h in
+             (("session", heap.get("after_session")), ("run", heap.get("after_run"))) if h]
+    last = heap.get("after_run") or heap.get("after_session") or {}
+    text = ", ".join(steps) + (f" (the limit {human(last['limit'])})" if last.get("limit") else "")
+    refused = last.get("failed_grows") or []
+    if refused:
+        text += f"; refused {len(refused)} grow(s), the smallest to {human(min(f['asked'] for f in refused))}"
+    return text
+
+
 def _where(p: Placement) -> str:
     return p.runtime if p.runtime == "node" else f"browser/{p.bundle}"
 
@@ -301,7 +316,9 @@ def format_placement(p: Placement) -> str:
     lines.append(_adapter_line(p.adapter))
     if p.peak_rss_mib:  # the renderer holds the page's JS and wasm heaps; the GPU process what WebGPU uploads
         lines.append("memory:  peak RSS " + ", ".join(f"{k} {v:,.0f} MiB" for k, v in sorted(p.peak_rss_mib.items())))
-    lines += _profile_lines(p)
+    lines += [] if p.bundle == "wasm" else _profile_lines(p)
+    if p.wasm_heap:
+        lines.append(f"wasm heap: {heap_text(p.wasm_heap)}")
     if p.placement_logged:
         per = ", ".join(f"{ep} {n}" for ep, n in p.nodes_by_provider.items())
         lines.append(f"nodes:   {p.total_nodes} ({per})")

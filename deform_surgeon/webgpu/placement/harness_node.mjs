@@ -41,9 +41,12 @@ export const CHROMIUM_FLAGS = [
   '--disable-quic',
 ];
 
+/** Chromium as a browser without WebGPU starts: what a page falls back to the wasm backend in. */
+export const NO_WEBGPU_FLAGS = CHROMIUM_FLAGS.filter((f) => f !== '--enable-unsafe-webgpu');
+
 /**
  * A playwright persistent context on the system Chromium; signals are left to the caller's handlers. `flags`:
- * CHROMIUM_FLAGS unless a caller needs others (tests/test_serve.py: a browser without WebGPU).
+ * CHROMIUM_FLAGS unless a caller needs others (NO_WEBGPU_FLAGS: a browser without WebGPU).
  */
 export function launchChromium(userDataDir, executablePath, flags = CHROMIUM_FLAGS) {
   const { chromium } = runtimeRequire('playwright-core');

@@ -10,6 +10,8 @@ export const BUNDLES = {
   webgpu: { file: 'ort.webgpu.min.mjs', debug: false, ep: 'native C++ WebGpuExecutionProvider (asyncify wasm)' },
   jsep: { file: 'ort.min.mjs', debug: true, ep: 'JsExecutionProvider (JSEP)' },
   all: { file: 'ort.all.min.mjs', debug: true, ep: 'JSEP, plus webgl/wasm' },
+  // the CPU backend a page falls back to without WebGPU: ORT's CPU EP compiled to 32-bit wasm (a 4 GiB heap)
+  wasm: { file: 'ort.wasm.min.mjs', debug: false, ep: 'wasm (ORT CPU EP in WebAssembly), no WebGPU' },
   // transformers.js's pipeline over the onnxruntime-web it bundles (its `onnxruntime-web/webgpu`: the native EP)
   transformers: { file: 'transformers.js', debug: false, ep: 'native WebGpuExecutionProvider, through transformers.js' },
 };

@@ -40,6 +40,8 @@ class Placement:
     applied_limits: dict[str, int] | None = None  # what the browser page requested its device with (None: node)
     limit_violations: list[dict[str, Any]] = field(default_factory=list)  # nodes / tensors beyond the profile
     peak_rss_mib: dict[str, float] = field(default_factory=dict)  # browser: Chromium's processes by type (VmHWM)
+    # bundle wasm: the wasm heap's size (bytes) after the session and after the run, its limit, refused grows
+    wasm_heap: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:

@@ -11,6 +11,7 @@ additionally found through the unique temporary profile directory on its command
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
@@ -39,7 +40,7 @@ SWIFTSHADER_ICD = runtimes.SWIFTSHADER_ICD
 SETUP_COMMAND = runtimes.SETUP_COMMAND
 
 RUNTIMES = ("node", "browser")
-BUNDLES = ("webgpu", "jsep", "all", "transformers")
+BUNDLES = ("webgpu", "jsep", "all", "transformers", "wasm")
 # transformers.js's file name suffix per dtype (`onnx/model{suffix}.onnx`), as its pipeline picks the file
 TRANSFORMERS_DTYPES = {"": "fp32", "_fp16": "fp16", "_quantized": "q8", "_int8": "int8", "_uint8": "uint8",
                        "_q4": "q4", "_q4f16": "q4f16", "_bnb4": "bnb4"}
@@ -382,8 +383,10 @@ def measure_placement(
     t_start = time.monotonic()
     target = _Target.check(model_path, runtime, bundle)
     profile = resolve_profile(profile)
-    violations = limit_violations(target.model, profile, target.runtime, target.bundle)
-    notes = target.profile_notes(profile)
+    on_cpu = target.bundle == "wasm"  # the wasm backend runs no WebGPU kernel: no device limit applies
+    violations = [] if on_cpu else limit_violations(target.model, profile, target.runtime, target.bundle)
+    notes = ["the wasm backend runs every node on ORT's CPU EP in WebAssembly: no WebGPU device, no device "
+             "profile"] if on_cpu else target.profile_notes(profile)
     scratch = _Scratch(Path(tempfile.mkdtemp(prefix="ds-placement-")))
     try:
         scratch.io.mkdir()
@@ -402,7 +405,7 @@ def measure_placement(
             log=summary, adapter=outcome.raw.get("adapter"), run=run_info, model=str(target.model),
             timings=outcome.timings(t_start), versions=outcome.versions, notes=notes,
             device_profile=profile.to_dict(), applied_limits=outcome.raw.get("applied_limits"),
-            limit_violations=violations, peak_rss_mib=outcome.peak_rss_mib,
+            limit_violations=violations, peak_rss_mib=outcome.peak_rss_mib, wasm_heap=outcome.raw.get("wasm_heap"),
         )
     finally:
         shutil.rmtree(scratch.root, ignore_errors=True)
@@ -669,6 +672,9 @@ def _finish_run(
         ref = None
     if ref is not None and raw_run.get("ok"):
         info["outputs"] = compare_outputs(got, ref)
+        for name, tensor in got.items():  # two models' runs on one runtime are compared by these (`--compare`)
+            if tensor is not None and name in info["outputs"]:
+                info["outputs"][name]["sha256"] = hashlib.sha256(tensor.tobytes()).hexdigest()
         info["identical"] = all(v["identical"] for v in info["outputs"].values())
         if judge_mask:
             info["mask"] = _judge_mask(raw_run, io_dir, next(iter(ref.values())))
