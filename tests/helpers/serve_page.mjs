@@ -9,11 +9,11 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 
-import { CHROMIUM_FLAGS, launchChromium, parseArgs } from '../../deform_surgeon/webgpu/placement/harness_node.mjs';
+import { CHROMIUM_FLAGS, launchChromium, NO_WEBGPU_FLAGS, parseArgs } from '../../deform_surgeon/webgpu/placement/harness_node.mjs';
 
 const args = parseArgs(process.argv.slice(2));
 const steps = JSON.parse(args.steps || '[]');
-const flags = args['no-webgpu'] ? CHROMIUM_FLAGS.filter((f) => f !== '--enable-unsafe-webgpu') : CHROMIUM_FLAGS;
+const flags = args['no-webgpu'] ? NO_WEBGPU_FLAGS : CHROMIUM_FLAGS;
 const profile = fs.mkdtempSync(path.join(os.tmpdir(), 'ds-serve-test-'));
 const context = await launchChromium(profile, args.chromium, flags);
 const report = { states: [] };

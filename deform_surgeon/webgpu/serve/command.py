@@ -65,12 +65,17 @@ class ServeTool(Tool):
                        help="bundle the page starts with (the page has a picker): webgpu = "
                             "`import 'onnxruntime-web/webgpu'` (default; what transformers.js imports), jsep = "
                             "`import 'onnxruntime-web'`, where the original model's deformable convolutions fail: "
-                            "the bug the patch fixes; transformers = transformers.js's "
+                            "the bug the patch fixes; wasm = `import 'onnxruntime-web/wasm'`, the CPU backend (where "
+                            "a browser has no WebGPU the page runs on it whatever is chosen); transformers = "
+                            "transformers.js's "
                             "pipeline('background-removal', MODEL, {device: 'webgpu', dtype}) on the model folders "
                             "(only when both models are in one: what `batch DIR OUTDIR` writes)")
         g = p.add_argument_group("headless (CI): run the page in headless Chromium on this machine and exit")
         g.add_argument("--headless", metavar="RESULT.json", help="write the page's result JSON here")
         g.add_argument("--screenshot", metavar="PAGE.png", help="with --headless: also save a screenshot of the page")
+        g.add_argument("--no-webgpu", action="store_true",
+                       help="with --headless: a Chromium without WebGPU, as many users' browsers are: the page runs "
+                            "the models on the wasm backend and says so")
         g.add_argument("--timeout", type=float, default=HEADLESS_TIMEOUT, metavar="SEC",
                        help=f"with --headless: give up after SEC seconds (default {HEADLESS_TIMEOUT:g})")
 
@@ -123,8 +128,9 @@ def run_serve(args: argparse.Namespace) -> int:
                 raise SurgeonError(path, "folder does not exist")
     except SurgeonError as e:
         return _err(e.one_line())
-    if args.screenshot and not args.headless:
-        return _err("--screenshot needs --headless RESULT.json")
+    for flag, given in (("--screenshot", args.screenshot), ("--no-webgpu", args.no_webgpu)):
+        if given and not args.headless:
+            return _err(f"{flag} needs --headless RESULT.json")
     if args.runs is not None and args.runs < 1:
         return _err("--runs must be at least 1")
     try:
@@ -176,6 +182,8 @@ def _headless(url: str, args: argparse.Namespace) -> int:
                "--chromium", str(runtimes.CHROMIUM), "--timeout", str(args.timeout), "--watch-stdin"]
         if args.screenshot:
             cmd += ["--screenshot", str(tmp / "page.png")]
+        if args.no_webgpu:
+            cmd.append("--no-webgpu")
 
         def progress(text: str) -> None:
             print(f"[serve --headless] {text}", file=sys.stderr, flush=True)
@@ -205,7 +213,10 @@ def format_result(r: dict[str, Any]) -> str:
     a = r.get("adapter") or {}
     lines = [f"adapter: {a.get('vendor')} / {a.get('architecture')} (fallback: {a.get('isFallbackAdapter')}); "
              f"bundle {r.get('bundle')}; device profile {(r.get('profile') or {}).get('name')}"]
-    if r.get("software_adapter"):
+    if r.get("no_webgpu"):
+        lines.append("no WebGPU adapter: the models ran on onnxruntime-web's wasm backend (CPU), as a page does "
+                     "without WebGPU")
+    elif r.get("software_adapter"):
         lines.append("software adapter: the timings below are not GPU timings")
     if r.get("error"):
         lines.append(f"page: {r['error']}")

@@ -4,6 +4,7 @@
 //
 // Usage: node headless.mjs --url URL --out RESULT.json [--screenshot PAGE.png] [--user-data-dir DIR]
 //          [--chromium /usr/bin/chromium] [--timeout SEC] [--watch-stdin]
+//          [--no-webgpu]  (a Chromium without WebGPU: the page runs the models on the wasm backend)
 //
 // The page's console (ORT's verbose log) goes to stderr, progress lines to stdout (`@@progress`), as in the
 // placement harnesses. Browser and temporary profile are closed on every exit path.
@@ -12,8 +13,10 @@ import os from 'node:os';
 import path from 'node:path';
 
 import {
+  CHROMIUM_FLAGS,
   errorText,
   launchChromium,
+  NO_WEBGPU_FLAGS,
   parseArgs,
   progress,
   watchParent,
@@ -58,7 +61,7 @@ async function main() {
       userDataDir = ownProfile;
     }
     progress('launching headless chromium');
-    context = await launchChromium(userDataDir, args.chromium);
+    context = await launchChromium(userDataDir, args.chromium, args['no-webgpu'] ? NO_WEBGPU_FLAGS : CHROMIUM_FLAGS);
     const page = context.pages()[0] || (await context.newPage());
     await page.setViewportSize({ width: 1280, height: 900 });
     page.on('console', (msg) => {

@@ -12,7 +12,11 @@
 // bars filled with the ImageNet mean, which normalises to 0), and each model's mask is cut back out of the letterbox
 // and shown at the picture's own size, with a cutout (the picture, the mask as its alpha), each downloadable as PNG.
 //
-// URL parameters: bundle=webgpu|jsep|transformers (model folders only), runs=N, autorun=1 (run at once; `serve --headless` uses it).
+// Without a WebGPU adapter the page runs the models on onnxruntime-web's wasm backend (ORT's CPU EP in WebAssembly),
+// the backend onnxruntime-web and transformers.js fall back to, and says so.
+//
+// URL parameters: bundle=webgpu|jsep|wasm|transformers (model folders only), runs=N, autorun=1 (run at once; `serve
+// --headless` uses it).
 
 import { adapterInfo, applyProfile, gpuErrors, hookDevices } from '/browser_device.mjs';
 import { BUNDLES, bytesOfData, errorText, splitErrors, summarizeErrors } from '/harness_node_and_page.mjs';
@@ -25,6 +29,7 @@ const STD = [0.229, 0.224, 0.225];
 const BUNDLE_LABELS = {
   webgpu: "import 'onnxruntime-web/webgpu' (native EP, ort.webgpu.min.mjs; what transformers.js uses)",
   jsep: "import 'onnxruntime-web' (JSEP, ort.min.mjs)",
+  wasm: "import 'onnxruntime-web/wasm' (the CPU backend, ort.wasm.min.mjs: no WebGPU)",
   transformers: "transformers.js: pipeline('background-removal', MODEL, {device: 'webgpu', dtype}) on the model folder",
 };
 // The bars of a letterboxed picture: the ImageNet mean, 0 after normalisation.
@@ -36,6 +41,9 @@ const ENABLE_WEBGPU = 'To enable WebGPU: Chrome or Edge 113+ on Windows, macOS o
 const JSEP_NOTE = "JSEP (import 'onnxruntime-web'): here the original model fails or leaves its deformable "
   + "convolutions on the CPU (its rank-5 GatherND does not compile: \"no matching constructor for 'i32(vec4<u32>)'\"). "
   + 'That failure is the bug the patched model fixes.';
+const NO_WEBGPU = 'This browser gives the page no WebGPU adapter, so the models run on onnxruntime-web\'s wasm backend '
+  + '(ORT\'s CPU EP in WebAssembly, one thread, a heap of at most 4 GiB), as onnxruntime-web and transformers.js do '
+  + 'without WebGPU: slower than a GPU, and its sums in another order than ORT CPU\'s on this machine.';
 const UNCAPTURED = 'uncaptured WebGPU error';
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 /** Text for innerHTML: file names and adapter strings are data, never markup. */
@@ -374,7 +382,8 @@ async function runModel(ort, m, tensor, runs) {
     const t0 = performance.now();
     const bytes = new Uint8Array(await (await fetchOk(m.url)).arrayBuffer());
     e.fetch_s = (performance.now() - t0) / 1000;
-    const options = { executionProviders: ['webgpu'], logSeverityLevel: 0, logVerbosityLevel: 0 };
+    const ep = state.bundle === 'wasm' ? 'wasm' : 'webgpu';
+    const options = { executionProviders: [ep], logSeverityLevel: 0, logVerbosityLevel: 0 };
     if (m.external.length) options.externalData = m.external.map((x) => ({ path: x.path, data: x.url }));
     progress(`${m.label}: creating the session`);
     logSink.lines = [];
@@ -487,7 +496,7 @@ function showAdapter(a, note, profile, applied) {
   if (!a) {
     $('adapter').innerHTML = `<span class="bad">no WebGPU adapter: ${esc(note)}</span>`;
     $('no-webgpu').hidden = false;
-    $('no-webgpu').textContent = `This browser gives the page no WebGPU adapter, so nothing can run here. ${ENABLE_WEBGPU}`;
+    $('no-webgpu').textContent = `${NO_WEBGPU} ${ENABLE_WEBGPU}`;
     return;
   }
   const keys = Object.keys(a.limits);
@@ -519,7 +528,9 @@ function updateRun() {
 
 async function main() {
   const config = await (await fetchOk('/config.json')).json();
-  const bundle = params.get('bundle') || config.default_bundle;
+  const probe = await adapterInfo();
+  // Without WebGPU every bundle's models run where the page's user's would: on the wasm backend.
+  const bundle = probe.adapter ? params.get('bundle') || config.default_bundle : 'wasm';
   Object.assign(state, { config, bundle });
   const one = config.models.length === 1;
   const title = one ? `deform-surgeon serve: ${config.models[0].name} on this GPU`
@@ -556,13 +567,14 @@ async function main() {
   const blank = config.models.map((m) => ({ label: m.label, file: m.name, ran: false }));
   showTable(blank);
 
-  const probe = await adapterInfo();
   const software = isSoftware(probe.adapter);
-  const runsDefault = config.runs ?? config.default_runs[software ? 'software' : 'hardware'];
+  const onCpu = software || bundle === 'wasm'; // timings of a CPU, not of a GPU
+  const runsDefault = config.runs ?? config.default_runs[onCpu ? 'software' : 'hardware'];
   $('runs').value = params.get('runs') || runsDefault;
   $('runs-note').textContent = config.runs ? `warm runs: ${config.runs} (serve --runs)`
-    : `warm runs: ${runsDefault} by default on a ${software ? 'software adapter, whose timings are not GPU timings'
-      : 'hardware adapter'} (serve --runs N, or the field above, for more)`;
+    : `warm runs: ${runsDefault} by default on ${bundle === 'wasm' ? 'the wasm backend, whose timings are CPU timings'
+      : software ? 'a software adapter, whose timings are not GPU timings' : 'a hardware adapter'} (serve --runs N, `
+      + 'or the field above, for more)';
   let applied = null;
   if (probe.adapter) {
     const adapter = await navigator.gpu.requestAdapter();
@@ -578,9 +590,7 @@ async function main() {
 
   let ort = null;
   let tjs = null;
-  if (!probe.adapter) {
-    state.canRun = `no WebGPU adapter (${probe.error})`;
-  } else if (bundle === 'transformers') {
+  if (bundle === 'transformers') {
     progress('importing /transformers/transformers.js');
     tjs = await loadTransformers('/ort-transformers/');
   } else {
@@ -707,6 +717,7 @@ async function main() {
       generated_at: new Date().toISOString(),
       ok: entries.every((e) => e.ok) && entries.every((e) => !e.verdict_vs_original || e.verdict_vs_original.passed),
       software_adapter: software,
+      no_webgpu: !probe.adapter, // the page fell back to the wasm backend
       timing_note: 'Timings are GPU timings only on a hardware adapter; on a software adapter (SwiftShader, '
         + 'fallback) they are not GPU timings.',
       adapter: probe.adapter,

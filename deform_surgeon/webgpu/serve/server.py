@@ -55,7 +55,7 @@ MIME = {".html": "text/html; charset=utf-8", ".mjs": "text/javascript; charset=u
         ".png": "image/png", ".onnx": "application/octet-stream"}
 # `import 'onnxruntime-web/webgpu'` first: what transformers.js and most pages import today; then the default
 # `import 'onnxruntime-web'` (JSEP), where the original model's rank-5 GatherND fails to compile.
-BUNDLES = ("webgpu", "jsep")
+BUNDLES = ("webgpu", "jsep", "wasm")
 # and, when every model is in a transformers.js model folder, transformers.js's own pipeline over that folder
 TRANSFORMERS = "transformers"
 # Warm runs per model when `serve --runs` is not given: a hardware GPU gets 5 (a median means something); a software
