@@ -19,7 +19,6 @@ from ..base.errors import SurgeonError
 from ..base.tool import ArgGroup, Option
 from ..checks.verify import DEFAULT_ITERATIONS, DEFAULT_SEED, MAX_ITERATIONS, MAX_SEED, MAX_THREADS, OPT_LEVELS
 from ..files import BROWSER_SINGLE_FILE_LIMIT, EXTERNAL_DATA_CHOICES
-from ..graph.device import PROFILE_NAMES
 from ..graph.input_shapes import check_input_shapes, parse_input_shapes
 from ..graph.pipeline import SUM_MODES
 from ..passes.registry import PASS_NAMES, check_pass_names
@@ -140,8 +139,10 @@ def _val_range_problem(ranges: dict) -> str | None:
 
 def profile_help(what: str) -> str:
     """`--device-profile`'s help, after what the command does with the device."""
-    return (f"{what}: {' or '.join(PROFILE_NAMES)} (the limits of this machine's adapter), or limits captured by "
-            "`placement --device-limits-out` (default spec-default)")
+    return (f"{what}: spec-default, adapter (the limits of this machine's adapter), wasm (spec-default's, and "
+            "onnxruntime-web's wasm backend, whose heap cannot pass 4 GiB: what ORT would store of its folding, "
+            "large, is computed at run time), or limits captured by `placement --device-limits-out` (default "
+            "spec-default)")
 
 
 SWITCH = {"action": "store_true"}

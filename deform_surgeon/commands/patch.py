@@ -48,7 +48,7 @@ from ..files import (
 )
 from ..files.io_check import check_io
 from ..graph.budget import human, write_in_execution_order
-from ..graph.device import DeviceProfile, resolve_profile
+from ..graph.device import WASM, DeviceProfile, resolve_profile
 from ..graph.fold import fold_static, has_reduced_floats
 from ..graph.input_shapes import check_input_shapes, fix_input_shapes, impossible_reshape, symbolic_inputs
 from ..graph.kernels import KernelReport, kernel_report
@@ -60,6 +60,7 @@ from ..passes.float16_slices import split_to_slices
 from ..passes.local_proof import unshown_threads
 from ..passes.registry import PASS_NAMES, check_pass_names, make_passes
 from ..passes.split import SplitBlocks, SplitPlan
+from ..passes.unfold import stored_by_ort, unfold_large_broadcasts
 from .report import PatchReport
 
 PATCH_STAGES = ("prove", "export", "write", "verify")  # what `patch(progress=...)` reports, in this order
@@ -101,9 +102,12 @@ def _run(model_path: str | Path, options: Options, plan: SplitPlan | None = None
     model, weights = load_model(model_path)
     fixed = fix_input_shapes(model, options.input_shapes, model_path) if options.input_shapes else []
     checking = Background(checked_types, model, model_path, weights)
+    reduced = has_reduced_floats(model)
+    # what ORT stores when it folds (passes/unfold.py), asked on a second core: a session of the whole model
+    wasm = options.device_profile == WASM and not (reduced or fixed)
+    folding = Background(stored_by_ort, model_path, {}) if wasm else None
     try:
         ops_before = op_histogram(model)
-        reduced = has_reduced_floats(model)
         early = None
         if not reduced:  # nothing to fold: lift while checking, assuming nothing is over the buffer limit
             try:
@@ -122,6 +126,11 @@ def _run(model_path: str | Path, options: Options, plan: SplitPlan | None = None
                                            if line.startswith(f"{name}: "))})
              for line in fixed]
     whole += fold_static(model, types, weights) + split_to_slices(model, types) if reduced else []  # in place
+    unfolded = [] if folding is None else unfold_large_broadcasts(
+        model, types, folding.result(), {t.name for t in model.graph.initializer})  # in place
+    if any(a.action is Outcome.REWRITTEN for a in unfolded):
+        early = None
+    whole += unfolded
     oversize, over_at_smallest = _over_limit(types, options.max_buffer)
     if oversize:  # the region grows by the nodes that make or read them: the early lift does not hold them
         early = None

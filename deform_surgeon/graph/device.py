@@ -47,7 +47,10 @@ SPEC_DEFAULT_LIMITS: dict[str, int] = {
 }
 SPEC_DEFAULT = "spec-default"
 ADAPTER = "adapter"
-PROFILE_NAMES = (SPEC_DEFAULT, ADAPTER)
+# spec-default's limits, for a file that must also run on onnxruntime-web's wasm (CPU) backend, whose heap cannot
+# grow past 4 GiB: what ORT would store of its folding, large, is computed at run time (passes/unfold.py)
+WASM = "wasm"
+PROFILE_NAMES = (SPEC_DEFAULT, ADAPTER, WASM)
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,7 @@ def spec_default() -> DeviceProfile:
 
 
 def resolve_profile(spec: str | Path | DeviceProfile | None) -> DeviceProfile:
-    """The profile named by `spec`: None or `spec-default`, `adapter`, or a JSON file of limits."""
+    """The profile named by `spec`: None or `spec-default`, `adapter`, `wasm`, or a JSON file of limits."""
     if isinstance(spec, DeviceProfile):
         return spec
     if spec is None:
@@ -96,6 +99,9 @@ def resolve_profile(spec: str | Path | DeviceProfile | None) -> DeviceProfile:
                            "for a dict of limits use deform_surgeon.graph.device.profile_from_adapter")
     if str(spec) == SPEC_DEFAULT:
         return spec_default()
+    if str(spec) == WASM:
+        return DeviceProfile(WASM, dict(SPEC_DEFAULT_LIMITS), "the WebGPU spec's default limits, and the wasm "
+                             "backend's heap of at most 4 GiB")
     if str(spec) == ADAPTER:
         return probe_adapter()
     from ..files import user_path
