@@ -521,7 +521,7 @@ def test_batch_config_says_what_onnx_holds_after_an_entry_fails_or_the_run_stops
     """Fourth-round campaign: a rerun whose entry failed, or that was stopped, left OUTDIR's config.json as DIR's
     copy while onnx/ kept the earlier run's pair: transformers.js fetched no data file for a model that names one.
     The config counts the data files each model file in onnx/ names, after a failure and after a stop too."""
-    from deform_surgeon.commands import batch as batch_module
+    from deform_surgeon.commands.batch import command as batch_command
 
     src, out = _folder(tmp_path / "in", {"model_type": "birefnet"}), tmp_path / "out"
     assert _batch(src, out, "--external-data", "always").returncode == 0
@@ -539,10 +539,10 @@ def test_batch_config_says_what_onnx_holds_after_an_entry_fails_or_the_run_stops
         raise KeyboardInterrupt
 
     (src / "onnx" / "model.onnx").write_bytes(FIXTURE.read_bytes())
-    monkeypatch.setattr(batch_module, "run", stopped)
+    monkeypatch.setattr(batch_command, "run", stopped)
     with pytest.raises(KeyboardInterrupt):
-        batch_module.main(str(src), [], {"external_data": "always"}, 1, None, show_progress=False,
-                          out_folder=str(out))
+        batch_command.main(str(src), [], {"external_data": "always"}, 1, None, show_progress=False,
+                           out_folder=str(out))
     assert json.loads((out / "config.json").read_text())["model_type"] == "birefnet"
     assert _fetched(out) == {"model.onnx": 1, "model_fp16.onnx": 0}  # what onnx/ holds, not DIR's config
 

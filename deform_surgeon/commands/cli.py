@@ -168,56 +168,6 @@ class VerifyTool(Tool):
         return 0 if result.identical else 1
 
 
-# `patch` over many models: the same argument groups as `patch`, so every patch option is a batch option and a
-# manifest key (batch.OPTIONS) without being written again.
-class BatchTool(Tool):
-    """patch many models (TOML manifest and/or globs) in parallel processes; a report per model and a summary table
-    (exit 1 if any failed, 3 if refused)"""
-
-    name = "batch"
-
-    def subscribe(self) -> list:
-        self.write = WriteArgs(helps={"verify": "keep each output only if byte-identical on ORT CPU",
-                                      "strict": "write nothing for a model with a refused node or a tensor over "
-                                                "the device profile"})
-        self.rewrite, self.comparison = RewriteArgs(), ComparisonArgs()
-        return [self.write, self.rewrite, self.comparison]
-
-    def add_args(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("manifest", nargs="?", default=None, metavar="MANIFEST|DIR",
-                            help="TOML manifest (see docs/batch.md), or a model folder: every .onnx below it "
-                                 "is patched into the same name in OUTDIR, the other files copied")
-        parser.add_argument("outdir", nargs="?", default=None, metavar="OUTDIR",
-                            help="with a model folder: where its patched copy goes (created if missing)")
-        parser.add_argument("--glob", action="append", default=[], metavar="PATTERN",
-                            help="also patch every model matching PATTERN (repeatable; quote it)")
-        parser.add_argument("-j", "--jobs", type=int, default=None, help="worker processes (default: number of cores)")
-        output = parser.add_argument_group(self.write.title)
-        output.add_argument("--out-dir", metavar="DIR",
-                            help="outputs of entries without `output` (default: beside input)")
-        output.add_argument("--report-dir", metavar="DIR", help="per-model JSON reports (default: beside each output)")
-        output.add_argument("--summary", metavar="FILE.json", help="also write the summary as JSON")
-        self.write.add_to(parser, into=output)
-        output.add_argument("--no-progress", action="store_true", help="no progress bars / lines on stderr")
-
-    def run(self, args: argparse.Namespace) -> int:
-        from .batch import main as batch_main
-
-        cli = {**self.write.parse(args), **self.rewrite.parse(args), **self.comparison.parse(args),
-               "out_dir": args.out_dir, "report_dir": args.report_dir}
-        folder = args.manifest is not None and Path(args.manifest).is_dir()
-        if folder and (args.glob or args.out_dir):
-            raise SurgeonError(args.manifest, "a model folder takes no --glob or --out-dir",
-                               "write `batch DIR OUTDIR`, or a manifest with --glob/--out-dir")
-        if folder and args.outdir is None:
-            raise SurgeonError(args.manifest, "is a folder: give the output folder too", "write `batch DIR OUTDIR`")
-        if not folder and args.outdir is not None:
-            raise SurgeonError(args.manifest, "is not a folder: OUTDIR is only for `batch DIR OUTDIR`",
-                               "give a model folder, or the manifest alone")
-        return batch_main(args.manifest, args.glob, cli, args.jobs, args.summary, show_progress=not args.no_progress,
-                          out_folder=args.outdir if folder else None)
-
-
 class BudgetTool(Tool):
     """tensors and nodes beyond a WebGPU device's limits (exit 1 if a tensor exceeds maxBufferSize or a node
     maxStorageBuffersPerShaderStage)"""
@@ -287,10 +237,10 @@ TOOLS: dict[str, str] = {
     "patch": "deform_surgeon.commands.cli:PatchTool",
     "inspect": "deform_surgeon.commands.cli:InspectTool",
     "verify": "deform_surgeon.commands.cli:VerifyTool",
-    "batch": "deform_surgeon.commands.cli:BatchTool",
+    "batch": "deform_surgeon.commands.batch.command:BatchTool",
     "budget": "deform_surgeon.commands.cli:BudgetTool",
     "placement": "deform_surgeon.webgpu.placement.command:PlacementTool",
-    "bisect": "deform_surgeon.webgpu.bisect:BisectTool",
+    "bisect": "deform_surgeon.webgpu.bisect.command:BisectTool",
     "serve": "deform_surgeon.webgpu.serve.command:ServeTool",
     "setup": "deform_surgeon.base.js_runtimes:SetupTool",
 }
