@@ -12,7 +12,7 @@ from pathlib import Path
 from ...base.errors import SurgeonError
 from ...files import wire
 from ...files.io_check import file_kind
-from ...files.write import is_own_data_name
+from ...files.pair import is_own_data_name
 from .collisions import check_collisions
 from .entry import OPTIONS, SWITCHES, Entry
 from .js_config import TRANSFORMERS_SUBFOLDER, TransformersConfig

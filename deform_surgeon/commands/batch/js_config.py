@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from ...base.errors import SurgeonError
 from ...files import atomic_path, wire
-from ...files.write import MAX_DATA_CHUNKS
+from ...files.pair import MAX_DATA_CHUNKS
 from .copying import regular_bytes
 
 if TYPE_CHECKING:

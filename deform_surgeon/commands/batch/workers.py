@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from ...base.signals import held
-from ...files.write import settle_out
+from ...files.pair import settle_out
 from ..args import val_ranges_for
 from .entry import FAILED, Entry
 from .progress import Progress

@@ -57,7 +57,7 @@ class Replay:
     def record(self, k: int, node: str, status: str) -> None:
         import json
 
-        from ...files.write import atomic_path
+        from ...files import atomic_path
 
         self.known[k] = status
         steps = [{"prefix_end": i, "status": v} for i, v in sorted(self.known.items())]
