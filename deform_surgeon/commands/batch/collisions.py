@@ -15,7 +15,7 @@ from .entry import Entry
 
 
 def check_collisions(entries: list[Entry], summary: str | None = None,
-                      copies: list[tuple[Path, Path]] = (), whole: bool = False) -> None:
+                     copies: list[tuple[Path, Path]] = (), whole: bool = False) -> None:
     """Fail every entry that would write where an earlier entry writes, or where any entry reads (a model or one
     of its external data files), or into a folder that is missing or not writable (see io_check). A `--summary`
     or a file to copy (`copies`: source, target) that collides with any of them fails the whole batch

@@ -72,7 +72,7 @@ class BatchTool(Tool):
 def main(manifest: str | None, globs: list[str], cli: dict, jobs: int | None, summary_json: str | None,
          show_progress: bool = True, out_folder: str | None = None) -> int:
     """The `batch` command: plan, run, write reports and the summary; returns the exit code. With `out_folder`,
-    `manifest` is a model folder (`batch DIR OUTDIR`, see the module docstring)."""
+    `manifest` is a model folder (`batch DIR OUTDIR`, see the package's docstring)."""
     jobs = jobs if jobs is not None else (os.cpu_count() or 1)
     if jobs < 1:
         raise SurgeonError(None, f"--jobs must be at least 1 (got {jobs})")

@@ -33,7 +33,7 @@ class Entry:
     ran: bool = False  # a worker was started (entries failed while planning get no report file)
     report_written: bool = False
     data_files: list[Path] = field(default_factory=list)  # the input's external data files
-    external: bool = False  # planned: its output will have its weights in a data file (`_external_planned`)
+    external: bool = False  # planned: its output will have its weights in a data file (collisions.py)
 
 
 def entry_problem(e: Entry) -> str:

@@ -20,7 +20,7 @@ from .js_config import TRANSFORMERS_SUBFOLDER, TransformersConfig
 
 def plan_folder(folder: str, out_dir: str, cli: dict, summary: str | None = None
                 ) -> tuple[list[Entry], list[tuple[Path, Path]], TransformersConfig | None]:
-    """The entries of `batch DIR OUTDIR` (module docstring), the (source, target) files to copy unchanged, and
+    """The entries of `batch DIR OUTDIR` (the package's docstring), the (source, target) files to copy unchanged, and
     OUTDIR's config.json as read (`TransformersConfig.planned`).
 
     OUTDIR and the subfolders the outputs need are created once everything else checked; OUTDIR inside DIR (a

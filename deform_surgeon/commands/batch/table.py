@@ -66,7 +66,7 @@ def _size(e: Entry) -> str:
 
 
 def variant_table(entries: list[Entry], root: str, jobs: int, seconds: float, copies: int) -> str:
-    """The `batch DIR OUTDIR` table: one row per variant (module docstring)."""
+    """The `batch DIR OUTDIR` table: one row per variant (the package's docstring)."""
     from ...graph.kernels import INTEGER_8BIT, NO_EXACT_LOWERING, SHIP_FOR_GPU, KernelReport
 
     rows = [("variant", "status", "size", "deform blocks resident", "no WebGPU kernel (CPU EP)", "verify", "time")]

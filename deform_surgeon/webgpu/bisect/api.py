@@ -55,7 +55,7 @@ def bisect(model: str | Path, *, runtime: str = "node", bundle: str = "webgpu", 
            timeout: float | None = None, progress: Progress = None, marked: bool = False,
            replay: str | Path | None = None) -> BisectResult:
     """Runs `model` on a WebGPU runtime and on ORT CPU and names the first node, in topological order, whose output
-    differs beyond the GPU tolerance or whose prefix fails (module docstring); with `repro_dir`, writes the repro
+    differs beyond the GPU tolerance or whose prefix fails (the package's docstring); with `repro_dir`, writes the repro
     there and runs it. `runtime`/`bundle`/`device_profile`/`seed` are placement's; `inputs` an .npz file or a dict
     of arrays instead of seeded ones; `input_shapes` fixes symbolic input dims first; `marked` first runs the model
     with every tensor an output and checks the node it names on the prefixes (fewer runs when it holds);
