@@ -266,7 +266,7 @@ def test_the_repro_is_the_node_alone_with_cpu_inputs(chain64: Path, tmp_path: Pa
     onnx.checker.check_model(repro, full_check=True)
     inputs = dict(np.load(result.repro.inputs))
     # t30 as ORT CPU computes it in the original model
-    x = ds.webgpu.bisect._load_inputs(None, 0, onnx.load(str(chain64)), chain64)[0]
+    x = ds.webgpu.bisect.load_inputs(None, 0, onnx.load(str(chain64)), chain64)[0]
     g = Graph.of(onnx.load(str(chain64)), chain64)
     expected = reference_outputs(_saved(sub_model(g, range(31), ["t30"]), tmp_path / "p.onnx"), x)["t30"]
     assert inputs["t30"].tobytes() == expected.tobytes()
@@ -365,7 +365,7 @@ def test_a_timeout_that_is_no_positive_number_of_seconds_is_refused(timeout) -> 
 def test_bisect_is_a_command_and_an_api_name() -> None:
     from deform_surgeon.commands.cli import TOOLS
 
-    assert TOOLS["bisect"] == "deform_surgeon.webgpu.bisect:BisectTool"
+    assert TOOLS["bisect"] == "deform_surgeon.webgpu.bisect.command:BisectTool"
     assert ds.bisect.__name__ == "bisect" and "bisect" in ds.__all__
 
 

@@ -15,7 +15,9 @@ from helpers import one_error_line, run
 
 from deform_surgeon.base.tool import Tool, paragraphs
 from deform_surgeon.commands import batch
-from deform_surgeon.commands.cli import TOOLS, BatchTool, MissingTool, PatchTool, build_parser, load_tool
+from deform_surgeon.commands.batch import BatchTool
+from deform_surgeon.commands.cli import TOOLS, MissingTool, build_parser, load_tool
+from deform_surgeon.commands.command import PatchTool
 from deform_surgeon.commands.report import api_words
 
 # The commands the README documents: none may drop out of `--help` (the registry may hold more)

@@ -20,7 +20,8 @@ from helpers import FIXTURES, assert_bytes_equal, one_error_line, run_ort
 
 import deform_surgeon
 from deform_surgeon import SurgeonError
-from deform_surgeon.files import write
+from deform_surgeon.files import pair as pairs
+from deform_surgeon.files import temporary, write
 
 FIXTURE = FIXTURES / "decoder_gathernd.onnx"
 
@@ -429,16 +430,16 @@ def test_a_pair_a_killed_writer_moved_aside_is_put_back(tmp_path):
     in place, removes them."""
     out, data = tmp_path / "out.onnx", tmp_path / "out.onnx_data"
     before = _old_pair(out)
-    write._move_aside([out, data])  # ... killed here, with the new data file placed:
+    pairs._move_aside([out, data])  # ... killed here, with the new data file placed:
     data.write_bytes(b"the new pair's data")
-    write.recover_pair(out, data)
+    pairs.recover_pair(out, data)
     assert {p.name: p.read_bytes() for p in sorted(tmp_path.iterdir())} == before
     pair = {p: p.read_bytes() for p in (out, data)}
-    write._move_aside([out, data])
+    pairs._move_aside([out, data])
     for path, content in pair.items():  # ... killed here, the new pair in place, the backups still there
         path.write_bytes(content)
     assert len(list(tmp_path.iterdir())) == 4
-    write.recover_pair(out, data)
+    pairs.recover_pair(out, data)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.onnx", "out.onnx_data"]
     _a_consistent_pair(out)
 
@@ -452,10 +453,10 @@ def test_the_next_patch_of_an_out_settles_what_a_killed_patch_moved_aside(tmp_pa
     deform_surgeon.patch(FIXTURE, out, external_data="always")
     other = tmp_path / "other.onnx"
     other.write_bytes(b"another model")
-    (other_backup, _), = write._move_aside([other])
+    (other_backup, _), = pairs._move_aside([other])
     for killed_with_out_in_place in (False, True):
         pair = {p: p.read_bytes() for p in (out, data)}
-        write._move_aside([out, data])  # ... killed here (the old pair aside, OUT missing)
+        pairs._move_aside([out, data])  # ... killed here (the old pair aside, OUT missing)
         if killed_with_out_in_place:  # ... or here, the new pair in place
             for path, content in pair.items():
                 path.write_bytes(content)
@@ -521,7 +522,7 @@ def test_batch_config_says_what_onnx_holds_after_an_entry_fails_or_the_run_stops
     """Fourth-round campaign: a rerun whose entry failed, or that was stopped, left OUTDIR's config.json as DIR's
     copy while onnx/ kept the earlier run's pair: transformers.js fetched no data file for a model that names one.
     The config counts the data files each model file in onnx/ names, after a failure and after a stop too."""
-    from deform_surgeon.commands import batch as batch_module
+    from deform_surgeon.commands.batch import command as batch_command
 
     src, out = _folder(tmp_path / "in", {"model_type": "birefnet"}), tmp_path / "out"
     assert _batch(src, out, "--external-data", "always").returncode == 0
@@ -539,10 +540,10 @@ def test_batch_config_says_what_onnx_holds_after_an_entry_fails_or_the_run_stops
         raise KeyboardInterrupt
 
     (src / "onnx" / "model.onnx").write_bytes(FIXTURE.read_bytes())
-    monkeypatch.setattr(batch_module, "run", stopped)
+    monkeypatch.setattr(batch_command, "run", stopped)
     with pytest.raises(KeyboardInterrupt):
-        batch_module.main(str(src), [], {"external_data": "always"}, 1, None, show_progress=False,
-                          out_folder=str(out))
+        batch_command.main(str(src), [], {"external_data": "always"}, 1, None, show_progress=False,
+                           out_folder=str(out))
     assert json.loads((out / "config.json").read_text())["model_type"] == "birefnet"
     assert _fetched(out) == {"model.onnx": 1, "model_fp16.onnx": 0}  # what onnx/ holds, not DIR's config
 
@@ -611,13 +612,13 @@ def stopping(rename):
     return call
 
 os.replace, os.rename = stopping(os.replace), stopping(os.rename)
-from deform_surgeon.files import write
-if hasattr(write, "_wait"):
-    wait = write._wait
+from deform_surgeon.files import temporary
+if hasattr(temporary, "_wait"):
+    wait = temporary._wait
     def waiting(fd):
         say("waiting")
         wait(fd)
-    write._wait = waiting
+    temporary._wait = waiting
 from deform_surgeon.commands.cli import main
 sys.exit(main(argv))
 """
@@ -808,10 +809,10 @@ def test_a_temporary_is_removed_only_once_its_writer_is_gone(tmp_path):
     """What proves a temporary a dead writer's is its lock: one whose writer lives (here, this process) stays, one
     no process holds (a writer killed) is removed by the next write of its OUT."""
     out = tmp_path / "model.onnx"
-    dead = tmp_path / f"{write.temp_prefix(out)}0badc0de.tmp.onnx"
+    dead = tmp_path / f"{temporary.temp_prefix(out)}0badc0de.tmp.onnx"
     dead.write_bytes(b"what a killed writer wrote")
-    with write.temp_path(out) as live:
+    with temporary.temp_path(out) as live:
         live.write_bytes(b"what a living writer writes")
-        write.settle_out(out)
+        pairs.settle_out(out)
         assert live.read_bytes() == b"what a living writer writes" and not dead.exists()
     assert list(tmp_path.iterdir()) == []

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from deform_surgeon.base import js_runtimes as runtimes
+from deform_surgeon.webgpu import setup
 
 
 @pytest.fixture
@@ -116,7 +117,7 @@ def test_setup_says_what_it_will_download_before_it_does(tmp_path: Path) -> None
     r = _setup(["--check"], env)
     folder = tmp_path / "cache" / "deform-surgeon" / runtimes.cache_dir().name
     assert "setup would download onnxruntime-node 1.30.0, onnxruntime-web 1.30.0" in r.stderr
-    assert f"{runtimes.DOWNLOAD_BYTES / 1e6:.0f} MB to download, {runtimes.INSTALLED_BYTES / 1e6:.0f} MB on disk " \
+    assert f"{setup.DOWNLOAD_BYTES / 1e6:.0f} MB to download, {setup.INSTALLED_BYTES / 1e6:.0f} MB on disk " \
            f"in {folder}" in r.stderr
     bare = tmp_path / "bin"  # a real install without node stops before downloading: no size promised then
     bare.mkdir()
@@ -129,7 +130,7 @@ def test_setup_says_what_it_will_download_before_it_does(tmp_path: Path) -> None
 def test_the_size_setup_announces_is_the_size_it_installs() -> None:
     folder = runtimes.runtimes_dir()
     size = sum(p.lstat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
-    assert abs(size - runtimes.INSTALLED_BYTES) < 0.05 * runtimes.INSTALLED_BYTES, size
+    assert abs(size - setup.INSTALLED_BYTES) < 0.05 * setup.INSTALLED_BYTES, size
 
 
 @pytest.mark.parametrize("os_release, platform, want", [

@@ -1,4 +1,5 @@
-"""Where the pinned JS runtimes live, and `deform-surgeon setup`, which installs them.
+"""Where the pinned JS runtimes live, whether they are there (`missing_setup`), and how a harness runs on them;
+`deform-surgeon setup` (webgpu/setup/) installs them.
 
 Why a per-user cache: `placement` and `serve` drive onnxruntime-web/-node, playwright-core and dawn.node from npm
 (the Python onnxruntime wheel has no WebGPU EP). A pip-installed package folder may be read-only and is replaced on
@@ -7,17 +8,11 @@ keyed by the sha256 of the package-lock.json shipped with this package: another 
 installs of the same version share one. A checkout that ran the older `make webgpu-setup` (packages inside
 deform_surgeon/webgpu/placement/node_modules, stamped with the lock's hash) keeps working: `runtimes_dir()` is the one
 lookup both use.
-
-npm runs with `--ignore-scripts`: onnxruntime-node's postinstall downloads CUDA binaries this tool does not need
-(its Linux x64 binary with the WebGPU EP is inside the npm tarball). Nothing here downloads a browser: Chromium
-comes from the system (`setup --browser` says how to install it).
 """
 
 from __future__ import annotations
 
-import argparse
 import ctypes.util
-import fcntl
 import hashlib
 import json
 import os
@@ -25,12 +20,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-from .tool import Tool
 
 PINS_DIR = Path(__file__).resolve().parents[1] / "webgpu" / "placement"  # package.json + lock (package data)
 IN_TREE = PINS_DIR  # a checkout's older install location: PINS_DIR/node_modules
@@ -41,13 +32,6 @@ SWIFTSHADER_ICD = Path("/usr/lib/chromium/vk_swiftshader_icd.json")
 CHROMIUM_LIBDIR = Path("/usr/lib/chromium")
 HARNESS_DIR = PINS_DIR  # the JS harnesses (*.mjs) ship beside the pins
 MIN_NODE_MAJOR = 20  # playwright-core 1.65 declares engines.node >= 20
-# What `setup` downloads for this package-lock.json, said before it starts: the npm tarballs of the 49 packages it
-# installs (sizes from npm's cache after `npm ci`) and the folder they unpack to (`du -sb` of the install);
-# onnxruntime-node is most of it (114 MB download, 301 MB on disk), then transformers.js with its own
-# onnxruntime-web. tests/test_runtimes.py checks the installed size against an install of this lock, so a new lock
-# cannot leave these numbers stale.
-DOWNLOAD_BYTES = 247_034_791
-INSTALLED_BYTES = 784_283_499
 
 # What the harnesses load, relative to the runtimes folder: a folder without one of them is not an install.
 REQUIRED_FILES = (
@@ -72,7 +56,7 @@ def cache_dir() -> Path:
     return Path(base) / "deform-surgeon" / f"runtimes-{lock_hash()[:16]}"
 
 
-def _installed(folder: Path, digest: str) -> bool:
+def installed(folder: Path, digest: str) -> bool:
     try:
         return (folder / "node_modules" / STAMP).read_text().strip() == digest
     except OSError:
@@ -85,7 +69,7 @@ def runtimes_dir() -> Path | None:
     The per-user cache first (what `deform-surgeon setup` writes), then a checkout's in-tree install."""
     digest = lock_hash()
     for folder in (cache_dir(), IN_TREE):
-        if _installed(folder, digest):
+        if installed(folder, digest):
             return folder
     return None
 
@@ -169,81 +153,6 @@ def browser_problem() -> str | None:
     return f"Chromium not found ({', '.join(missing)}); {hint}"
 
 
-def download_note(folder: Path) -> str:
-    """What `setup` is about to download, and where to: said before it starts."""
-    pins = json.loads((PINS_DIR / "package.json").read_text())["dependencies"]
-    return (f"setup: downloading {', '.join(f'{k} {v}' for k, v in pins.items())} and their dependencies from npm: "
-            f"{DOWNLOAD_BYTES / 1e6:.0f} MB to download, {INSTALLED_BYTES / 1e6:.0f} MB on disk in {folder} "
-            "(shared by every install with these pins; remove the folder to free the space)")
-
-
-def chromium_version() -> str | None:
-    try:
-        out = subprocess.run([str(CHROMIUM), "--version"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() or None
-
-
-def install(log: Callable[[str], None] = print) -> Path:
-    """Installs the pinned npm packages into `cache_dir()` (idempotent; safe when run twice at once).
-
-    npm works in a sibling folder that is renamed into place when complete, under a lock file, so a half-finished
-    install (Ctrl-C, a full disk) is never taken for a complete one and never survives as the cache."""
-    digest = lock_hash()
-    target = cache_dir()
-    if _installed(target, digest):
-        log(f"setup: npm packages already installed in {target}")
-        return target
-    problem = node_problem()
-    if problem:
-        raise RuntimeError(problem)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{target.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if _installed(target, digest):  # another setup finished while this one waited
-            log(f"setup: npm packages already installed in {target}")
-            return target
-        work = target.parent / f".{target.name}.partial-{os.getpid()}"
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir()
-        try:
-            for name in ("package.json", "package-lock.json"):
-                shutil.copyfile(PINS_DIR / name, work / name)
-            log(download_note(target))
-            log("setup: npm ci --ignore-scripts")
-            t0 = time.monotonic()
-            npm = subprocess.Popen(["npm", "ci", "--ignore-scripts", "--no-audit", "--no-fund", "--loglevel=error"],
-                                   cwd=work, stdout=sys.stderr, stderr=sys.stderr)
-            try:
-                rc = npm.wait()
-            finally:  # interrupted: npm must not go on writing into the folder removed below
-                if npm.poll() is None:
-                    npm.terminate()
-                    npm.wait()
-            if rc != 0:
-                raise RuntimeError(f"npm ci failed with exit code {rc} (see above)")
-            missing = missing_files(work)
-            if missing:
-                raise RuntimeError(f"npm ci finished but files are missing: {', '.join(missing)}")
-            (work / "node_modules" / STAMP).write_text(digest + "\n")
-            shutil.rmtree(target, ignore_errors=True)  # an install of an unfinished older attempt
-            os.rename(work, target)
-            log(f"setup: npm ci done in {time.monotonic() - t0:.0f} s")
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-    return target
-
-
-def versions(folder: Path) -> dict[str, str]:
-    pins = json.loads((PINS_DIR / "package.json").read_text())["dependencies"]
-    out = {}
-    for pkg in pins:
-        try:
-            out[pkg] = json.loads((folder / "node_modules" / pkg / "package.json").read_text())["version"]
-        except (OSError, ValueError, KeyError):
-            out[pkg] = "missing"
-    return out
 
 
 def sigterm_raises_interrupt() -> None:
@@ -256,38 +165,6 @@ def sigterm_raises_interrupt() -> None:
     signal.signal(signal.SIGTERM, _raise)
 
 
-def run_setup(args: argparse.Namespace) -> int:
-    """`deform-surgeon setup [--browser]`: exit 0 when everything asked for is there, 2 when something is not."""
-    sigterm_raises_interrupt()
-    if args.check:
-        folder = runtimes_dir()
-        problems = [] if folder else [f"npm packages not installed in {cache_dir()}"]
-        problems += [f"missing {f}" for f in (missing_files(folder) if folder else [])]
-        problems += [p for p in (node_problem(), browser_problem() if args.browser else None) if p]
-        for p in problems:
-            print(f"deform-surgeon setup: {p}", file=sys.stderr)
-        if folder and not problems:
-            print(f"runtimes: {folder}")
-        elif not folder:
-            print(download_note(cache_dir()).replace("setup: downloading", "setup would download"),
-                  file=sys.stderr)
-        return 2 if problems else 0
-    try:
-        folder = install(log=lambda m: print(m, file=sys.stderr))
-    except (RuntimeError, OSError) as e:
-        print(f"deform-surgeon setup: error: {e}", file=sys.stderr)
-        return 2
-    vs = ", ".join(f"{k} {v}" for k, v in versions(folder).items())
-    print(f"runtimes: {folder} ({vs})")
-    status = 0
-    if args.browser:
-        problem = browser_problem()
-        if problem:
-            print(f"deform-surgeon setup: error: {problem}", file=sys.stderr)
-            status = 2
-        else:
-            print(f"browser: {CHROMIUM} ({chromium_version() or 'version unknown'}), SwiftShader {SWIFTSHADER_ICD}")
-    return status
 
 
 # ------------------------------------------------------------------------- the harnesses and their runtime
@@ -383,24 +260,3 @@ def probe_adapter(timeout: float = 60.0) -> tuple[dict[str, Any] | None, str | N
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return doc.get("adapter"), doc.get("error") or (None if doc.get("adapter") else "no adapter")
-
-
-class SetupTool(Tool):
-    """install the pinned WebGPU runtimes (npm) that `placement` and `serve` use
-
-    Installs the npm packages pinned by this package (onnxruntime-web/-node, playwright-core, webgpu) into a per-user
-    cache folder ($XDG_CACHE_HOME/deform-surgeon/runtimes-<hash>) with `npm ci --ignore-scripts`; idempotent. Needs
-    node >= 20 and npm.
-    """
-
-    name = "setup"
-
-    def add_args(self, p: argparse.ArgumentParser) -> None:
-        p.add_argument("--browser", action="store_true",
-                       help="also check for the system Chromium (headless browser for `placement --runtime browser` "
-                            "and `serve --headless`) and say how to install it when it is missing")
-        p.add_argument("--check", action="store_true",
-                       help="install nothing: report what is missing (exit 2 if any)")
-
-    def run(self, args: argparse.Namespace) -> int:
-        return run_setup(args)

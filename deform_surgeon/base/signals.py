@@ -1,7 +1,7 @@
 """Ctrl-C and SIGTERM held back while a few steps that must finish together run, then handled as they would have
-been: the writer's renames of a model and its data file (files/write.py: a signal between them left an OUT naming
-a data file not its own), and batch's start of a worker (commands/batch.py: one raised inside `Process.start()`
-left a worker the batch did not know of).
+been: the writer's renames of a model and its data file (files/pair.py: a signal between them left an OUT naming
+a data file not its own), and batch's start of a worker (commands/batch/workers.py: one raised inside
+`Process.start()` left a worker the batch did not know of).
 
 How a signal reaches the handler, and why this holds it wherever it lands: a Ctrl-C from the terminal is sent to
 the whole process group, and the kernel gives a process-directed signal to any thread that does not block it

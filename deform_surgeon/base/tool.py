@@ -5,8 +5,7 @@ arguments of the Python API (`None` means the API's default), so a command is it
 few arguments, the groups it takes, and `run`. `patch`, `inspect` and `batch` take the same groups (args.py): an
 option is written once, and appears wherever its group does, in a batch manifest under its API keyword too.
 
-This module imports nothing of the package: the tools of the low layers (`setup`, in base/js_runtimes.py)
-subclass it too.
+This module imports nothing of the package, so a command's `Tool` may live in any layer, beside its work.
 """
 
 from __future__ import annotations

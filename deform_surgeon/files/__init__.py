@@ -1,6 +1,7 @@
 """Layer 2, model files in and out, never copying weights: load and check (load.py), stored tensors
 (weights.py), a model as protobuf records (wire.py), the bridge to onnx-graphsurgeon (graph.py) and the atomic,
-streaming writer (write.py).
+streaming writer (write.py), with its temporaries and folder locks (temporary.py) and an output and its data file
+put in place as a pair (pair.py).
 
 Why a package of its own: the rules "weights are never copied" and "no input is modified and no partial output
 file is ever left behind" live here and only here; so do a command's files checked before any work
@@ -21,6 +22,8 @@ from .load import (
     path_problem,
     user_path,
 )
+from .pair import DATA_SUFFIXES, external_data_path
+from .temporary import atomic_path, temp_prefix
 from .weights import (
     STORED_WEIGHT_BYTES,
     Weights,
@@ -31,17 +34,13 @@ from .weights import (
 from .wire import ModelScan, copy_fields, scan_model
 from .write import (
     BROWSER_SINGLE_FILE_LIMIT,
-    DATA_SUFFIXES,
     EXTERNAL_DATA_CHOICES,
     DataForm,
     Written,
-    atomic_path,
     check_external_output,
     copy_atomic,
-    external_data_path,
     save_model_atomic,
     single_file_problem,
-    temp_prefix,
     weights_external,
 )
 

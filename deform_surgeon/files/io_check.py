@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..base.errors import SurgeonError
 from . import DataForm, path_problem, scan_model, user_path
-from .write import refuse_foreign_data, settle_out
+from .pair import refuse_foreign_data, settle_out
 
 
 def external_locations(model_path: str | Path) -> list[str]:

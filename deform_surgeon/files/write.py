@@ -1,4 +1,7 @@
-"""Writing: the rule "no input is modified and no partial output file is ever left behind" lives here.
+"""Writing: the rule "no input is modified and no partial output file is ever left behind" lives here, in the
+streaming writer, and in the two modules it writes through: `temporary` (a temporary file beside its target, locked
+while its writer lives, and the lock of a folder) and `pair` (an OUT and its data file put in place together, and
+what a killed writer of them left, settled).
 
 Every write goes to a temporary file in the target folder, is checked (its size; the caller's checks and
 verification), and only then renamed over the target (a rename within one folder is atomic). The model is written
@@ -14,57 +17,26 @@ file larger than that (its own size, as serialized: not the input's) is written 
 named as transformers.js fetches them (`<OUT>_data`); a smaller one stays one file, and an input with external data
 keeps it. "always" and "never" force either form. `DataForm` carries that choice, and the data file's name, to
 every step that plans, checks, writes or reports the output's files, so the name checked is the name written.
-
-A model and its data file are a pair: the model names its data file by `location`, and a page (transformers.js:
-`<name>.onnx_data`) fetches it by the documented name, so a new pair cannot take a fresh name of its own. They are
-put in place by `_install`: both are complete under temporary names first; an existing OUT that names that data
-file is moved aside (with it) before either new file takes its place, and put back if anything fails, so that at
-no instant does an OUT name a data file that is not its own (for the few renames, OUT is absent instead); Ctrl-C
-and SIGTERM wait for those renames. A data file at the target that the existing OUT does not name is a user's own
-file and is refused, never replaced.
-
-Two writers of one OUT may run at once (two `patch` runs, a `patch` beside a `batch`): each judges the data file
-and puts its pair in place holding the lock of OUT's folder (`_folder_lock`, an advisory lock on the folder
-itself, so nothing is left behind), so one pair is put in place whole before the other replaces it whole. The
-second waits for the first's few renames, not for its whole patch: OUT is then the last writer's pair, never a mix.
-
-A writer killed at any moment (SIGKILL cannot wait) leaves what the next write of that OUT settles before it judges
-anything (`settle_out`): an old pair it had moved aside is put back, or removed once the new OUT is in place
-(`recover_pair`), and its temporaries are removed. A temporary is proven a dead writer's by its lock: each writer
-holds an advisory lock on its own temporaries while they exist, which the system lets go when the process ends,
-however it ends; one whose lock can be taken has no writer left. The new data file keeps a second, temporary name
-until OUT is in place, so a writer killed between the two leaves the proof that the data file at OUT's data name is
-its own (not a file of the user's): it is removed with it.
 """
 
 from __future__ import annotations
 
 import errno
-import glob
-import hashlib
 import os
-import re
-import secrets
 import shutil
-import stat
-import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
 
 from ..base.errors import SurgeonError
-from ..base.signals import held
 from . import wire
+from .pair import check_data_target, external_data_path, install_pair
+from .temporary import temp_path
 from .weights import Weights, external_ref, is_external
-
-try:
-    import fcntl
-except ImportError:  # (not POSIX: no advisory locks, the writers of one OUT do not take turns)
-    fcntl = None  # type: ignore[assignment]
 
 _PROTOBUF_LIMIT = 2**31 - 1
 
@@ -79,55 +51,6 @@ _ALIGN_THRESHOLD, _ALIGN = 1 << 20, 1 << 16  # onnx's own layout: tensors >= 1 M
 
 
 _CHUNK = 1 << 24
-
-
-def temp_prefix(target: str | Path) -> str:
-    """The start of every temporary name `atomic_path` makes for `target`: short whatever the target's length (a
-    name of up to 255 bytes must still work), and the same for one target only (`settle_out` finds a killed
-    writer's temporaries by it)."""
-    name = Path(target).name
-    readable = "".join(c if c.isascii() and c.isprintable() else "_" for c in name[:24])  # ORT takes UTF-8 only
-    return f".{readable}.{hashlib.sha1(name.encode('utf-8', 'surrogateescape')).hexdigest()[:8]}."
-
-
-@contextmanager
-def temp_path(target: str | Path, suffix: str = ".onnx") -> Iterator[Path]:
-    """Yield a new, empty temporary file in the target's folder; it is removed on every way out unless it was
-    renamed away, a signal included (the CLI turns SIGTERM into an exception, like Ctrl-C): its name is chosen
-    *before* the file is created (O_EXCL), so there is no moment at which the file exists and the `finally` does
-    not know its name. While it exists this process holds its lock (module docstring): it is created and locked
-    holding the folder's lock, so no writer settling the folder ever finds it unlocked while this one lives."""
-    target = Path(target)
-    tmp_path: Path | None = None
-    fd = None
-    try:
-        with _folder_lock(target.parent):
-            for _ in range(100):
-                tmp_path = target.parent / f"{temp_prefix(target)}{secrets.token_hex(4)}.tmp{suffix}"
-                try:  # mode 0666 minus the umask: the mode any new file gets
-                    fd = os.open(tmp_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
-                    break
-                except FileExistsError:
-                    tmp_path = None
-            else:
-                raise FileExistsError(errno.EEXIST, "no free temporary name", str(target.parent))
-            _hold(fd)
-        yield tmp_path
-    finally:
-        if tmp_path is not None and tmp_path.exists():
-            tmp_path.unlink()
-        if fd is not None:
-            _LOCK_FDS.discard(fd)
-            os.close(fd)
-
-
-@contextmanager
-def atomic_path(target: str | Path, suffix: str = ".onnx") -> Iterator[Path]:
-    """Yield a temporary path in the target's folder (`temp_path`); rename it over `target` only if the block
-    succeeds (a rename within one folder is atomic)."""
-    with temp_path(target, suffix) as tmp:
-        yield tmp
-        os.replace(tmp, target)
 
 
 @dataclass(frozen=True)
@@ -172,7 +95,7 @@ def save_model_atomic(
     form: DataForm = DataForm(),
 ) -> Written:
     """Write `model` to a temporary file, check its size, run `check()` and `verify(tmp_path)` if given (either may
-    raise: the temporary files are then removed), then put it in place (with its data file: `_install`). Returns
+    raise: the temporary files are then removed), then put it in place (with its data file: `install_pair`). Returns
     what was written (`Written`): the data file beside it, or None when there was nothing to put there (a model
     with no stored tensor is one file).
 
@@ -206,7 +129,7 @@ def save_model_atomic(
                 if tmp_data is not None:
                     _write_model(_pieces(model, weights, layout, data_target.name), weights, tmp, target)
             weights.check_unchanged()  # last: every input read (copied, verified) is the one loaded
-            _install(tmp, target, tmp_data, data_target, weights.inputs.values())
+            install_pair(tmp, target, tmp_data, data_target, weights.inputs.values())
     except OSError as exc:
         weights.check_unchanged()  # an input removed or replaced under the writer: that is the file to name
         raise SurgeonError(target, f"could not be written ({exc.strerror or exc})") from None
@@ -253,7 +176,7 @@ def copy_atomic(src: str | Path, target: str | Path, check: Callable[[], None] |
                 inputs: Iterable[tuple] = ()) -> None:
     """Copy a file byte for byte through a temporary name (used when there is nothing to rewrite); `check()` (e.g.
     `Weights.check_unchanged`) runs before the copy takes the target's place, and may raise. It takes OUT's place
-    as a written model does (`_install`): an old OUT's own data files leave with it, no input (`inputs`) is
+    as a written model does (`install_pair`): an old OUT's own data files leave with it, no input (`inputs`) is
     moved."""
     target = Path(target)
     try:
@@ -261,37 +184,11 @@ def copy_atomic(src: str | Path, target: str | Path, check: Callable[[], None] |
             shutil.copyfile(src, tmp)
             if check is not None:
                 check()
-            _install(tmp, target, None, target, inputs)
+            install_pair(tmp, target, None, target, inputs)
     except OSError as exc:
         if check is not None:
             check()  # the input removed or replaced: that is the file to name
         raise SurgeonError(target, f"could not be written ({exc.strerror or exc})") from None
-
-
-_CHUNKED_DATA = re.compile(r"_data(_\d+)?$")
-DATA_SUFFIXES = ("_data", ".data")
-MAX_DATA_CHUNKS = 100  # transformers.js's MAX_EXTERNAL_DATA_CHUNKS (src/utils/hub/constants.js): it loads no more
-
-
-def is_own_data_name(model_name: str, name: str) -> bool:
-    """Whether `name` is a data file named after the model file `model_name` as writers name them: `<model>.data`,
-    `<model>_data` and its chunks `<model>_data_<k>` (an old OUT's own, which leave with it; an unreadable model's
-    in a batch folder, which stay its own)."""
-    return re.fullmatch(re.escape(model_name) + r"(\.data|_data(_\d+)?)", name) is not None
-
-
-def external_data_path(model_path: str | Path, input_data: Iterable[str | Path] = (), suffix: str | None = None
-                       ) -> Path:
-    """Where the external data of an output model goes, beside it: `<OUT>` + `suffix`, or (None) in the form of
-    the input's own data files, `input_data` as its model names them (`Weights.named_sources`, not where links
-    lead): `<OUT>.data` when the input's is named so (onnx's and torch's form), else `<OUT>_data`
-    (`model.onnx_data`: transformers.js's form, which fetches `<name>.onnx_data` and gives ORT the bytes under that
-    name, so a patched model folder loads there unchanged; also the name of weights moved out of a single file)."""
-    model_path = Path(model_path)
-    if suffix is None:
-        names = [Path(f).name for f in input_data]
-        suffix = ".data" if names and not any(_CHUNKED_DATA.search(n) for n in names) else "_data"
-    return model_path.with_name(model_path.name + suffix)
 
 
 def check_external_output(out: str | Path, weights: Weights, form: DataForm) -> None:
@@ -300,312 +197,6 @@ def check_external_output(out: str | Path, weights: Weights, form: DataForm) -> 
     output's own size decides ("auto" of a single file), the writer checks it when it writes one."""
     if form.expected(weights.named_sources()):
         check_data_target(Path(out), form.data_path(out, weights.named_sources()), weights)
-
-
-def check_data_target(target: Path, data_target: Path, weights: Weights | None = None) -> None:
-    """Refuse (`SurgeonError`, nothing written) a data file for `target` at `data_target` that would overwrite an
-    input (`weights`: the model and its data files), that is a folder, or that is a file of the user's own: one
-    that exists and that the existing `target` does not name (the data file of the OUT being replaced is
-    replaced with it)."""
-    inputs = {Path(p).resolve() for p in (weights.inputs if weights is not None else ())}
-    if data_target.resolve() in inputs:
-        raise SurgeonError(data_target, "the output's external data file would overwrite the input's",
-                           "choose another OUT: the input is never modified")
-    if data_target.is_dir():
-        raise SurgeonError(data_target, "is a folder; the output's external data file goes there")
-    refuse_foreign_data(target, data_target)
-
-
-def refuse_foreign_data(target: Path, data_target: Path) -> None:
-    """Refuse a file at `data_target` that the existing model `target` does not name: a file of the user's own,
-    which writing `target` with its data would replace without a word (the data file of the OUT being replaced
-    is replaced with it). Judged holding the folder's lock, once what a killed writer of `target` left is
-    settled (`settle_out`): another writer is never seen halfway through putting its pair in place (its data file
-    there, its OUT not yet), nor is a killed one's data file, or the old OUT it moved aside, taken for the user's."""
-    with _folder_lock(target.parent):
-        _settle(target)
-        _refuse_foreign(target, data_target)
-
-
-def settle_out(target: Path) -> None:
-    """Before `target` is written, or after its writer was killed (batch's worker): what a writer of `target`
-    killed before it was done left, settled (module docstring): an old pair it had moved aside put back or removed
-    (`recover_pair`), its temporaries removed, with the data file it had put in place for an OUT it never put in
-    place. Only what is proven a dead writer's is touched."""
-    with _folder_lock(target.parent):
-        _settle(target)
-
-
-def _settle(target: Path) -> None:
-    recover_pair(target)
-    own = [target.with_name(target.name + s) for s in DATA_SUFFIXES]
-    for name in [target, *own]:
-        for tmp in target.parent.glob(f"{glob.escape(temp_prefix(name))}*.tmp*"):
-            fd = _dead(tmp)
-            if fd is None:
-                continue
-            try:
-                st = os.fstat(fd)
-                for data in own:  # a second name of a data file its writer put in place, OUT not yet
-                    if _same_file(data, st) and not names_data_file(target, data):
-                        data.unlink()
-                tmp.unlink()
-            finally:
-                os.close(fd)
-
-
-def _dead(path: Path) -> int | None:
-    """A descriptor holding the lock of the temporary `path` when its writer is gone (the lock could be taken);
-    None while a writer holds it, or where that cannot be told (not a regular file, a file system without locks)."""
-    if fcntl is None:
-        return None
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        if stat.S_ISREG(os.fstat(fd).st_mode):
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return fd
-    except OSError:  # (BlockingIOError: its writer lives)
-        pass
-    os.close(fd)
-    return None
-
-
-def _same_file(path: Path, st: os.stat_result) -> bool:
-    try:
-        other = os.stat(path, follow_symlinks=False)
-    except OSError:
-        return False
-    return (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino)
-
-
-def _refuse_foreign(target: Path, data_target: Path) -> None:
-    if os.path.lexists(data_target) and not names_data_file(target, data_target):
-        raise SurgeonError(data_target, f"exists and is not the external data file of {target.name}: writing "
-                           f"{target.name} would replace it", "remove it or choose another OUT")
-
-
-def names_data_file(model_path: Path, data_path: Path) -> bool:
-    """Whether the existing model file `model_path` names `data_path` as external data (by its `location`s, read
-    from the file's wire format: no tensor is loaded); False where it is missing or not a model."""
-    try:
-        if not model_path.is_file():
-            return False
-        target = data_path.resolve()
-        return any((model_path.parent / loc).resolve() == target for loc in wire.scan_model(model_path).locations)
-    except (OSError, RuntimeError, ValueError, SurgeonError):
-        return False
-
-
-def _install(tmp: Path, target: Path, tmp_data: Path | None, data_target: Path, inputs: Iterable[tuple]) -> None:
-    """Put the complete temporary model `tmp` (and its data file `tmp_data`) in place as `target` (and
-    `data_target`), so that no one ever finds an OUT naming a data file that is not its own (module docstring):
-    an existing OUT leaves with the data files of its own it names (`_old_pair`: moved aside, put back if a rename
-    fails, removed once the new model is in place, whatever form the new one has: no stale data file is left for
-    the next run to refuse as a user's own); otherwise the new data file takes a name no model uses before the
-    new model takes OUT's. No input (`inputs`: `Weights.inputs`' file keys) is ever moved or removed. Signals
-    wait until this is done; another writer of the folder waits for it (`_folder_lock`), and the data file is
-    judged again here, as another writer may have put its pair in place since it was judged."""
-    with _folder_lock(target.parent), held():  # (a signal still stops a wait for the lock)
-        _settle(target)  # what a writer of this OUT killed here before left (SIGKILL cannot wait)
-        if tmp_data is not None:
-            _refuse_foreign(target, data_target)
-        aside = _move_aside(_old_pair(target, inputs))
-        placed, witness = False, None
-        try:
-            if tmp_data is not None:
-                witness = _witness(tmp_data, data_target)
-                os.replace(tmp_data, data_target)
-                placed = True
-            os.replace(tmp, target)
-        except BaseException:
-            if placed:
-                data_target.unlink(missing_ok=True)
-            _put_back(aside)
-            raise
-        finally:
-            if witness is not None:
-                witness.unlink(missing_ok=True)
-        for backup, _ in aside:
-            backup.unlink(missing_ok=True)
-
-
-def _witness(tmp_data: Path, data_target: Path) -> Path | None:
-    """A second, temporary name of the new data file, kept until OUT is in place: it shares the data file's lock
-    (the temporary's), so a writer killed between the data file's rename and OUT's leaves the proof that the file
-    at `data_target` is its own (`_settle` removes both). None on a file system without hard links."""
-    witness = _free_name(data_target, ".tmp.data")
-    try:
-        os.link(tmp_data, witness)
-    except OSError:
-        return None
-    return witness
-
-
-def _old_pair(target: Path, inputs: Iterable[tuple]) -> list[Path]:
-    """The existing OUT and the data files of its own that it names (`<OUT>.data`, `<OUT>_data` and its chunks,
-    beside it), which leave with it; [] where it names none (OUT is then replaced in one rename). Never a file
-    this command reads (an old OUT may name the input's data file, a copied model; or the input itself may bear a
-    data file's name: removing it lost the input), nor a file named otherwise, which other models may share."""
-    if not target.is_file():
-        return []
-    try:
-        locations = wire.scan_model(target).locations
-    except (OSError, RuntimeError, ValueError, SurgeonError):
-        return []
-    read = {key[:2] for key in inputs}  # (device, inode): the same file by any name
-    found = []
-    for loc in dict.fromkeys(locations):
-        path = target.parent / loc
-        try:
-            st = os.stat(path)
-        except OSError:
-            continue
-        if path.parent.resolve() == target.parent.resolve() and is_own_data_name(target.name, path.name) and \
-                (st.st_dev, st.st_ino) not in read:
-            found.append(path)
-    return [target, *found] if found else []
-
-
-def _move_aside(paths: list[Path]) -> list[tuple[Path, Path]]:
-    """Rename each existing file of `paths` to a hidden name beside it (`.<name>.<hash>.<hex>.old`); returns
-    (backup, original) pairs. If one rename fails (an immutable OUT), the others are put back and it raises:
-    nothing was replaced."""
-    aside: list[tuple[Path, Path]] = []
-    try:
-        for path in paths:
-            if os.path.lexists(path):
-                backup = _free_name(path, ".old")
-                os.rename(path, backup)
-                aside.append((backup, path))
-    except BaseException:
-        _put_back(aside)
-        raise
-    return aside
-
-
-def recover_pair(target: Path, data_target: Path | None = None) -> None:
-    """What a process killed during `_install` left (SIGKILL cannot wait: a batch's worker, or a `patch`): the
-    pair it had moved aside (`_move_aside`'s backups of OUT, `data_target` and OUT's own data files) is put back
-    where OUT is missing, and removed where the new OUT is in place (`settle_out`, with the folder's lock held:
-    no live writer has a pair aside then)."""
-    names = [target.name, *([data_target.name] if data_target else []), *(f"{target.name}{s}" for s in DATA_SUFFIXES),
-             *(f"{target.name}_data_{k}" for k in range(1, MAX_DATA_CHUNKS + 1))]
-    prefixes = {temp_prefix(name): target.parent / name for name in dict.fromkeys(names)}
-    missing = not os.path.lexists(target)
-    for backup in target.parent.glob(".*.old"):
-        path = next((p for prefix, p in prefixes.items() if backup.name.startswith(prefix)), None)
-        if path is None:
-            continue
-        if missing:
-            os.replace(backup, path)
-        else:
-            backup.unlink(missing_ok=True)
-
-
-def _put_back(aside: list[tuple[Path, Path]]) -> None:
-    """Undo `_move_aside` (best effort: a file that cannot be put back keeps its backup name, never deleted)."""
-    for backup, path in reversed(aside):
-        try:
-            os.replace(backup, path)
-        except OSError:
-            pass
-
-
-def _free_name(target: Path, suffix: str) -> Path:
-    """A name beside `target` that no file has, of `temp_prefix(target)`'s form (short whatever the target's)."""
-    for _ in range(100):
-        path = target.parent / f"{temp_prefix(target)}{secrets.token_hex(4)}{suffix}"
-        if not os.path.lexists(path):
-            return path
-    raise FileExistsError(errno.EEXIST, "no free temporary name", str(target.parent))
-
-
-_HELD = threading.local()  # `folders`: the (device, inode) of each folder whose lock this thread holds
-_LOCK_FDS: set[int] = set()  # this process's descriptors that hold a lock
-
-
-@contextmanager
-def _folder_lock(folder: Path) -> Iterator[None]:
-    """Hold the lock of `folder` while the block runs: an advisory `flock` on the folder itself (a lock file beside
-    OUT would be one more file left behind, and one removed could be locked by two writers at once). The writers
-    of a folder's files take turns through it for what they do there in a few renames (judge a data file, put a
-    pair in place); a second one waits (`_wait`). Taken once per thread (a block may call what takes it again).
-    Where the folder cannot be opened or the file system has no locks, the block runs without it."""
-    try:
-        st = os.stat(folder)
-    except OSError:
-        st = None
-    mine = _HELD.__dict__.setdefault("folders", set())
-    key = None if st is None else (st.st_dev, st.st_ino)
-    fd = _lock_folder(folder) if key is not None and key not in mine else None
-    if fd is None:
-        yield
-        return
-    mine.add(key)
-    try:
-        yield
-    finally:
-        mine.discard(key)
-        _LOCK_FDS.discard(fd)
-        os.close(fd)  # (the lock goes with the last descriptor of it)
-
-
-def _lock_folder(folder: Path) -> int | None:
-    """A descriptor of `folder` holding its lock; None where it cannot be had (`_folder_lock`)."""
-    if fcntl is None:
-        return None
-    try:
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:  # (a folder that may be written but not read)
-        return None
-    _LOCK_FDS.add(fd)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            _wait(fd)
-    except BaseException as exc:  # a file system without locks; or Ctrl-C while waiting
-        _LOCK_FDS.discard(fd)
-        os.close(fd)
-        if isinstance(exc, OSError):
-            return None
-        raise
-    return fd
-
-
-def _hold(fd: int) -> None:
-    """Lock this process's new temporary `fd` (no one else has it: it was made holding the folder's lock)."""
-    if fcntl is not None:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:  # (a file system without locks: the temporary cannot be proven a dead writer's either)
-            return
-        _LOCK_FDS.add(fd)
-
-
-def _wait(fd: int) -> None:
-    """Wait for the lock another writer holds (its few renames; a signal still stops the wait)."""
-    fcntl.flock(fd, fcntl.LOCK_EX)
-
-
-def _forget_locks() -> None:
-    """In a forked child (background.py's checks, verify's runs of each model): close the parent's descriptors that
-    hold locks, which the child never uses. Were the parent killed, a child still running would otherwise hold its
-    locks until it ends, and another writer would wait for it."""
-    for fd in list(_LOCK_FDS):
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    _LOCK_FDS.clear()
-    _HELD.__dict__.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_locks)
 
 
 def _pieces(model: onnx.ModelProto, weights: Weights, layout: dict[str, tuple[int, int]], location: str
