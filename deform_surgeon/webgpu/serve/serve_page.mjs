@@ -465,7 +465,8 @@ function showTable(entries) {
   const ran = (fn) => (e) => (e.ran ? fn(e) : '-');
   const rows = [
     ['file', (e) => esc(e.file)],
-    ['runs on WebGPU without error', ran((e) => (e.outputs.length && !e.gpu_errors.length
+    [state.bundle === 'wasm' ? 'runs on the wasm backend without error' : 'runs on WebGPU without error',
+      ran((e) => (e.outputs.length && !e.gpu_errors.length
       ? '<span class="good">yes</span>' : '<span class="bad">NO</span>'))],
     ['model download (s)', ran((e) => fmt(e.fetch_s))],
     ['session creation (s)', ran((e) => fmt(e.session_create_s))],
