@@ -2,8 +2,9 @@
 naming the file and the problem, no traceback, the inputs' bytes unchanged and nothing left behind.
 
 Every case prepares files in an empty folder (the working directory) and returns the command line, the exit code,
-the file the error line must start with (None: no file) and a regex the problem must match. Cases that need more
-than one line or more than one process (signals, batch) follow the table.
+the file the error line must start with (None: no file) and a regex the problem must match. The command line's cases
+that need more than one line follow the table; those of signals, batch, the API and files are in the folders of
+what they test (base/, commands/, files/).
 """
 
 from __future__ import annotations
