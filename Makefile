@@ -90,7 +90,7 @@ lint: $(STAMP)
 fixtures: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[fixtures]'
 	$(BIN)/python scripts/make_fixtures.py --out tests/fixtures
-	$(BIN)/python tests/graphs.py --out tests/fixtures
+	$(BIN)/python tests/helpers/graphs.py --out tests/fixtures
 
 clean:
 	rm -rf out .pytest_cache .ruff_cache .hypothesis

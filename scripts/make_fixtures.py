@@ -53,7 +53,7 @@ from onnxconverter_common import float16
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from exporter_replica import canonicalize as replica_canonicalize  # noqa: E402 (torch-free)
+from helpers.exporter_replica import canonicalize as replica_canonicalize  # noqa: E402 (torch-free)
 
 # Must happen before the exporter is imported: it imports JitScalarType from the pre-2.14 location.
 sys.modules.setdefault("torch.onnx._type_utils", _moved_type_utils)

@@ -3,7 +3,7 @@
 
     python scripts/measure_fp16_split.py [--max-buffer BYTES] [--seeds 3]
 
-1. The replica decoder (tests/exporter_replica.py, 64x64, 8 deform blocks) is patched in float32 with a small
+1. The replica decoder (tests/helpers/exporter_replica.py, 64x64, 8 deform blocks) is patched in float32 with a small
    --max-buffer, so `patch` splits its deform blocks into row chunks (each Conv split shown exact on its own);
    the unsplit and the split model are then both made float16 as transformers.js's fp16 file is made
    (scripts/make_variants.py: onnxconverter-common with keep_io_types, onnxslim). That is the split the float16
@@ -74,7 +74,7 @@ def main() -> int:
                         help="a float16 model of static input dims instead of the replica: steps 3 and 4 only")
     args = parser.parse_args()
 
-    import exporter_replica
+    from helpers import exporter_replica
     from make_variants import fp16
 
     import deform_surgeon as ds

@@ -4,7 +4,7 @@ input: are the outputs the same bytes? Prints the segment count and each output'
     python scripts/segments_vs_whole.py MODEL.onnx [--segment-memory 300MB] [--seed 0]
 
 For a model the machine can run whole (the real BiRefNet-lite 512 export: byte-identical in 50 segments of at most
-300 MB, docs/verify.md); `tests/test_segments.py` asks the same of the replicas.
+300 MB, docs/verify.md); `tests/checks/test_run_in_segments.py` asks the same of the replicas.
 """
 
 from __future__ import annotations

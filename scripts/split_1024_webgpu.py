@@ -5,8 +5,8 @@
     .venv/bin/python scripts/split_1024_webgpu.py --preset birefnet4_1024_small --max-buffer 1MiB   # CI's size
 
 Steps (each printed, and all of it written to OUT/summary.json):
- 1. build the fixture with tests/exporter_replica.py (the exporter's graph, byte-identical to real exporter output
-    at the committed fixtures' sizes; see tests/test_split.py), deterministically;
+ 1. build the fixture with tests/helpers/exporter_replica.py (the exporter's graph, byte-identical to real exporter
+    output at the committed fixtures' sizes; see tests/passes/test_split.py), deterministically;
  2. `deform-surgeon budget` before;
  3. `deform-surgeon patch --max-buffer` with `--verify` (byte comparison on ORT CPU);
  4. `deform-surgeon budget` after: what remains over the limit (the Conv inputs, which the split keeps whole);
@@ -35,7 +35,7 @@ import onnx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-from exporter_replica import SPECS, build  # noqa: E402
+from helpers.exporter_replica import SPECS, build  # noqa: E402
 
 from deform_surgeon import patch  # noqa: E402
 from deform_surgeon.graph.budget import analyze, parse_size  # noqa: E402

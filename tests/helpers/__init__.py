@@ -45,7 +45,7 @@ def patch_in_memory(model: onnx.ModelProto, **options) -> tuple[onnx.ModelProto,
 
 def patch_whole_graph(model: onnx.ModelProto, **options) -> tuple[onnx.ModelProto, list]:
     """The passes on the whole model imported into onnx-graphsurgeon, without region lifting: what region lifting
-    must be equivalent to (tests/test_region.py)."""
+    must be equivalent to (tests/graph/test_region.py)."""
     from deform_surgeon.commands.patch import default_passes
     from deform_surgeon.files import export_graph, infer_value_types
     from deform_surgeon.graph.pipeline import Context, Options, run_passes

@@ -1,4 +1,4 @@
-// Drives `deform-surgeon serve`'s page in headless Chromium as a user would (tests/test_serve.py): picks files in
+// Drives `deform-surgeon serve`'s page in headless Chromium as a user would (tests/webgpu/test_serve.py): picks files in
 // its picker, clicks "run" and every PNG download link, and reports what the page showed after each step.
 //
 // Usage: node serve_page.mjs --url URL --out STATE.json --steps JSON [--no-webgpu] [--chromium PATH]
