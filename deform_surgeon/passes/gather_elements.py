@@ -85,7 +85,6 @@ class LowerGatherElements(Pass):
         points = prover.static_shape(index)[k - 1]
         swap = list(range(k - 2)) + [k - 1, k - 2]
         base = node.name or out.name
-        before = len(ctx.graph.nodes)
 
         flat = self.memo.get(("flat", self._key(ctx, data)))
         if flat is None:
@@ -116,5 +115,4 @@ class LowerGatherElements(Pass):
         ctx.node("Gather", f"{base}/gather", [flat, linear], [rows], {"axis": 0})
         node.outputs.clear()
         ctx.node("Transpose", f"{base}/channels_first", [rows], [out], {"perm": swap})
-        return rewritten(self.name, node, verdict, tuple(x.name for x in ctx.graph.nodes[before:]),
-                         data_rows=math.prod(lead) * n)
+        return rewritten(self.name, node, verdict, data_rows=math.prod(lead) * n)

@@ -43,14 +43,13 @@ def gate(ctx: Context, node: gs.Node, verdict: IndexVerdict, rows: int | None) -
         raise Refuse(f"indices dtype {dtype} is not int32/int64", dtype=str(dtype))
 
 
-def rewritten(pass_name: str, node: gs.Node, verdict: IndexVerdict, new_nodes: tuple[str, ...], **details) -> Action:
+def rewritten(pass_name: str, node: gs.Node, verdict: IndexVerdict, **details) -> Action:
     """The Action of a lowered gather: proven, or loudly unproven under --allow-unproven."""
     details = {**verdict.details, **details}
     if verdict.proven:
-        return Action(pass_name, node.name, node.op, Outcome.REWRITTEN, verdict.reason, new_nodes, details=details)
+        return Action(pass_name, node.name, node.op, Outcome.REWRITTEN, verdict.reason, details=details)
     return Action(pass_name, node.name, node.op, Outcome.REWRITTEN_UNPROVEN,
-                  f"UNPROVEN, rewritten because --allow-unproven was given: {verdict.reason}", new_nodes,
-                  details=details)
+                  f"UNPROVEN, rewritten because --allow-unproven was given: {verdict.reason}", details=details)
 
 
 @dataclass(frozen=True)
@@ -103,7 +102,6 @@ class LowerGatherND(Pass):
         rest = list(dshape[b + r:])
         point_shape = list(plan.ishape[:-1])
         base = node.name or out.name
-        before = len(ctx.graph.nodes)
 
         flat = self.memo.get(("flat", data.name))
         if flat is None:
@@ -140,8 +138,7 @@ class LowerGatherND(Pass):
 
         node.outputs.clear()
         ctx.node("Gather", f"{base}/gather", [flat, linear], [out], {"axis": 0})
-        return rewritten(self.name, node, plan.verdict, tuple(n.name for n in ctx.graph.nodes[before:]),
-                         data_rows=rows)
+        return rewritten(self.name, node, plan.verdict, data_rows=rows)
 
     def components(self, ctx: Context, indices: gs.Tensor, r: int, point_shape: list[int],
                    base: str) -> list[gs.Tensor]:

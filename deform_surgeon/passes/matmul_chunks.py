@@ -152,7 +152,6 @@ class MatMulRowChunks:
         worst = max((r1 - r0) * (shapes.nbytes(t) or 0) // rows for t in tensors for r0, r1 in chunks)
 
         over = [o.name for n in nodes for o in n.outputs if (shapes.nbytes(o) or 0) > limit]
-        first = len(ctx.graph.nodes)
         float16 = any(shapes.dtype(t) == np.float16 for t in tensors)
         proof = self.run.proof(ctx, seed.name, nodes, ends, float16)
         pieces: dict[int, list[gs.Tensor]] = {id(t): [] for t in ends}
@@ -188,10 +187,10 @@ class MatMulRowChunks:
                    "sliced": [t.name for t in sliced], "ends": [t.name for t in ends],
                    "carried": [x.op for x in carried], **float16_details(float16)}
         return self.run.rewritten(
-            ctx, seed, f"computed in {n} row chunks of {counts} rows (of {rows}, axis {axis}) with the {len(nodes)} "
+            seed, f"computed in {n} row chunks of {counts} rows (of {rows}, axis {axis}) with the {len(nodes)} "
             f"nodes of its chain ({' -> '.join(x.op for x in nodes)}): {len(over)} tensor(s) were over the "
             f"{human(limit)} limit, the largest '{biggest.name}' ({human(shapes.nbytes(biggest))}); each chunk reads "
             f"a Slice of the rows of {', '.join(repr(t.name) for t in sliced)}, one Concat per end joins the chunks "
             f"({', '.join(repr(t.name) for t in ends)}); largest chunk tensor {human(worst)}; each output row reads "
-            "only its own input row, but " + kernels_choice("MatMul"), first, details, float16)
+            "only its own input row, but " + kernels_choice("MatMul"), details, float16)
 

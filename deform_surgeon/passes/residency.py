@@ -69,7 +69,6 @@ class IndexChainResidency(Pass):
         return None
 
     def rewrite(self, ctx: Context, node: gs.Node, plan: None) -> Action:
-        before = len(ctx.graph.nodes)
         got = self.translate(ctx, node.inputs[0])
         if got.form != BOUNDED:
             span = ctx.prover.bound(node.inputs[0]).whole
@@ -80,8 +79,7 @@ class IndexChainResidency(Pass):
         ctx.node("Cast", f"{node.name}/from_float", [got.tensor], [out], {"to": onnx.TensorProto.INT32})
         return Action(self.name, node.name, node.op, Outcome.REWRITTEN,
                       "int64 index chain computed in float32 (integral values exact below 2^24, saturating NaN-safe "
-                      "Clip) and cast once to int32", tuple(n.name for n in ctx.graph.nodes[before:]),
-                      details={"bound": EXACT})
+                      "Clip) and cast once to int32", details={"bound": EXACT})
 
     def refused(self, node: gs.Node, why: Refuse) -> Action:
         return Action(self.name, node.name, node.op, Outcome.REFUSED, f"int64 index chain stays as it is: {why}",

@@ -115,11 +115,10 @@ class ResizeGroups:
                                                   for n in (m, *v)),
                                                 node, *carriers, *readers],
                                [t for r in readers for t in r.outputs], float16)
-        first = len(ctx.graph.nodes)
         parts = self._build(ctx, plan)
         if proof is not None:
             proof.taken(ctx, shapes)
-        return self._action(ctx, plan, parts, first, float16)
+        return self._action(plan, parts, float16)
 
     def _fewest_groups(self, node: gs.Node, head: str) -> list[tuple[int, int]]:
         """`[c0, c1)` of the fewest equal channel groups of Resize `node` whose outputs fit the limit; `Refuse`
@@ -170,8 +169,8 @@ class ResizeGroups:
         node.outputs.clear()
         return parts
 
-    def _action(self, ctx: Context, plan: GroupPlan, parts: list[gs.Tensor], first: int, float16: bool) -> Action:
-        """What the report says of the groups built from node `first` on: why, how many, and what each reads."""
+    def _action(self, plan: GroupPlan, parts: list[gs.Tensor], float16: bool) -> Action:
+        """What the report says of the groups built: why, how many, and what each reads."""
         shapes, limit, node, groups = self.run.shapes, self.run.limit, plan.resize, plan.groups
         carriers, readers, sizers = plan.carriers, plan.readers, plan.sizers
         maker, source, _ = plan.made_by
@@ -185,7 +184,7 @@ class ResizeGroups:
                    "shape_readers": len(sizers), "carried": [c.op for c in carriers],
                    **float16_details(float16)}
         return self.run.rewritten(
-            ctx, node, f"computed in {n} channel groups of {widths} channels (of {channels}): output '{out.name}' "
+            node, f"computed in {n} channel groups of {widths} channels (of {channels}): output '{out.name}' "
             f"{human(size)} -> {human(largest)} per group, limit {human(limit)}; each group "
             + (f"reads the output of Conv '{maker.name}' computed for its channels only"
                if source is not None else f"reads a Slice of its channels of '{x.name}'")
@@ -195,7 +194,7 @@ class ResizeGroups:
             + (f", and its {len(sizers)} Shape reader(s) become Constants of its static shape" if sizers else "")
             + "; each element is interpolated from its own channel with the same weights (they depend on the spatial "
             "sizes only), but ORT's NCHWc layout (level all) runs a Resize of whole channel blocks with a kernel of "
-            "its own, so it is written only once shown exact", first, details, float16)
+            "its own, so it is written only once shown exact", details, float16)
 
     def _carriers(self, ctx: Context, out: gs.Tensor, shapes: Shapes, outside: set[int], head: str
                   ) -> list[gs.Node]:
@@ -341,7 +340,6 @@ class ResizeGroups:
         parts_in = list(concat.inputs)
         proof = self.run.proof(ctx, concat.name, [concat, *resizes], [r.outputs[0] for r in resizes],
                                float16) if resizes else None
-        first = len(ctx.graph.nodes)
         for r in resizes:
             y = r.outputs[0]
             parts = [_resize_part(ctx, r, x, shapes.shape(x)[1], f"{r.name}/part{k}", f"{y.name}/part{k}", shapes)
@@ -364,8 +362,8 @@ class ResizeGroups:
                 *([f"{' and '.join(repr(c.name) for c in convs)} are left its only reader(s), for their bands to "
                    "make their rows from the inputs' rows"] if convs else [])]
         return self.run.rewritten(
-            ctx, concat, f"read by {len(readers)} nodes, each now taking its part from its {len(parts_in)} inputs: "
+            concat, f"read by {len(readers)} nodes, each now taking its part from its {len(parts_in)} inputs: "
             + "; ".join(said) + " (each channel is interpolated on its own, but ORT's NCHWc layout runs a Resize of "
             "whole channel blocks with a kernel of its own, so it is written only once shown exact)" * bool(resizes),
-            first, details, float16 and bool(resizes), needs_verify=bool(resizes))
+            details, float16 and bool(resizes), needs_verify=bool(resizes))
 

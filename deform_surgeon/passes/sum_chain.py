@@ -62,12 +62,11 @@ class ChainSum(Pass):
         out = node.outputs[0]
         inputs = list(node.inputs)
         base = node.name or out.name
-        before = len(ctx.graph.nodes)
         node.outputs.clear()
         if len(inputs) == 1:
             ctx.node("Identity", f"{base}/identity", inputs, [out])
             return Action(self.name, node.name, node.op, Outcome.REWRITTEN, "one-input Sum is an Identity",
-                          tuple(n.name for n in ctx.graph.nodes[before:]), details={"inputs": 1})
+                          details={"inputs": 1})
 
         wide = np.float32 if (dtype == _BFLOAT16 or dtype in _WIDEN) else None
         if wide is not None:
@@ -84,7 +83,6 @@ class ChainSum(Pass):
         if wide is not None:
             how += ", accumulated in fp32 and rounded once like ORT CPU's fp16 Sum"
         return Action(self.name, node.name, node.op, Outcome.REWRITTEN, f"{len(node.inputs)}-input Sum -> {how}",
-                      tuple(n.name for n in ctx.graph.nodes[before:]),
                       details={"inputs": len(node.inputs), "mode": ctx.options.sum_mode,
                                "accumulate": "float32" if wide is not None else str(dtype)})
 
