@@ -92,9 +92,8 @@ class ChainSum(Pass):
             while len(inputs) > 2:
                 nxt = []
                 for i in range(0, len(inputs) - 1, 2):
-                    t = ctx.var(f"{base}/tree{level}_{i // 2}", dtype, None)
-                    ctx.node("Add", f"{base}/add_tree{level}_{i // 2}", [inputs[i], inputs[i + 1]], [t])
-                    nxt.append(t)
+                    nxt.append(ctx.layer("Add", f"{base}/add_tree{level}_{i // 2}", [inputs[i], inputs[i + 1]], dtype,
+                                         None, output=f"{base}/tree{level}_{i // 2}"))
                 if len(inputs) % 2:
                     nxt.append(inputs[-1])
                 inputs, level = nxt, level + 1
@@ -108,6 +107,4 @@ class ChainSum(Pass):
 
     @staticmethod
     def _cast(ctx: Context, t: gs.Tensor, base: str, dtype, to: int) -> gs.Tensor:
-        wide = ctx.var(base, dtype, None)
-        ctx.node("Cast", base, [t], [wide], {"to": to})
-        return wide
+        return ctx.layer("Cast", base, [t], dtype, None, {"to": to})
