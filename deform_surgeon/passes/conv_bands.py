@@ -184,9 +184,9 @@ class ConvRowBands:
             inputs.append(self.source(ctx, s, made, head))
         return RowSource(x, producer, tuple(chain), window, tuple(inputs))
 
-    def rewrite(self, ctx: Context, conv: gs.Node, feeders: tuple[list[gs.Node], gs.Node]) -> Action:
-        """`conv` computed in the fewest row bands whose tensors fit the limit, each from the rows of its input it
-        reads, made by `feeders`' producer (`source`); `Refuse` where that cannot be done."""
+    def plan(self, ctx: Context, conv: gs.Node, feeders: tuple[list[gs.Node], gs.Node]) -> BandPlan:
+        """The fewest row bands of `conv` whose tensors fit the limit, each from the rows of its input it reads,
+        made by `feeders`' producer (`source`); `Refuse` where that cannot be done."""
         shapes, limit = self.run.shapes, self.run.limit
         x = conv.inputs[0]
         size, xs = shapes.nbytes(x), shapes.shape(x)
@@ -201,8 +201,11 @@ class ConvRowBands:
         source = self.source(ctx, x, feeders, head, conv)
         tail, bias = self._tail_and_late_bias(ctx, conv, head, source)
         bands, worst = self._fewest_bands(conv, window, source, tail, head)
-        plan = BandPlan(conv, window, source, tail, bias, bands, worst, y_shape[2])
-        float16 = shapes.dtype(x) == np.float16
+        return BandPlan(conv, window, source, tail, bias, bands, worst, y_shape[2])
+
+    def rewrite(self, ctx: Context, plan: BandPlan) -> Action:
+        """The Conv computed in `plan`'s bands, and what the report says of them."""
+        float16 = self.run.shapes.dtype(plan.conv.inputs[0]) == np.float16
         self._build(ctx, plan, float16)
         return self._action(plan, float16)
 

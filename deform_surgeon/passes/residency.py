@@ -66,6 +66,7 @@ class IndexChainResidency(Pass):
         return [n for n in ctx.graph.nodes if self._is_root(ctx, n)]
 
     def check(self, ctx: Context, node: gs.Node) -> None:
+        """Nothing to plan apart: a chain is known exact only as its float32 form is built (`rewrite`)."""
         return None
 
     def rewrite(self, ctx: Context, node: gs.Node, plan: None) -> Action:

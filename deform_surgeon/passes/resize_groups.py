@@ -69,6 +69,7 @@ class GroupPlan:
     made_by: tuple
     others: dict[int, gs.Tensor]
     makers: dict[int, tuple]
+    float16: bool  # a float16 tensor is made in groups: only the whole model shows the rewrite exact
 
 
 class ResizeGroups:
@@ -78,9 +79,9 @@ class ResizeGroups:
     def __init__(self, run: OversizeRun) -> None:
         self.run = run
 
-    def rewrite(self, ctx: Context, node: gs.Node) -> Action:
-        """Resize `node` computed in the fewest channel groups whose outputs fit the limit, the groups taking its
-        place among the channel Concats reading it; `Refuse` where that cannot be shown to give the same bytes."""
+    def plan(self, ctx: Context, node: gs.Node) -> GroupPlan:
+        """The fewest channel groups of Resize `node` whose outputs fit the limit, the groups taking its place
+        among the channel Concats reading it; `Refuse` where that cannot be shown to give the same bytes."""
         shapes, limit, outside = self.run.shapes, self.run.limit, self.run.outside
         out, x = node.outputs[0], node.inputs[0]
         size = shapes.nbytes(out)
@@ -109,16 +110,20 @@ class ResizeGroups:
                   and ctx.prover.constant(i) is None}
         makers = {k: self._channel_source(ctx, i, next(c for c in carriers if i in c.inputs), outside)
                   for k, i in others.items()}
-        plan = GroupPlan(node, out, groups, carriers, readers, sizers, (maker, source, via), others, makers)
-        proof = self.run.proof(ctx, node.name, [*([maker, *via] if source is not None else []),
-                                                *(n for m, src, v in makers.values() if src is not None
-                                                  for n in (m, *v)),
-                                                node, *carriers, *readers],
-                               [t for r in readers for t in r.outputs], float16)
+        return GroupPlan(node, out, groups, carriers, readers, sizers, (maker, source, via), others, makers, float16)
+
+    def rewrite(self, ctx: Context, plan: GroupPlan) -> Action:
+        """The Resize computed in `plan`'s groups (its local proof recorded first), and what the report says."""
+        maker, source, via = plan.made_by
+        proof = self.run.proof(ctx, plan.resize.name, [*([maker, *via] if source is not None else []),
+                                                       *(n for m, src, v in plan.makers.values() if src is not None
+                                                         for n in (m, *v)),
+                                                       plan.resize, *plan.carriers, *plan.readers],
+                               [t for r in plan.readers for t in r.outputs], plan.float16)
         parts = self._build(ctx, plan)
         if proof is not None:
-            proof.taken(ctx, shapes)
-        return self._action(plan, parts, float16)
+            proof.taken(ctx, self.run.shapes)
+        return self._action(plan, parts, plan.float16)
 
     def _fewest_groups(self, node: gs.Node, head: str) -> list[tuple[int, int]]:
         """`[c0, c1)` of the fewest equal channel groups of Resize `node` whose outputs fit the limit; `Refuse`
@@ -312,7 +317,21 @@ class ResizeGroups:
         else:
             raise Refuse(f"{head}: Resize '{node.name}' has neither scales nor sizes")
 
-    def unshared(self, ctx: Context, concat: gs.Node) -> Action:
+    def readers(self, ctx: Context, concat: gs.Node) -> list[gs.Node]:
+        """The readers of channel Concat `concat` (over the limit) that take their parts from its inputs in
+        `unshared`; `Refuse` where one cannot."""
+        shapes, limit, out = self.run.shapes, self.run.limit, concat.outputs[0]
+        head = f"output '{out.name}' ({human(shapes.nbytes(out))}) stays over the {human(limit)} limit"
+        readers = [r for r in out.outputs if self.run.live(r)]  # (a node an earlier rewrite replaced is still there)
+        for r in readers:
+            if r.op == "Resize" and r.inputs[0] is out:
+                self._channelwise(ctx, r, shapes, head)
+            elif not (r.op == "Shape" or (r.op == "Conv" and r.inputs[0] is out)):
+                raise Refuse(f"{head}: it is read by {r.op} '{r.name}' (each reader must take its part from the "
+                             "Concat's inputs: a Conv, a Resize or a Shape can)", reader=r.name)
+        return readers
+
+    def unshared(self, ctx: Context, concat: gs.Node, readers: list[gs.Node]) -> Action:
         """Each reader of a channel Concat over the limit takes its part from the Concat's inputs (BiRefNet_HR's
         image pyramid, '/Concat_3': 192 MiB at 2048, read by the lateral Conv, a Resize and three Shapes).
 
@@ -325,14 +344,6 @@ class ResizeGroups:
         is gone (a Conv whose bands are refused keeps reading it whole, as before)."""
         shapes, limit, out = self.run.shapes, self.run.limit, concat.outputs[0]
         xs, size = shapes.shape(out), shapes.nbytes(out)
-        head = f"output '{out.name}' ({human(size)}) stays over the {human(limit)} limit"
-        readers = [r for r in out.outputs if self.run.live(r)]  # (a node an earlier rewrite replaced is still there)
-        for r in readers:
-            if r.op == "Resize" and r.inputs[0] is out:
-                self._channelwise(ctx, r, shapes, head)
-            elif not (r.op == "Shape" or (r.op == "Conv" and r.inputs[0] is out)):
-                raise Refuse(f"{head}: it is read by {r.op} '{r.name}' (each reader must take its part from the "
-                             "Concat's inputs: a Conv, a Resize or a Shape can)", reader=r.name)
         resizes = [r for r in readers if r.op == "Resize"]
         convs = [r for r in readers if r.op == "Conv"]
         sizers = [r for r in readers if r.op == "Shape"]
