@@ -129,16 +129,14 @@ class IndexChainResidency(Pass):
             return self._leaf(ctx, node, t, base)
         if node.op in _STRUCTURAL or (node.op == "Gather" and ctx.prover.constant(node.inputs[1]) is not None):
             src = self.translate(ctx, node.inputs[0])
-            out = ctx.var(f"{base}/f32", np.float32, None)
-            ctx.node(node.op, f"{base}/f32", [src.tensor, *node.inputs[1:]], [out], dict(node.attrs))
+            out = ctx.layer(node.op, f"{base}/f32", [src.tensor, *node.inputs[1:]], np.float32, None, dict(node.attrs))
             return Translated(out, src.form)
         if node.op == "Concat":
             parts = [self.translate(ctx, i) for i in node.inputs]
             if any(p.form != BOUNDED for p in parts):
                 raise Refuse(f"Concat '{node.name}' joins values not proven within +-2^24",
                              stop=f"Concat '{node.name}'", bound=EXACT)
-            out = ctx.var(f"{base}/f32", np.float32, None)
-            ctx.node("Concat", f"{base}/f32", [p.tensor for p in parts], [out], dict(node.attrs))
+            out = ctx.layer("Concat", f"{base}/f32", [p.tensor for p in parts], np.float32, None, dict(node.attrs))
             return Translated(out, BOUNDED)
         if node.op == "Clip":
             return self._clip(ctx, node, base)
@@ -162,8 +160,7 @@ class IndexChainResidency(Pass):
         form = BOUNDED if self._bounded(ctx, t) else LEAF
         if src_dtype == np.dtype(np.float32):
             return Translated(src, form)
-        wide = ctx.var(f"{base}/f32", np.float32, None)
-        ctx.node("Cast", f"{base}/f32", [src], [wide], {"to": onnx.TensorProto.FLOAT})
+        wide = ctx.layer("Cast", f"{base}/f32", [src], np.float32, None, {"to": onnx.TensorProto.FLOAT})
         return Translated(wide, form)
 
     def _clip(self, ctx: Context, node: gs.Node, base: str) -> Translated:
@@ -189,10 +186,8 @@ class IndexChainResidency(Pass):
         # casts it to some int64 and clips that into [lo, hi]; a float Clip of NaN is NaN, and Cast(NaN -> int32)
         # is INT32_MIN on ORT CPU, an out-of-range index. `x >= lo` is false exactly for NaN among the values
         # below lo or NaN, so `Where(x >= lo, Clip(x), lo)` is Clip(x) for every non-NaN x and lo for NaN.
-        keep = ctx.var(f"{base}/not_nan", np.bool_, None)
-        ctx.node("GreaterOrEqual", f"{base}/not_nan", [x.tensor, lo], [keep])
-        safe = ctx.var(f"{base}/f32_nan_safe", np.float32, None)
-        ctx.node("Where", f"{base}/nan_safe", [keep, out, lo], [safe])
+        keep = ctx.layer("GreaterOrEqual", f"{base}/not_nan", [x.tensor, lo], np.bool_, None)
+        safe = ctx.layer("Where", f"{base}/nan_safe", [keep, out, lo], np.float32, None, output=f"{base}/f32_nan_safe")
         return Translated(safe, BOUNDED)
 
     def _arith(self, ctx: Context, node: gs.Node, t: gs.Tensor, base: str) -> Translated:
