@@ -266,7 +266,7 @@ def _header(number: int, size: int) -> bytes:
 class FileBytes:
     """`length` bytes at `offset` of the input model file (a stored tensor's raw data), or of `path` (an external
     data file whose tensor is written into the model): the writer copies them from file to file. (Not
-    ranges.Interval, which bounds a tensor's values.)"""
+    intervals.Interval, which bounds a tensor's values.)"""
 
     offset: int
     length: int

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
@@ -71,6 +71,7 @@ class Action:
     op: str
     action: Outcome
     reason: str
+    # the nodes built for it, in the order they were built: `Pass.run` records them (a rewrite need not name them)
     new_nodes: tuple[str, ...] = ()
     # True when the rewrite is not exact by construction and was only checked on a part of the model (the split
     # pass's Conv chunks): `patch` then verifies the whole model before writing it, and undoes it if that fails
@@ -137,6 +138,7 @@ class Context:
     made_by_ort: frozenset[str] | None = None
     names: NameScope = field(init=False)
     _prover: RangeProver | None = field(default=None, init=False)
+    _match: _Undo | None = field(default=None, init=False, repr=False)  # the match `Pass.run` is at, if any
 
     def __post_init__(self) -> None:
         self.names = NameScope(self.graph, self.reserved)
@@ -160,6 +162,11 @@ class Context:
         """Forget cached proofs after a mutation (proofs are cheap to redo; stale ones are not acceptable)."""
         self._prover = None
 
+    def built(self) -> list[gs.Node]:
+        """The nodes built so far for the match `Pass.run` is at (its check's and its rewrite's), in the order they
+        were built: what the match's `Action` names, and what a refusal takes back."""
+        return [] if self._match is None else self._match.built()
+
     # -- small graph-building helpers shared by passes --------------------------------------------------------
     def const(self, base: str, values: np.ndarray) -> gs.Constant:
         return gs.Constant(self.names.fresh(base), np.array(values, order="C"))  # keeps 0-d arrays 0-d
@@ -174,6 +181,15 @@ class Context:
         self.graph.nodes.append(node)
         return node
 
+    def layer(self, op: str, base: str, inputs: list[gs.Tensor], dtype: np.dtype | type | None,
+              shape: Sequence[int | str | None] | None, attrs: dict | None = None, *,
+              output: str | None = None) -> gs.Variable:
+        """A node of `op` named from `base` with one new output (named from `output`, else from `base` too), and
+        that output: onnx-graphsurgeon's `Graph.layer`, for a chain built one tensor at a time."""
+        out = self.var(base if output is None else output, dtype, shape)
+        self.node(op, base, inputs, [out], attrs)
+        return out
+
 
 class Pass:
     """A rewrite in onnxscript's rewriter's shape (`RewriteRuleClassBase`: pattern, check, rewrite), with the loop
@@ -187,11 +203,12 @@ class Pass:
     - `refused(match, why)`: the `Action` of a refusal, from the `Refuse` raised (a pass may name the node or word
       the reason its way).
 
-    One `Action` per match. A refused match leaves the graph as it was (`_Undo`): the nodes built for it are taken
-    back, the nodes that were there get back their inputs, outputs, names, ops and attributes, and `memo` (what a
-    run's matches share: the four corners of a deformable conv read one flattened data tensor) forgets what the
-    match added. The names handed out stay taken, so that a name never means two tensors in one run (the prover's
-    facts are kept by name).
+    One `Action` per match, naming the nodes built for it (`Context.built`: `Pass.run` records them, as
+    onnxscript's rewriter knows the nodes its replacement's builder made). A refused match leaves the graph as it
+    was (`_Undo`): the nodes built for it are taken back, the nodes that were there get back their inputs, outputs,
+    names, ops and attributes, and `memo` (what a run's matches share: the four corners of a deformable conv read
+    one flattened data tensor) forgets what the match added. The names handed out stay taken, so that a name never
+    means two tensors in one run (the prover's facts are kept by name).
     """
 
     name: str = ""
@@ -203,14 +220,17 @@ class Pass:
         self._taken_back: list[gs.Node] = []
         actions = []
         for match in self.matches(ctx):
-            undo = _Undo(ctx.graph, self.memo)
+            undo = ctx._match = _Undo(ctx.graph, self.memo)
             try:
                 with undo:
-                    actions.append(self.rewrite(ctx, match, self.check(ctx, match)))
+                    action = self.rewrite(ctx, match, self.check(ctx, match))
+                actions.append(replace(action, new_nodes=tuple(n.name for n in undo.built())))
             except Refuse as why:
                 self._taken_back += undo.restore()
                 self.memo = undo.memo
                 actions.append(self.refused(match, why))
+            finally:
+                ctx._match = None
         return actions
 
     def matches(self, ctx: Context) -> Iterable[Any]:
@@ -284,10 +304,14 @@ class _Undo:
             setattr(SynchronizedList, name, original)
         gs.Node.__setattr__ = self.node_setattr
 
+    def built(self) -> list[gs.Node]:
+        """The nodes in the graph now that were not there when the match began, in the graph's order."""
+        kept = {id(n) for n in self.nodes}
+        return [n for n in self.graph.nodes if id(n) not in kept]
+
     def restore(self) -> list[gs.Node]:
         """Put the graph back; return the nodes taken back."""
-        kept = {id(n) for n in self.nodes}
-        built = [n for n in self.graph.nodes if id(n) not in kept]
+        built = self.built()
         for links, saved in self.lists.values():
             list.__setitem__(links, slice(None), saved)
         for node, name, value in self.fields.values():

@@ -13,15 +13,14 @@ kept per position along one axis (`parts`), which is how the exporter's `Concat(
 separate bound for `y` and for `x`.
 
 Each interval carries its provenance (where its range comes from, the last node that clamped it, the
-arithmetic applied since), so a refusal can say where the proof stopped.
+arithmetic applied since), so a refusal can say where the proof stopped. The interval type and its arithmetic
+are in `intervals`; the verdict on a gather's indices, from the intervals of its components, in `index_proof`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-from enum import StrEnum
+from dataclasses import replace
 from fractions import Fraction
 from functools import partialmethod
 from typing import TYPE_CHECKING
@@ -30,258 +29,32 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from .index_proof import IndexVerdict, Status, combine, judge
+from .intervals import (
+    Bound,
+    Interval,
+    Number,
+    exact,
+    exact_add,
+    exact_mul,
+    exact_sub,
+    fit_interval,
+    full,
+    is_float,
+    is_int,
+    main_operand,
+    push_trail,
+    round_out,
+    type_range,
+    union,
+)
+
 if TYPE_CHECKING:
     from ..files import Weights
 
-Number = int | float
 TypeInfo = dict[str, tuple[int, tuple[int | str | None, ...] | None]]
 
 _MAX_PARTS = 64
-_MAX_TRAIL = 6
-
-
-# ----------------------------------------------------------------------------------------------- intervals
-@dataclass(frozen=True)
-class Interval:
-    """An interval `[lo, hi]` bounding a tensor's values (plus `nan` if NaN is possible) and where it comes from."""
-
-    lo: Number
-    hi: Number
-    nan: bool = False
-    source: str = ""
-    clamp: str | None = None
-    trail: tuple[str, ...] = ()
-
-    def within(self, lo: Number, hi: Number) -> bool:
-        return not self.nan and lo <= self.lo and self.hi <= hi
-
-    def disjoint(self, lo: Number, hi: Number) -> bool:
-        return self.hi < lo or self.lo > hi
-
-    def text(self) -> str:
-        return f"[{_fmt(self.lo)}, {_fmt(self.hi)}]" + (" or NaN" if self.nan else "")
-
-    def history(self) -> str:
-        """Human-readable provenance: origin, last clamp, arithmetic after it."""
-        words = [f"range from {self.source}"] if self.source and self.source != self.stop_node() else []
-        if self.clamp:
-            words.append(f"bounded by {self.clamp}")
-        if self.trail:
-            words.append(("then " if self.clamp else "via ") + " -> ".join(self.trail))
-        return ", ".join(words)
-
-    def stop_node(self) -> str:
-        """The node where a proof of this span stops: the first operation after the last clamp, or the origin."""
-        if self.clamp and self.trail:
-            return self.trail[0]
-        if self.clamp:
-            return self.clamp
-        return self.source
-
-
-@dataclass(frozen=True)
-class Bound:
-    """Abstract value of a tensor: one `whole` span, optionally a span per position along `axis` (negative)."""
-
-    dtype: np.dtype | None
-    whole: Interval
-    parts: tuple[Interval, ...] | None = None
-    axis: int | None = None
-
-    def component(self, i: int, count: int) -> Interval:
-        """Interval of position `i` along the last axis, when the last axis has `count` positions."""
-        if self.parts is not None and self.axis == -1 and len(self.parts) == count:
-            return self.parts[i]
-        return self.whole
-
-
-def _fmt(v: Number) -> str:
-    if isinstance(v, int) and abs(v) >= 2**31:
-        for bits in (31, 63):
-            if v == -(2**bits):
-                return f"-2^{bits}"
-            if v == 2**bits - 1:
-                return f"2^{bits}-1"
-    if isinstance(v, float):
-        if math.isinf(v):
-            return "+inf" if v > 0 else "-inf"
-        if v.is_integer() and abs(v) < 2**53:
-            return str(int(v))
-    return str(v)
-
-
-def _is_int(dtype: np.dtype | None) -> bool:
-    return dtype is not None and (np.issubdtype(dtype, np.integer) or dtype == np.bool_)
-
-
-def _is_float(dtype: np.dtype | None) -> bool:
-    return dtype is not None and np.issubdtype(dtype, np.floating)
-
-
-def type_range(dtype: np.dtype | None) -> tuple[Number, Number]:
-    if dtype is not None and dtype == np.bool_:
-        return 0, 1
-    if _is_int(dtype):
-        info = np.iinfo(dtype)
-        return int(info.min), int(info.max)
-    return -math.inf, math.inf
-
-
-def full(dtype: np.dtype | None, source: str) -> Interval:
-    lo, hi = type_range(dtype)
-    return Interval(lo, hi, nan=not _is_int(dtype), source=source)
-
-
-def _round_out(x: Fraction | float, dtype: np.dtype | None, up: bool) -> Number:
-    """The nearest value of `dtype` at or beyond `x` in the given direction (ints: exact; floats: outward)."""
-    if isinstance(x, float) and math.isinf(x):
-        return x
-    if _is_int(dtype):
-        return math.ceil(x) if up else math.floor(x)
-    ftype = np.dtype(dtype if _is_float(dtype) else np.float64).type
-    try:
-        approx = float(x)
-    except OverflowError:
-        return math.inf if x > 0 else -math.inf
-    with np.errstate(over="ignore"):
-        y = ftype(approx)
-    exact = Fraction(x)
-    if np.isinf(y):
-        if (y > 0) == up:
-            return float(y)
-        y = ftype(np.finfo(ftype).max) * (1 if y > 0 else -1)
-    while (Fraction(float(y)) < exact) if up else (Fraction(float(y)) > exact):
-        y = np.nextafter(y, ftype(np.inf) if up else ftype(-np.inf))
-        if np.isinf(y):
-            break
-    return float(y)
-
-
-def _exact(v: Number) -> Fraction | float:
-    return v if isinstance(v, float) and math.isinf(v) else Fraction(v)
-
-
-def _fit(lo: Fraction | float, hi: Fraction | float, dtype: np.dtype | None) -> tuple[Number, Number, bool]:
-    """Round an exact interval outwards to `dtype`; for ints, report overflow (the op may wrap)."""
-    rlo, rhi = _round_out(lo, dtype, up=False), _round_out(hi, dtype, up=True)
-    if _is_int(dtype):
-        tlo, thi = type_range(dtype)
-        if rlo < tlo or rhi > thi:
-            return tlo, thi, True
-    return rlo, rhi, False
-
-
-# --------------------------------------------------------------------------------------------- arithmetic
-def _add(a: Interval, b: Interval) -> tuple[Fraction | float, Fraction | float]:
-    return _safe(lambda: _exact(a.lo) + _exact(b.lo), -math.inf), _safe(lambda: _exact(a.hi) + _exact(b.hi), math.inf)
-
-
-def _sub(a: Interval, b: Interval) -> tuple[Fraction | float, Fraction | float]:
-    return _safe(lambda: _exact(a.lo) - _exact(b.hi), -math.inf), _safe(lambda: _exact(a.hi) - _exact(b.lo), math.inf)
-
-
-def _mul(a: Interval, b: Interval) -> tuple[Fraction | float, Fraction | float]:
-    corners = []
-    for x in (a.lo, a.hi):
-        for y in (b.lo, b.hi):
-            if (isinstance(x, float) and math.isinf(x)) or (isinstance(y, float) and math.isinf(y)):
-                if x == 0 or y == 0:
-                    return -math.inf, math.inf  # inf * 0 is NaN: give up on this product
-                corners.append(math.inf if (x > 0) == (y > 0) else -math.inf)
-            else:
-                corners.append(Fraction(x) * Fraction(y))
-    return min(corners), max(corners)
-
-
-def _safe(fn, fallback: float):
-    try:
-        return fn()
-    except (ValueError, TypeError, OverflowError):  # inf - inf and the like
-        return fallback
-
-
-# ------------------------------------------------------------------------------------------ proof verdicts
-class Status(StrEnum):
-    PROVEN = "proven"
-    UNPROVEN = "unproven"
-    OUT_OF_RANGE = "out_of_range"
-
-
-@dataclass(frozen=True)
-class ComponentProof:
-    """The proof (or its failure) for one index component addressing data dimension `dim` of size `size`."""
-
-    dim: int
-    size: int | None
-    span: Interval
-    status: Status
-    why: str
-
-    def details(self) -> dict:
-        """This component as data (a report's `details`, docs/report.md): the data dim it addresses and its size,
-        the interval of the index, and the clamp that bounds it or the node where the proof stops."""
-        out = {"dim": self.dim, "size": self.size, "interval": [self.span.lo, self.span.hi], "nan": self.span.nan,
-               "status": str(self.status)}
-        if self.span.clamp:
-            out["clamp"] = self.span.clamp
-        if self.status is not Status.PROVEN and self.span.stop_node():
-            out["stop"] = self.span.stop_node()
-        return out
-
-
-@dataclass(frozen=True)
-class IndexVerdict:
-    """Whether every index a gather node can see lies inside the data it addresses, and why (or why not)."""
-
-    node: str
-    op: str
-    status: Status
-    reason: str
-    components: tuple[ComponentProof, ...] = field(default=())
-
-    @property
-    def proven(self) -> bool:
-        return self.status is Status.PROVEN
-
-    @property
-    def details(self) -> dict:
-        """The verdict as data: its status (`proof`) and one entry per index component (`indices`)."""
-        return {"proof": str(self.status), "indices": [c.details() for c in self.components]}
-
-
-def judge(dim: int, size: int | None, span: Interval, what: str = "index") -> ComponentProof:
-    """Verdict for one index component against a data dimension: `[0, size-1]` proven, or why not."""
-    label = f"data dim {dim}" + (f" (size {size})" if size is not None else "")
-    if size is None or isinstance(size, str):
-        return ComponentProof(dim, None, span, Status.UNPROVEN, f"{label}: size not known statically")
-    if span.within(0, size - 1):
-        by = f" by {span.clamp}" if span.clamp else f" ({span.source})" if span.source else ""
-        return ComponentProof(dim, size, span, Status.PROVEN, f"{label}: {what} in {span.text()}{by}")
-    if not span.nan and span.disjoint(-size, size - 1):
-        return ComponentProof(
-            dim, size, span, Status.OUT_OF_RANGE,
-            f"{label}: every {what} is in {span.text()}, outside the valid [{-size}, {size - 1}]",
-        )
-    stop = f"proof stops at {span.stop_node()}"
-    if not span.clamp:
-        stop = "no Clip/Min/Max bounds it; " + stop
-    history = span.history()
-    return ComponentProof(
-        dim, size, span, Status.UNPROVEN,
-        f"{label}: {what} may be in {span.text()}, not within [0, {size - 1}]; {stop}"
-        + (f" ({history})" if history else ""),
-    )
-
-
-def combine(node: str, op: str, parts: Sequence[ComponentProof]) -> IndexVerdict:
-    if any(p.status is Status.OUT_OF_RANGE for p in parts):
-        status = Status.OUT_OF_RANGE
-    elif all(p.status is Status.PROVEN for p in parts):
-        status = Status.PROVEN
-    else:
-        status = Status.UNPROVEN
-    shown = [p for p in parts if p.status is status] if status is not Status.PROVEN else list(parts)
-    return IndexVerdict(node, op, status, "; ".join(p.why for p in shown), tuple(parts))
 
 
 # ----------------------------------------------------------------------------------------------- the prover
@@ -294,7 +67,7 @@ def _selected(dtype: np.dtype | None, data: Bound, selected: list[Interval]) -> 
     if not selected:
         return Bound(dtype, data.whole)
     many = len(selected) >= 2
-    return Bound(dtype, _union(selected), tuple(selected) if many else None, data.axis if many else None)
+    return Bound(dtype, union(selected), tuple(selected) if many else None, data.axis if many else None)
 
 
 def _label(node: gs.Node) -> str:
@@ -425,7 +198,7 @@ class RangeProver:
         dtype = dtype or values.dtype
         if values.size == 0:
             return Bound(dtype, Interval(0, 0, source=source))
-        if _is_int(values.dtype):
+        if is_int(values.dtype):
             span = Interval(int(values.min()), int(values.max()), source=source)
             parts = None
             if values.ndim >= 1 and 2 <= values.shape[-1] <= 8:
@@ -466,28 +239,28 @@ class RangeProver:
         label = _label(node)
 
         def spans(s: list[Interval]) -> Interval:
-            main = _main(s)
+            main = main_operand(s)
             nan = any(x.nan for x in s)
             lo, hi = fn(*s)
             if isinstance(lo, float) and math.isnan(lo) or isinstance(hi, float) and math.isnan(hi):
                 return replace(full(dtype, main.source), trail=main.trail, clamp=main.clamp)
-            rlo, rhi, wrapped = _fit(lo, hi, dtype)
+            rlo, rhi, wrapped = fit_interval(lo, hi, dtype)
             source = main.source
             if wrapped:
                 if (main.lo, main.hi) == type_range(dtype):  # already the whole type: the wrap adds nothing new
-                    return Interval(rlo, rhi, False, main.source, main.clamp, _push(main.trail, label))
+                    return Interval(rlo, rhi, False, main.source, main.clamp, push_trail(main.trail, label))
                 return Interval(rlo, rhi, False, f"{label} (may overflow {dtype})")
-            if _is_float(dtype) and (math.isinf(rlo) and math.isinf(rhi)) and not nan:
+            if is_float(dtype) and (math.isinf(rlo) and math.isinf(rhi)) and not nan:
                 nan = True  # inf - inf
-            return Interval(rlo, rhi, nan and _is_float(dtype), source, main.clamp, _push(main.trail, label))
+            return Interval(rlo, rhi, nan and is_float(dtype), source, main.clamp, push_trail(main.trail, label))
 
         return self._elementwise(node, dtype, spans)
 
     # -- modelled ops: arithmetic -----------------------------------------------------------------------
-    _op_Add = partialmethod(_arith, fn=_add)
-    _op_Sub = partialmethod(_arith, fn=_sub)
-    _op_Mul = partialmethod(_arith, fn=_mul)
-    _op_Neg = partialmethod(_arith, fn=lambda a: (-_exact(a.hi), -_exact(a.lo)))
+    _op_Add = partialmethod(_arith, fn=exact_add)
+    _op_Sub = partialmethod(_arith, fn=exact_sub)
+    _op_Mul = partialmethod(_arith, fn=exact_mul)
+    _op_Neg = partialmethod(_arith, fn=lambda a: (-exact(a.hi), -exact(a.lo)))
 
     def _op_Div(self, node, dtype, _):
         def div(a: Interval, b: Interval):
@@ -503,7 +276,7 @@ class RangeProver:
                     else:
                         corners.append(Fraction(x) / Fraction(y))
             lo, hi = min(corners), max(corners)
-            if _is_int(dtype):  # integer Div truncates toward zero: stays within the real corners' floor/ceil
+            if is_int(dtype):  # integer Div truncates toward zero: stays within the real corners' floor/ceil
                 lo, hi = (math.floor(lo) if not isinstance(lo, float) else lo), (
                     math.ceil(hi) if not isinstance(hi, float) else hi)
             return lo, hi
@@ -516,7 +289,7 @@ class RangeProver:
         def spans(s: list[Interval]) -> Interval:
             a = s[0]
             lo, hi = fn(a.lo), fn(a.hi)
-            trail = a.trail if (lo, hi) == (a.lo, a.hi) else _push(a.trail, label)
+            trail = a.trail if (lo, hi) == (a.lo, a.hi) else push_trail(a.trail, label)
             return Interval(lo, hi, a.nan, a.source, a.clamp, trail)
 
         return self._elementwise(node, dtype, spans)
@@ -531,7 +304,7 @@ class RangeProver:
         return self._monotone(node, dtype, lambda v: v if math.isinf(v) else float(np.round(v)))
 
     def _op_Relu(self, node, dtype, _):
-        return self._monotone(node, dtype, lambda v: max(v, 0.0 if _is_float(dtype) else 0))
+        return self._monotone(node, dtype, lambda v: max(v, 0.0 if is_float(dtype) else 0))
 
     # -- clamps -----------------------------------------------------------------------------------------------
     def _clamp(self, node: gs.Node, dtype, x: Interval, lo_b: Interval | None, hi_b: Interval | None) -> Interval:
@@ -568,7 +341,7 @@ class RangeProver:
             lo, hi = pick(x.lo for x in s), pick(x.hi for x in s)
             nan = any(x.nan for x in s)
             # the result is bounded by the tightest operand on the clamped side
-            main = _main(s)
+            main = main_operand(s)
             if (lo, hi) != (main.lo, main.hi):
                 return Interval(lo, hi, nan, main.source, label, ())
             return Interval(lo, hi, nan, main.source, main.clamp, main.trail)
@@ -587,19 +360,19 @@ class RangeProver:
             if dtype is None:
                 return full(dtype, f"{label} (unknown target type)")
             if dtype == np.bool_:
-                return Interval(0, 1, False, a.source, a.clamp, _push(a.trail, label))
-            if _is_int(dtype):
+                return Interval(0, 1, False, a.source, a.clamp, push_trail(a.trail, label))
+            if is_int(dtype):
                 tlo, thi = type_range(dtype)
-                if a.nan or (_is_float(src_dtype) and (math.isinf(a.lo) or math.isinf(a.hi))):
+                if a.nan or (is_float(src_dtype) and (math.isinf(a.lo) or math.isinf(a.hi))):
                     why = f"{label} (its input, {a.text()}, may be NaN or infinite: the cast is undefined there)"
                     return Interval(tlo, thi, False, why, None, ())
                 lo, hi = math.trunc(a.lo), math.trunc(a.hi)
                 if lo < tlo or hi > thi:
                     return Interval(tlo, thi, False, f"{label} (input may not fit {dtype})", None, ())
                 return Interval(lo, hi, False, a.source, a.clamp, a.trail)
-            lo = _round_out(_exact(a.lo), dtype, up=False)
-            hi = _round_out(_exact(a.hi), dtype, up=True)
-            trail = a.trail if (lo, hi) == (a.lo, a.hi) else _push(a.trail, label)
+            lo = round_out(exact(a.lo), dtype, up=False)
+            hi = round_out(exact(a.hi), dtype, up=True)
+            trail = a.trail if (lo, hi) == (a.lo, a.hi) else push_trail(a.trail, label)
             return Interval(lo, hi, a.nan, a.source, a.clamp, trail)
 
         return self._elementwise(node, dtype, lambda s: conv(s[0]))
@@ -607,7 +380,7 @@ class RangeProver:
     # -- structure ---------------------------------------------------------------------------------------------
     def _op_Concat(self, node, dtype, _):
         ins = [self._in(node, i) for i in range(len(node.inputs))]
-        whole = _union([b.whole for b in ins])
+        whole = union([b.whole for b in ins])
         axis = node.attrs.get("axis", 0)
         rank = self._rank(node.outputs[0]) or next((self._rank(i) for i in node.inputs if self._rank(i)), None)
         if rank is None:
@@ -640,7 +413,7 @@ class RangeProver:
                   for i in range(1, 5)]
         starts, ends, axes, steps = consts
         if rank is None or starts is None or ends is None or (len(node.inputs) > 3 and axes is None):
-            return Bound(dtype, _union(data.parts))
+            return Bound(dtype, union(data.parts))
         axes = list(range(len(starts))) if axes is None else [int(a) for a in axes]
         steps = [1] * len(starts) if steps is None else [int(s) for s in steps]
         selected = list(data.parts)
@@ -665,7 +438,7 @@ class RangeProver:
         if sizes is None:
             n = len(node.outputs)
             if len(data.parts) % n:
-                return Bound(dtype, _union(data.parts))
+                return Bound(dtype, union(data.parts))
             sizes = [len(data.parts) // n] * n
         start = int(sum(int(s) for s in list(sizes)[:index]))
         selected = data.parts[start:start + int(list(sizes)[index])]
@@ -680,11 +453,11 @@ class RangeProver:
             return Bound(dtype, data.whole)
         n = len(data.parts)
         picked = [data.parts[int(i)] for i in np.asarray(idx).reshape(-1) if -n <= int(i) < n]
-        return Bound(dtype, _union(picked) if picked else data.whole)
+        return Bound(dtype, union(picked) if picked else data.whole)
 
     def _op_Where(self, node, dtype, _):
         a, b = self._in(node, 1), self._in(node, 2)
-        return Bound(dtype, _union([self._taken(node, a.whole), b.whole]))
+        return Bound(dtype, union([self._taken(node, a.whole), b.whole]))
 
     def _taken(self, node: gs.Node, x: Interval) -> Interval:
         """The span of `Where(cond, x, y)`'s `x` where it is taken: `cond` an `And` of comparisons of `x` itself
@@ -728,28 +501,6 @@ def _number(v: np.generic) -> Number:
     return int(v) if np.issubdtype(type(v), np.integer) else float(v)
 
 
-def _union(spans: Sequence[Interval]) -> Interval:
-    worst = _main(spans)
-    return Interval(min(s.lo for s in spans), max(s.hi for s in spans), any(s.nan for s in spans),
-                worst.source, worst.clamp, worst.trail)
-
-
-def _main(spans: Sequence[Interval]) -> Interval:
-    """The operand whose provenance explains the result: the widest (unbounded first), non-constant preferred."""
-    def width(s: Interval) -> float:
-        try:
-            return float(s.hi) - float(s.lo) + (math.inf if s.nan else 0)
-        except OverflowError:
-            return math.inf
-
-    variable = [s for s in spans if not s.source.startswith("constant")] or list(spans)
-    return max(variable, key=width)
-
-
-def _push(trail: tuple[str, ...], label: str) -> tuple[str, ...]:
-    trail = trail + (label,)
-    return trail if len(trail) <= _MAX_TRAIL else trail[:1] + ("...",) + trail[-(_MAX_TRAIL - 2):]
-
 
 # ------------------------------------------------------------------------------------------- gather verdicts
 def gathernd_verdict(prover: RangeProver, node: gs.Node) -> IndexVerdict:
@@ -777,4 +528,3 @@ def gather_elements_verdict(prover: RangeProver, node: gs.Node) -> IndexVerdict:
     axis = int(node.attrs.get("axis", 0)) % len(dshape)
     part = judge(axis, dshape[axis], prover.bound(indices).whole)
     return combine(node.name, node.op, [part])
-

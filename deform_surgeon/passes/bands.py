@@ -136,19 +136,28 @@ class BandOversize(Pass):
             if id(node) not in self.chunks.chained:  # (each chain is matched once)
                 yield "rows", node, None
 
-    def check(self, ctx: Context, match: tuple[str, gs.Node, Any]) -> None:
-        """Nothing to plan apart: whether a Resize's groups or a Conv's bands are exact is known only while they
-        are built (`rewrite` raises `Refuse`, and the pass form takes back what it built)."""
-
-    def rewrite(self, ctx: Context, match: tuple[str, gs.Node, Any], plan: None) -> Action:
+    def check(self, ctx: Context, match: tuple[str, gs.Node, Any]) -> Any:
+        """The plan of the match's kind, or `Refuse`: a Resize's channel groups, the readers that take a shared
+        Concat apart, a Conv's row bands, a MatMul chain's row chunks. (The pieces are not exact by construction:
+        each rewrite is `needs_verify`, shown exact by its local proof before it is written.)"""
         kind, node, feeders = match
         if kind == "resize":
-            return self.groups.rewrite(ctx, node)
+            return self.groups.plan(ctx, node)
         if kind == "shared":
-            return self.groups.unshared(ctx, node)
+            return self.groups.readers(ctx, node)
         if kind == "rows":
-            return self.chunks.rewrite(ctx, node)
-        return self.bands.rewrite(ctx, node, feeders)
+            return self.chunks.plan(ctx, node)
+        return self.bands.plan(ctx, node, feeders)
+
+    def rewrite(self, ctx: Context, match: tuple[str, gs.Node, Any], plan: Any) -> Action:
+        kind, node, _ = match
+        if kind == "resize":
+            return self.groups.rewrite(ctx, plan)
+        if kind == "shared":
+            return self.groups.unshared(ctx, node, plan)
+        if kind == "rows":
+            return self.chunks.rewrite(ctx, plan)
+        return self.bands.rewrite(ctx, plan)
 
     def refused(self, match: tuple[str, gs.Node, Any], why: Refuse) -> Action:
         """The refusal with the tensor over the limit, its size and the limit; a refused Conv lets the Convs

@@ -184,9 +184,9 @@ class ConvRowBands:
             inputs.append(self.source(ctx, s, made, head))
         return RowSource(x, producer, tuple(chain), window, tuple(inputs))
 
-    def rewrite(self, ctx: Context, conv: gs.Node, feeders: tuple[list[gs.Node], gs.Node]) -> Action:
-        """`conv` computed in the fewest row bands whose tensors fit the limit, each from the rows of its input it
-        reads, made by `feeders`' producer (`source`); `Refuse` where that cannot be done."""
+    def plan(self, ctx: Context, conv: gs.Node, feeders: tuple[list[gs.Node], gs.Node]) -> BandPlan:
+        """The fewest row bands of `conv` whose tensors fit the limit, each from the rows of its input it reads,
+        made by `feeders`' producer (`source`); `Refuse` where that cannot be done."""
         shapes, limit = self.run.shapes, self.run.limit
         x = conv.inputs[0]
         size, xs = shapes.nbytes(x), shapes.shape(x)
@@ -201,11 +201,13 @@ class ConvRowBands:
         source = self.source(ctx, x, feeders, head, conv)
         tail, bias = self._tail_and_late_bias(ctx, conv, head, source)
         bands, worst = self._fewest_bands(conv, window, source, tail, head)
-        plan = BandPlan(conv, window, source, tail, bias, bands, worst, y_shape[2])
-        first = len(ctx.graph.nodes)
-        float16 = shapes.dtype(x) == np.float16
+        return BandPlan(conv, window, source, tail, bias, bands, worst, y_shape[2])
+
+    def rewrite(self, ctx: Context, plan: BandPlan) -> Action:
+        """The Conv computed in `plan`'s bands, and what the report says of them."""
+        float16 = self.run.shapes.dtype(plan.conv.inputs[0]) == np.float16
         self._build(ctx, plan, float16)
-        return self._action(ctx, plan, first, float16)
+        return self._action(plan, float16)
 
     def _tail_and_late_bias(self, ctx: Context, conv: gs.Node, head: str, source: RowSource
                             ) -> tuple[list[gs.Node], np.ndarray | None]:
@@ -298,8 +300,8 @@ class ConvRowBands:
         if proof is not None:
             proof.taken(ctx, shapes)
 
-    def _action(self, ctx: Context, plan: BandPlan, first: int, float16: bool) -> Action:
-        """What the report says of the bands built from node `first` on: why, how many, and what they read."""
+    def _action(self, plan: BandPlan, float16: bool) -> Action:
+        """What the report says of the bands built: why, how many, and what they read."""
         shapes, limit, conv, bands, bias = self.run.shapes, self.run.limit, plan.conv, plan.bands, plan.bias
         x, n, rows_out = conv.inputs[0], len(bands), plan.rows  # (the Conv's outputs are the bands' now)
         size = shapes.nbytes(x)
@@ -314,11 +316,11 @@ class ConvRowBands:
                 "the bands, which then run on another Conv kernel than the whole Conv; its NCHWc kernel adds the "
                 "bias after the sums, as this Add does)") if bias is not None else ""
         return self.run.rewritten(
-            ctx, conv, f"computed in {n} row bands of {counts} output rows (of {rows_out}): input '{x.name}' "
+            conv, f"computed in {n} row bands of {counts} output rows (of {rows_out}): input '{x.name}' "
             f"({human(size)}) was over the {human(limit)} limit; each band reads its rows of it (with the kernel's "
             f"halo) from {plan.source.describe(shapes)}; largest band tensor {human(plan.worst)}; the Conv{carried} "
             f"runs per band and one Concat joins the bands{late}; each output pixel reads the same values, but "
-            + kernels_choice("Conv"), first, details, float16)
+            + kernels_choice("Conv"), details, float16)
 
     def _made(self, ctx: Context, src: RowSource, r0: int, r1: int, tag: str, shapes: Shapes) -> gs.Tensor:
         """Rows [r0, r1) of `src.tensor` for band `tag`: a Slice of it, or its producer computed for them."""

@@ -161,7 +161,6 @@ class LowerDeformConv(Pass):
                               half=dtype == np.dtype(np.float16))
 
     def rewrite(self, ctx: Context, node: gs.Node, plan: DeformConvPlan) -> Action:
-        before = len(ctx.graph.nodes)
         out = node.outputs[0]
         name = node.name or out.name
         node.name = ctx.names.fresh(f"{name}/lowered")  # the MatMul takes its name: the block keeps its label
@@ -190,8 +189,7 @@ class LowerDeformConv(Pass):
                    **verdicts[0].details}
         if p.chunk_rows < p.oh:
             details["limit_bytes"] = ctx.options.max_buffer
-        return Action(self.name, name, OP, Outcome.REWRITTEN, reason,
-                      tuple(n.name for n in ctx.graph.nodes[before:]), needs_verify=True, details=details)
+        return Action(self.name, name, OP, Outcome.REWRITTEN, reason, needs_verify=True, details=details)
 
     @staticmethod
     def _build(b: _Builder, node: gs.Node, p: DeformConvPlan, out: gs.Tensor) -> list[gs.Node]:

@@ -68,7 +68,6 @@ class FitStorageBuffers(Pass):
 
     def rewrite(self, ctx: Context, node: gs.Node, sizes: list[int] | None) -> Action:
         limit = ctx.options.storage_buffers
-        before = len(ctx.graph.nodes)
         width = limit - 1  # inputs of a Concat / outputs of a Split next to the one tensor on the other side
         base = node.name or node.outputs[0].name
         count = node_buffers(node)
@@ -92,16 +91,15 @@ class FitStorageBuffers(Pass):
             numbers = {"inputs": len(inputs)}
         # The root of the tree keeps the node's name (labels and reports stay joinable); the old node, now without
         # outputs, is renamed and dropped by the next cleanup.
-        made = ctx.graph.nodes[before:]
+        made = ctx.built()
         if node.op == "Split":
             root = next(n for n in made if n.inputs[0] is node.inputs[0])
         else:
             root = next(n for n in made if n.outputs[0] is out)
         node.name, root.name = ctx.names.fresh(f"{base}/replaced"), node.name
-        new = tuple(n.name for n in made)
         return Action(self.name, root.name, node.op, Outcome.REWRITTEN,
                       f"{what} (bound {count} storage buffers, the device profile allows {limit}; "
-                      "same elements in the same places)", new,
+                      "same elements in the same places)",
                       details={**numbers, "width": width, "buffers": count, "buffers_limit": limit})
 
     # -- Concat ------------------------------------------------------------------------------------------------

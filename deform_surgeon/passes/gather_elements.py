@@ -85,36 +85,33 @@ class LowerGatherElements(Pass):
         points = prover.static_shape(index)[k - 1]
         swap = list(range(k - 2)) + [k - 1, k - 2]
         base = node.name or out.name
-        before = len(ctx.graph.nodes)
 
         flat = self.memo.get(("flat", self._key(ctx, data)))
         if flat is None:
-            rows_first = ctx.var(f"{base}/rows_first", prover.dtype(data), lead + [n, channels])
-            ctx.node("Transpose", f"{base}/rows_first", [data], [rows_first], {"perm": swap})
-            flat = ctx.var(f"{base}/flat", prover.dtype(data), [math.prod(lead) * n, channels])
-            ctx.node("Reshape", f"{base}/flatten",
-                     [rows_first, ctx.const(f"{base}/flat_shape", np.array([-1, channels], np.int64))], [flat])
+            rows_first = ctx.layer("Transpose", f"{base}/rows_first", [data], prover.dtype(data),
+                                   lead + [n, channels], {"perm": swap})
+            flat = ctx.layer("Reshape", f"{base}/flatten",
+                             [rows_first, ctx.const(f"{base}/flat_shape", np.array([-1, channels], np.int64))],
+                             prover.dtype(data), [math.prod(lead) * n, channels], output=f"{base}/flat")
             self.memo[("flat", self._key(ctx, data))] = flat
 
         point_shape = lead + [points]
         linear = self.memo.get(("index", index.name))
         if linear is None:
-            shaped = ctx.var(f"{base}/index_i64", prover.dtype(index), point_shape)
-            ctx.node("Reshape", f"{base}/index_reshape",
-                     [index, ctx.const(f"{base}/point_shape", np.array(point_shape, np.int64))], [shaped])
-            linear = ctx.var(f"{base}/index", np.int32, point_shape)
-            ctx.node("Cast", f"{base}/index_to_int32", [shaped], [linear], {"to": onnx.TensorProto.INT32})
+            shaped = ctx.layer("Reshape", f"{base}/index_reshape",
+                               [index, ctx.const(f"{base}/point_shape", np.array(point_shape, np.int64))],
+                               prover.dtype(index), point_shape, output=f"{base}/index_i64")
+            linear = ctx.layer("Cast", f"{base}/index_to_int32", [shaped], np.int32, point_shape,
+                               {"to": onnx.TensorProto.INT32}, output=f"{base}/index")
             if math.prod(lead) > 1:
                 offsets = (np.arange(math.prod(lead), dtype=np.int64) * n).astype(np.int32).reshape(lead + [1])
-                acc = ctx.var(f"{base}/linear", np.int32, point_shape)
-                ctx.node("Add", f"{base}/add_batch_offset",
-                         [linear, ctx.const(f"{base}/batch_offset", offsets)], [acc])
-                linear = acc
+                linear = ctx.layer("Add", f"{base}/add_batch_offset",
+                                   [linear, ctx.const(f"{base}/batch_offset", offsets)], np.int32, point_shape,
+                                   output=f"{base}/linear")
             self.memo[("index", index.name)] = linear
 
-        rows = ctx.var(f"{base}/rows", prover.dtype(data), point_shape + [channels])
-        ctx.node("Gather", f"{base}/gather", [flat, linear], [rows], {"axis": 0})
+        rows = ctx.layer("Gather", f"{base}/gather", [flat, linear], prover.dtype(data), point_shape + [channels],
+                         {"axis": 0}, output=f"{base}/rows")
         node.outputs.clear()
         ctx.node("Transpose", f"{base}/channels_first", [rows], [out], {"perm": swap})
-        return rewritten(self.name, node, verdict, tuple(x.name for x in ctx.graph.nodes[before:]),
-                         data_rows=math.prod(lead) * n)
+        return rewritten(self.name, node, verdict, data_rows=math.prod(lead) * n)

@@ -43,14 +43,13 @@ def gate(ctx: Context, node: gs.Node, verdict: IndexVerdict, rows: int | None) -
         raise Refuse(f"indices dtype {dtype} is not int32/int64", dtype=str(dtype))
 
 
-def rewritten(pass_name: str, node: gs.Node, verdict: IndexVerdict, new_nodes: tuple[str, ...], **details) -> Action:
+def rewritten(pass_name: str, node: gs.Node, verdict: IndexVerdict, **details) -> Action:
     """The Action of a lowered gather: proven, or loudly unproven under --allow-unproven."""
     details = {**verdict.details, **details}
     if verdict.proven:
-        return Action(pass_name, node.name, node.op, Outcome.REWRITTEN, verdict.reason, new_nodes, details=details)
+        return Action(pass_name, node.name, node.op, Outcome.REWRITTEN, verdict.reason, details=details)
     return Action(pass_name, node.name, node.op, Outcome.REWRITTEN_UNPROVEN,
-                  f"UNPROVEN, rewritten because --allow-unproven was given: {verdict.reason}", new_nodes,
-                  details=details)
+                  f"UNPROVEN, rewritten because --allow-unproven was given: {verdict.reason}", details=details)
 
 
 @dataclass(frozen=True)
@@ -103,13 +102,12 @@ class LowerGatherND(Pass):
         rest = list(dshape[b + r:])
         point_shape = list(plan.ishape[:-1])
         base = node.name or out.name
-        before = len(ctx.graph.nodes)
 
         flat = self.memo.get(("flat", data.name))
         if flat is None:
-            flat = ctx.var(f"{base}/flat", prover.dtype(data), [rows, *rest])
-            ctx.node("Reshape", f"{base}/flatten",
-                     [data, ctx.const(f"{base}/flat_shape", np.array([rows, *rest], dtype=np.int64))], [flat])
+            flat = ctx.layer("Reshape", f"{base}/flatten",
+                             [data, ctx.const(f"{base}/flat_shape", np.array([rows, *rest], dtype=np.int64))],
+                             prover.dtype(data), [rows, *rest], output=f"{base}/flat")
             self.memo[("flat", data.name)] = flat
 
         linear: gs.Tensor | None = None
@@ -119,29 +117,26 @@ class LowerGatherND(Pass):
             if stride != 1:
                 term = self.memo.get(("scaled", comp.name, stride))
                 if term is None:
-                    term = ctx.var(f"{base}/term{i}", np.int32, point_shape)
-                    ctx.node("Mul", f"{base}/scale{i}",
-                             [comp, ctx.const(f"{base}/stride{i}", np.array(stride, dtype=np.int32))], [term])
+                    term = ctx.layer("Mul", f"{base}/scale{i}",
+                                     [comp, ctx.const(f"{base}/stride{i}", np.array(stride, dtype=np.int32))],
+                                     np.int32, point_shape, output=f"{base}/term{i}")
                     self.memo[("scaled", comp.name, stride)] = term
             if linear is None:
                 linear = term
             else:
-                acc = ctx.var(f"{base}/linear{i}", np.int32, point_shape)
-                ctx.node("Add", f"{base}/accumulate{i}", [linear, term], [acc])
-                linear = acc
+                linear = ctx.layer("Add", f"{base}/accumulate{i}", [linear, term], np.int32, point_shape,
+                                   output=f"{base}/linear{i}")
 
         batch = dshape[:b]
         if math.prod(batch) > 1:
             offsets = (np.arange(math.prod(batch), dtype=np.int64) * math.prod(addressed)).astype(np.int32)
             offsets = offsets.reshape(list(batch) + [1] * (len(point_shape) - b))
-            acc = ctx.var(f"{base}/linear", np.int32, point_shape)
-            ctx.node("Add", f"{base}/add_batch_offset", [linear, ctx.const(f"{base}/batch_offset", offsets)], [acc])
-            linear = acc
+            linear = ctx.layer("Add", f"{base}/add_batch_offset", [linear, ctx.const(f"{base}/batch_offset", offsets)],
+                               np.int32, point_shape, output=f"{base}/linear")
 
         node.outputs.clear()
         ctx.node("Gather", f"{base}/gather", [flat, linear], [out], {"axis": 0})
-        return rewritten(self.name, node, plan.verdict, tuple(n.name for n in ctx.graph.nodes[before:]),
-                         data_rows=rows)
+        return rewritten(self.name, node, plan.verdict, data_rows=rows)
 
     def components(self, ctx: Context, indices: gs.Tensor, r: int, point_shape: list[int],
                    base: str) -> list[gs.Tensor]:
@@ -164,16 +159,15 @@ class LowerGatherND(Pass):
                 if shape_const is None:
                     shape_const = ctx.const(f"{base}/point_shape", np.array(point_shape, dtype=np.int64))
                     self.memo[("shape", tuple(point_shape))] = shape_const
-                shaped = ctx.var(f"{base}/index{i}_i64", ctx.prover.dtype(indices), point_shape)
-                ctx.node("Reshape", f"{base}/index{i}_reshape",
-                         [sources[i], shape_const], [shaped])
+                shaped = ctx.layer("Reshape", f"{base}/index{i}_reshape", [sources[i], shape_const],
+                                   ctx.prover.dtype(indices), point_shape, output=f"{base}/index{i}_i64")
             else:
-                shaped = ctx.var(f"{base}/index{i}_i64", ctx.prover.dtype(indices), point_shape)
-                ctx.node("Gather", f"{base}/index{i}_select",
-                         [indices, ctx.const(f"{base}/component{i}", np.array(i, dtype=np.int64))],
-                         [shaped], {"axis": -1})
-            comp = ctx.var(f"{base}/index{i}", np.int32, point_shape)
-            ctx.node("Cast", f"{base}/index{i}_to_int32", [shaped], [comp], {"to": onnx.TensorProto.INT32})
+                shaped = ctx.layer("Gather", f"{base}/index{i}_select",
+                                   [indices, ctx.const(f"{base}/component{i}", np.array(i, dtype=np.int64))],
+                                   ctx.prover.dtype(indices), point_shape, {"axis": -1},
+                                   output=f"{base}/index{i}_i64")
+            comp = ctx.layer("Cast", f"{base}/index{i}_to_int32", [shaped], np.int32, point_shape,
+                             {"to": onnx.TensorProto.INT32}, output=f"{base}/index{i}")
             self.memo[key] = comp
             comps.append(comp)
         return comps

@@ -9,6 +9,7 @@ docstring of bands.py says why it is exact.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -19,6 +20,28 @@ from ..graph.pipeline import Action, Context, Refuse
 from ..graph.shapes import Shapes, along_rows
 from .cut_and_join import cut, float16_details, join
 from .oversize import OversizeRun, even_parts, kernels_choice
+
+
+@dataclass(frozen=True)
+class RowChunkPlan:
+    """The row chunks a MatMul chain is computed in: the chain's `nodes` (from `seed`), the inputs each chunk
+    slices (`sliced`), the `ends` joined, the ops `carried` after them, the row `axis` and its `rows`, the chunks as
+    `[r0, r1)` each and the largest chunk tensor (`worst`)."""
+
+    seed: gs.Node
+    nodes: list[gs.Node]
+    sliced: list[gs.Tensor]
+    ends: list[gs.Tensor]
+    carried: list[gs.Node]
+    axis: int
+    rows: int
+    chunks: list[tuple[int, int]]
+    worst: int
+
+    @property
+    def tensors(self) -> list[gs.Tensor]:
+        """Every tensor a chunk makes its rows of: the sliced inputs and the chain's outputs."""
+        return [*self.sliced, *(o for n in self.nodes for o in n.outputs)]
 
 
 class MatMulRowChunks:
@@ -130,10 +153,9 @@ class MatMulRowChunks:
                              "too", end=t.name, end_bytes=shapes.nbytes(t))
         return nodes, sliced, ends, carried, axis, rows
 
-    def rewrite(self, ctx: Context, seed: gs.Node) -> Action:
-        """The chain of `seed` (`_row_chain`) computed in the fewest equal row chunks whose tensors fit the limit:
-        each chunk slices its rows of the chain's inputs and runs the chain's copies, one Concat per end joins the
-        chunks; `Refuse` where one row of the chain does not fit."""
+    def plan(self, ctx: Context, seed: gs.Node) -> RowChunkPlan:
+        """The fewest equal row chunks of the chain of `seed` (`_row_chain`) whose tensors fit the limit; `Refuse`
+        where one row of the chain does not fit."""
         shapes, limit, outside = self.run.shapes, self.run.limit, self.run.outside
         big = max([*(i for i in seed.inputs if i.name), *seed.outputs], key=lambda t: shapes.nbytes(t) or 0)
         head = f"'{big.name}' ({human(shapes.nbytes(big))}) stays over the {human(limit)} limit"
@@ -142,17 +164,23 @@ class MatMulRowChunks:
         if why is not None:
             raise why.prefixed(f"{head}: ")
         tensors = [*sliced, *(o for n in nodes for o in n.outputs)]
-        biggest = max(tensors, key=lambda t: shapes.nbytes(t) or 0)
         row_bytes = max(-(-(shapes.nbytes(t) or 0) // rows) for t in tensors)
         most = limit // row_bytes
         if most < 1:
             raise Refuse(f"{head}: one row of the chain is {human(row_bytes)}", rows=rows, row_bytes=row_bytes)
-        n = math.ceil(rows / most)
-        chunks = even_parts(rows, n)
+        chunks = even_parts(rows, math.ceil(rows / most))
         worst = max((r1 - r0) * (shapes.nbytes(t) or 0) // rows for t in tensors for r0, r1 in chunks)
+        return RowChunkPlan(seed, nodes, sliced, ends, carried, axis, rows, chunks, worst)
 
+    def rewrite(self, ctx: Context, plan: RowChunkPlan) -> Action:
+        """The chain computed in `plan`'s chunks: each chunk slices its rows of the chain's inputs and runs the
+        chain's copies, one Concat per end joins the chunks; and what the report says of them."""
+        shapes, limit = self.run.shapes, self.run.limit
+        seed, nodes, sliced, ends, carried, axis, rows, chunks, worst = (
+            plan.seed, plan.nodes, plan.sliced, plan.ends, plan.carried, plan.axis, plan.rows, plan.chunks, plan.worst)
+        tensors, n = plan.tensors, len(plan.chunks)
+        biggest = max(tensors, key=lambda t: shapes.nbytes(t) or 0)
         over = [o.name for n in nodes for o in n.outputs if (shapes.nbytes(o) or 0) > limit]
-        first = len(ctx.graph.nodes)
         float16 = any(shapes.dtype(t) == np.float16 for t in tensors)
         proof = self.run.proof(ctx, seed.name, nodes, ends, float16)
         pieces: dict[int, list[gs.Tensor]] = {id(t): [] for t in ends}
@@ -188,10 +216,10 @@ class MatMulRowChunks:
                    "sliced": [t.name for t in sliced], "ends": [t.name for t in ends],
                    "carried": [x.op for x in carried], **float16_details(float16)}
         return self.run.rewritten(
-            ctx, seed, f"computed in {n} row chunks of {counts} rows (of {rows}, axis {axis}) with the {len(nodes)} "
+            seed, f"computed in {n} row chunks of {counts} rows (of {rows}, axis {axis}) with the {len(nodes)} "
             f"nodes of its chain ({' -> '.join(x.op for x in nodes)}): {len(over)} tensor(s) were over the "
             f"{human(limit)} limit, the largest '{biggest.name}' ({human(shapes.nbytes(biggest))}); each chunk reads "
             f"a Slice of the rows of {', '.join(repr(t.name) for t in sliced)}, one Concat per end joins the chunks "
             f"({', '.join(repr(t.name) for t in ends)}); largest chunk tensor {human(worst)}; each output row reads "
-            "only its own input row, but " + kernels_choice("MatMul"), first, details, float16)
+            "only its own input row, but " + kernels_choice("MatMul"), details, float16)
 

@@ -73,13 +73,11 @@ class OversizeRun:
         seen.add(id(node))
         return any(id(t) in self.outside or any(self.live(r, seen) for r in t.outputs) for t in node.outputs)
 
-    def rewritten(self, ctx: Context, node: gs.Node, reason: str, first: int, details: dict, float16: bool,
-                  needs_verify: bool = True) -> Action:
-        """The action of a rewrite of `node` whose nodes are those from `first` on in the graph: one not exact by
-        construction (`needs_verify`: written only once shown exact), with the float16 note where it cuts float16
-        tensors."""
+    def rewritten(self, node: gs.Node, reason: str, details: dict, float16: bool, needs_verify: bool = True) -> Action:
+        """The action of a rewrite of `node`: one not exact by construction (`needs_verify`: written only once shown
+        exact), with the float16 note where it cuts float16 tensors."""
         return Action(self.name, node.name, node.op, Outcome.REWRITTEN, reason + (FLOAT16_NOTE if float16 else ""),
-                      tuple(t.name for t in ctx.graph.nodes[first:]), needs_verify=needs_verify, details=details)
+                      needs_verify=needs_verify, details=details)
 
 
 def kernels_choice(kernel: str) -> str:

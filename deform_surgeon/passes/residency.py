@@ -66,10 +66,10 @@ class IndexChainResidency(Pass):
         return [n for n in ctx.graph.nodes if self._is_root(ctx, n)]
 
     def check(self, ctx: Context, node: gs.Node) -> None:
+        """Nothing to plan apart: a chain is known exact only as its float32 form is built (`rewrite`)."""
         return None
 
     def rewrite(self, ctx: Context, node: gs.Node, plan: None) -> Action:
-        before = len(ctx.graph.nodes)
         got = self.translate(ctx, node.inputs[0])
         if got.form != BOUNDED:
             span = ctx.prover.bound(node.inputs[0]).whole
@@ -80,8 +80,7 @@ class IndexChainResidency(Pass):
         ctx.node("Cast", f"{node.name}/from_float", [got.tensor], [out], {"to": onnx.TensorProto.INT32})
         return Action(self.name, node.name, node.op, Outcome.REWRITTEN,
                       "int64 index chain computed in float32 (integral values exact below 2^24, saturating NaN-safe "
-                      "Clip) and cast once to int32", tuple(n.name for n in ctx.graph.nodes[before:]),
-                      details={"bound": EXACT})
+                      "Clip) and cast once to int32", details={"bound": EXACT})
 
     def refused(self, node: gs.Node, why: Refuse) -> Action:
         return Action(self.name, node.name, node.op, Outcome.REFUSED, f"int64 index chain stays as it is: {why}",
@@ -130,16 +129,14 @@ class IndexChainResidency(Pass):
             return self._leaf(ctx, node, t, base)
         if node.op in _STRUCTURAL or (node.op == "Gather" and ctx.prover.constant(node.inputs[1]) is not None):
             src = self.translate(ctx, node.inputs[0])
-            out = ctx.var(f"{base}/f32", np.float32, None)
-            ctx.node(node.op, f"{base}/f32", [src.tensor, *node.inputs[1:]], [out], dict(node.attrs))
+            out = ctx.layer(node.op, f"{base}/f32", [src.tensor, *node.inputs[1:]], np.float32, None, dict(node.attrs))
             return Translated(out, src.form)
         if node.op == "Concat":
             parts = [self.translate(ctx, i) for i in node.inputs]
             if any(p.form != BOUNDED for p in parts):
                 raise Refuse(f"Concat '{node.name}' joins values not proven within +-2^24",
                              stop=f"Concat '{node.name}'", bound=EXACT)
-            out = ctx.var(f"{base}/f32", np.float32, None)
-            ctx.node("Concat", f"{base}/f32", [p.tensor for p in parts], [out], dict(node.attrs))
+            out = ctx.layer("Concat", f"{base}/f32", [p.tensor for p in parts], np.float32, None, dict(node.attrs))
             return Translated(out, BOUNDED)
         if node.op == "Clip":
             return self._clip(ctx, node, base)
@@ -163,8 +160,7 @@ class IndexChainResidency(Pass):
         form = BOUNDED if self._bounded(ctx, t) else LEAF
         if src_dtype == np.dtype(np.float32):
             return Translated(src, form)
-        wide = ctx.var(f"{base}/f32", np.float32, None)
-        ctx.node("Cast", f"{base}/f32", [src], [wide], {"to": onnx.TensorProto.FLOAT})
+        wide = ctx.layer("Cast", f"{base}/f32", [src], np.float32, None, {"to": onnx.TensorProto.FLOAT})
         return Translated(wide, form)
 
     def _clip(self, ctx: Context, node: gs.Node, base: str) -> Translated:
@@ -190,10 +186,8 @@ class IndexChainResidency(Pass):
         # casts it to some int64 and clips that into [lo, hi]; a float Clip of NaN is NaN, and Cast(NaN -> int32)
         # is INT32_MIN on ORT CPU, an out-of-range index. `x >= lo` is false exactly for NaN among the values
         # below lo or NaN, so `Where(x >= lo, Clip(x), lo)` is Clip(x) for every non-NaN x and lo for NaN.
-        keep = ctx.var(f"{base}/not_nan", np.bool_, None)
-        ctx.node("GreaterOrEqual", f"{base}/not_nan", [x.tensor, lo], [keep])
-        safe = ctx.var(f"{base}/f32_nan_safe", np.float32, None)
-        ctx.node("Where", f"{base}/nan_safe", [keep, out, lo], [safe])
+        keep = ctx.layer("GreaterOrEqual", f"{base}/not_nan", [x.tensor, lo], np.bool_, None)
+        safe = ctx.layer("Where", f"{base}/nan_safe", [keep, out, lo], np.float32, None, output=f"{base}/f32_nan_safe")
         return Translated(safe, BOUNDED)
 
     def _arith(self, ctx: Context, node: gs.Node, t: gs.Tensor, base: str) -> Translated:

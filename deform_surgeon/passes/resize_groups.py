@@ -69,6 +69,7 @@ class GroupPlan:
     made_by: tuple
     others: dict[int, gs.Tensor]
     makers: dict[int, tuple]
+    float16: bool  # a float16 tensor is made in groups: only the whole model shows the rewrite exact
 
 
 class ResizeGroups:
@@ -78,9 +79,9 @@ class ResizeGroups:
     def __init__(self, run: OversizeRun) -> None:
         self.run = run
 
-    def rewrite(self, ctx: Context, node: gs.Node) -> Action:
-        """Resize `node` computed in the fewest channel groups whose outputs fit the limit, the groups taking its
-        place among the channel Concats reading it; `Refuse` where that cannot be shown to give the same bytes."""
+    def plan(self, ctx: Context, node: gs.Node) -> GroupPlan:
+        """The fewest channel groups of Resize `node` whose outputs fit the limit, the groups taking its place
+        among the channel Concats reading it; `Refuse` where that cannot be shown to give the same bytes."""
         shapes, limit, outside = self.run.shapes, self.run.limit, self.run.outside
         out, x = node.outputs[0], node.inputs[0]
         size = shapes.nbytes(out)
@@ -109,17 +110,20 @@ class ResizeGroups:
                   and ctx.prover.constant(i) is None}
         makers = {k: self._channel_source(ctx, i, next(c for c in carriers if i in c.inputs), outside)
                   for k, i in others.items()}
-        plan = GroupPlan(node, out, groups, carriers, readers, sizers, (maker, source, via), others, makers)
-        proof = self.run.proof(ctx, node.name, [*([maker, *via] if source is not None else []),
-                                                *(n for m, src, v in makers.values() if src is not None
-                                                  for n in (m, *v)),
-                                                node, *carriers, *readers],
-                               [t for r in readers for t in r.outputs], float16)
-        first = len(ctx.graph.nodes)
+        return GroupPlan(node, out, groups, carriers, readers, sizers, (maker, source, via), others, makers, float16)
+
+    def rewrite(self, ctx: Context, plan: GroupPlan) -> Action:
+        """The Resize computed in `plan`'s groups (its local proof recorded first), and what the report says."""
+        maker, source, via = plan.made_by
+        proof = self.run.proof(ctx, plan.resize.name, [*([maker, *via] if source is not None else []),
+                                                       *(n for m, src, v in plan.makers.values() if src is not None
+                                                         for n in (m, *v)),
+                                                       plan.resize, *plan.carriers, *plan.readers],
+                               [t for r in plan.readers for t in r.outputs], plan.float16)
         parts = self._build(ctx, plan)
         if proof is not None:
-            proof.taken(ctx, shapes)
-        return self._action(ctx, plan, parts, first, float16)
+            proof.taken(ctx, self.run.shapes)
+        return self._action(plan, parts, plan.float16)
 
     def _fewest_groups(self, node: gs.Node, head: str) -> list[tuple[int, int]]:
         """`[c0, c1)` of the fewest equal channel groups of Resize `node` whose outputs fit the limit; `Refuse`
@@ -170,8 +174,8 @@ class ResizeGroups:
         node.outputs.clear()
         return parts
 
-    def _action(self, ctx: Context, plan: GroupPlan, parts: list[gs.Tensor], first: int, float16: bool) -> Action:
-        """What the report says of the groups built from node `first` on: why, how many, and what each reads."""
+    def _action(self, plan: GroupPlan, parts: list[gs.Tensor], float16: bool) -> Action:
+        """What the report says of the groups built: why, how many, and what each reads."""
         shapes, limit, node, groups = self.run.shapes, self.run.limit, plan.resize, plan.groups
         carriers, readers, sizers = plan.carriers, plan.readers, plan.sizers
         maker, source, _ = plan.made_by
@@ -185,7 +189,7 @@ class ResizeGroups:
                    "shape_readers": len(sizers), "carried": [c.op for c in carriers],
                    **float16_details(float16)}
         return self.run.rewritten(
-            ctx, node, f"computed in {n} channel groups of {widths} channels (of {channels}): output '{out.name}' "
+            node, f"computed in {n} channel groups of {widths} channels (of {channels}): output '{out.name}' "
             f"{human(size)} -> {human(largest)} per group, limit {human(limit)}; each group "
             + (f"reads the output of Conv '{maker.name}' computed for its channels only"
                if source is not None else f"reads a Slice of its channels of '{x.name}'")
@@ -195,7 +199,7 @@ class ResizeGroups:
             + (f", and its {len(sizers)} Shape reader(s) become Constants of its static shape" if sizers else "")
             + "; each element is interpolated from its own channel with the same weights (they depend on the spatial "
             "sizes only), but ORT's NCHWc layout (level all) runs a Resize of whole channel blocks with a kernel of "
-            "its own, so it is written only once shown exact", first, details, float16)
+            "its own, so it is written only once shown exact", details, float16)
 
     def _carriers(self, ctx: Context, out: gs.Tensor, shapes: Shapes, outside: set[int], head: str
                   ) -> list[gs.Node]:
@@ -313,7 +317,21 @@ class ResizeGroups:
         else:
             raise Refuse(f"{head}: Resize '{node.name}' has neither scales nor sizes")
 
-    def unshared(self, ctx: Context, concat: gs.Node) -> Action:
+    def readers(self, ctx: Context, concat: gs.Node) -> list[gs.Node]:
+        """The readers of channel Concat `concat` (over the limit) that take their parts from its inputs in
+        `unshared`; `Refuse` where one cannot."""
+        shapes, limit, out = self.run.shapes, self.run.limit, concat.outputs[0]
+        head = f"output '{out.name}' ({human(shapes.nbytes(out))}) stays over the {human(limit)} limit"
+        readers = [r for r in out.outputs if self.run.live(r)]  # (a node an earlier rewrite replaced is still there)
+        for r in readers:
+            if r.op == "Resize" and r.inputs[0] is out:
+                self._channelwise(ctx, r, shapes, head)
+            elif not (r.op == "Shape" or (r.op == "Conv" and r.inputs[0] is out)):
+                raise Refuse(f"{head}: it is read by {r.op} '{r.name}' (each reader must take its part from the "
+                             "Concat's inputs: a Conv, a Resize or a Shape can)", reader=r.name)
+        return readers
+
+    def unshared(self, ctx: Context, concat: gs.Node, readers: list[gs.Node]) -> Action:
         """Each reader of a channel Concat over the limit takes its part from the Concat's inputs (BiRefNet_HR's
         image pyramid, '/Concat_3': 192 MiB at 2048, read by the lateral Conv, a Resize and three Shapes).
 
@@ -326,14 +344,6 @@ class ResizeGroups:
         is gone (a Conv whose bands are refused keeps reading it whole, as before)."""
         shapes, limit, out = self.run.shapes, self.run.limit, concat.outputs[0]
         xs, size = shapes.shape(out), shapes.nbytes(out)
-        head = f"output '{out.name}' ({human(size)}) stays over the {human(limit)} limit"
-        readers = [r for r in out.outputs if self.run.live(r)]  # (a node an earlier rewrite replaced is still there)
-        for r in readers:
-            if r.op == "Resize" and r.inputs[0] is out:
-                self._channelwise(ctx, r, shapes, head)
-            elif not (r.op == "Shape" or (r.op == "Conv" and r.inputs[0] is out)):
-                raise Refuse(f"{head}: it is read by {r.op} '{r.name}' (each reader must take its part from the "
-                             "Concat's inputs: a Conv, a Resize or a Shape can)", reader=r.name)
         resizes = [r for r in readers if r.op == "Resize"]
         convs = [r for r in readers if r.op == "Conv"]
         sizers = [r for r in readers if r.op == "Shape"]
@@ -341,7 +351,6 @@ class ResizeGroups:
         parts_in = list(concat.inputs)
         proof = self.run.proof(ctx, concat.name, [concat, *resizes], [r.outputs[0] for r in resizes],
                                float16) if resizes else None
-        first = len(ctx.graph.nodes)
         for r in resizes:
             y = r.outputs[0]
             parts = [_resize_part(ctx, r, x, shapes.shape(x)[1], f"{r.name}/part{k}", f"{y.name}/part{k}", shapes)
@@ -364,8 +373,8 @@ class ResizeGroups:
                 *([f"{' and '.join(repr(c.name) for c in convs)} are left its only reader(s), for their bands to "
                    "make their rows from the inputs' rows"] if convs else [])]
         return self.run.rewritten(
-            ctx, concat, f"read by {len(readers)} nodes, each now taking its part from its {len(parts_in)} inputs: "
+            concat, f"read by {len(readers)} nodes, each now taking its part from its {len(parts_in)} inputs: "
             + "; ".join(said) + " (each channel is interpolated on its own, but ORT's NCHWc layout runs a Resize of "
             "whole channel blocks with a kernel of its own, so it is written only once shown exact)" * bool(resizes),
-            first, details, float16 and bool(resizes), needs_verify=bool(resizes))
+            details, float16 and bool(resizes), needs_verify=bool(resizes))
 

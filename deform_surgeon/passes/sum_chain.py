@@ -62,12 +62,11 @@ class ChainSum(Pass):
         out = node.outputs[0]
         inputs = list(node.inputs)
         base = node.name or out.name
-        before = len(ctx.graph.nodes)
         node.outputs.clear()
         if len(inputs) == 1:
             ctx.node("Identity", f"{base}/identity", inputs, [out])
             return Action(self.name, node.name, node.op, Outcome.REWRITTEN, "one-input Sum is an Identity",
-                          tuple(n.name for n in ctx.graph.nodes[before:]), details={"inputs": 1})
+                          details={"inputs": 1})
 
         wide = np.float32 if (dtype == _BFLOAT16 or dtype in _WIDEN) else None
         if wide is not None:
@@ -84,7 +83,6 @@ class ChainSum(Pass):
         if wide is not None:
             how += ", accumulated in fp32 and rounded once like ORT CPU's fp16 Sum"
         return Action(self.name, node.name, node.op, Outcome.REWRITTEN, f"{len(node.inputs)}-input Sum -> {how}",
-                      tuple(n.name for n in ctx.graph.nodes[before:]),
                       details={"inputs": len(node.inputs), "mode": ctx.options.sum_mode,
                                "accumulate": "float32" if wide is not None else str(dtype)})
 
@@ -94,9 +92,8 @@ class ChainSum(Pass):
             while len(inputs) > 2:
                 nxt = []
                 for i in range(0, len(inputs) - 1, 2):
-                    t = ctx.var(f"{base}/tree{level}_{i // 2}", dtype, None)
-                    ctx.node("Add", f"{base}/add_tree{level}_{i // 2}", [inputs[i], inputs[i + 1]], [t])
-                    nxt.append(t)
+                    nxt.append(ctx.layer("Add", f"{base}/add_tree{level}_{i // 2}", [inputs[i], inputs[i + 1]], dtype,
+                                         None, output=f"{base}/tree{level}_{i // 2}"))
                 if len(inputs) % 2:
                     nxt.append(inputs[-1])
                 inputs, level = nxt, level + 1
@@ -110,6 +107,4 @@ class ChainSum(Pass):
 
     @staticmethod
     def _cast(ctx: Context, t: gs.Tensor, base: str, dtype, to: int) -> gs.Tensor:
-        wide = ctx.var(base, dtype, None)
-        ctx.node("Cast", base, [t], [wide], {"to": to})
-        return wide
+        return ctx.layer("Cast", base, [t], dtype, None, {"to": to})

@@ -147,7 +147,7 @@ def test_a_run_the_system_kills_is_named_and_not_run_again_here(tmp_path, monkey
 
     from deform_surgeon.base.background import _can_fork
 
-    verify_module = importlib.import_module("deform_surgeon.checks.verify")  # (the package's `verify` is the function)
+    verify_module = importlib.import_module("deform_surgeon.checks.verify_runs")  # (the runs: where `_run_one` is)
 
     if not _can_fork():
         pytest.skip("the runs are made in the caller here: nothing to kill")

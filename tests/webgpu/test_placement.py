@@ -42,7 +42,7 @@ from deform_surgeon.webgpu.placement import (
     missing_setup,
     parse_ort_log,
 )
-from deform_surgeon.webgpu.placement import runner as runner_mod
+from deform_surgeon.webgpu.placement import harness as harness_mod
 from deform_surgeon.webgpu.placement.command import format_placement
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
@@ -376,7 +376,7 @@ def test_timeout_stops_every_process(tmp_path: Path, monkeypatch: pytest.MonkeyP
     p = measure_placement(sum_model(tmp_path / "sum.onnx"), runtime="browser", bundle="webgpu", timeout=1.0)
     assert not p.session_ok and p.error is not None and "timed out after 1 s" in p.error
     time.sleep(0.5)
-    leftovers = [pid for pid in runner_mod._pids_with_marker(str(tmp_path)) if _alive(pid)]
+    leftovers = [pid for pid in harness_mod._pids_with_marker(str(tmp_path)) if _alive(pid)]
     assert leftovers == []
     assert not [d for d in tmp_path.iterdir() if d.name.startswith("ds-placement-")]
 
