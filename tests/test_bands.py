@@ -1,5 +1,5 @@
 """Bands pass: ordinary tensors over --max-buffer (BiRefNet's decoder tail) are computed in row bands (Conv) and
-channel groups (Resize), each shown exact on its own (passes/local_proof.py) before anything is written."""
+channel groups (Resize), each shown exact on its own (proofs/local_proof.py) before anything is written."""
 
 from __future__ import annotations
 
@@ -300,7 +300,7 @@ def test_the_proofs_run_without_neighbours_at_level_disable_only(tmp_path, monke
 def test_the_guard_sees_what_ort_changes_at_level_disable():
     """The proofs drop the neighbours at level `disable` only where ORT runs the graph as it is: a float32 chain,
     yes; a float16 one, no (ORT inserts Casts around the nodes it has no float16 kernel for)."""
-    from deform_surgeon.passes.local_proof import _untransformed
+    from deform_surgeon.proofs.local_proof import _untransformed
 
     def chain(elem: int) -> onnx.ModelProto:
         graph = helper.make_graph([helper.make_node("Sin", ["x"], ["y"], name="sin"),
@@ -315,7 +315,7 @@ def test_the_guard_sees_what_ort_changes_at_level_disable():
 
 def test_a_chunk_is_seeded_with_the_same_bytes_as_its_rows_of_the_whole():
     """A split Conv's chunks are fed their rows of the whole input's seeded values, made without the whole."""
-    from deform_surgeon.passes.local_proof import SEED_PERIOD, _seeded
+    from deform_surgeon.proofs.local_proof import SEED_PERIOD, _seeded
 
     f32 = np.dtype(np.float32)
     for shape, rows in [((1, 3, 10, 7), (2, 3, 8)), ((2, 5, 700, 301), (2, 111, 530)), ((1, 4, 9), (1, 0, 4)),
@@ -408,7 +408,7 @@ def one_thread_count(monkeypatch):
     rewrites' own structure at a replica size where no bands are exact at every count (the test above)."""
     import os
 
-    from deform_surgeon.passes import local_proof
+    from deform_surgeon.proofs import local_proof
 
     monkeypatch.setattr(local_proof, "thread_counts", lambda kernels, default: (os.cpu_count() or 1,))
 

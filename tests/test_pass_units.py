@@ -22,9 +22,9 @@ from helpers import assert_bytes_equal
 from deform_surgeon.base.ort_cpu import run_ort_cpu
 from deform_surgeon.files import export_graph, infer_value_types
 from deform_surgeon.graph.pipeline import Action, Context, Options, Outcome, run_passes
-from deform_surgeon.passes.local_proof import refusal
 from deform_surgeon.passes.registry import REGISTRY
 from deform_surgeon.passes.split import SplitPlan
+from deform_surgeon.proofs.local_proof import refusal
 
 LEVELS = ("disable", "all")
 

@@ -171,7 +171,7 @@ def _row_cuts(model: onnx.ModelProto) -> list[onnx.NodeProto]:
 
 
 def test_a_float16_block_is_cut_by_pads_and_the_whole_model_stays_byte_identical_at_both_levels(tmp_path):
-    """The 7x7 block in 2 chunks, shown exact on its own (passes/float16_proof.py): the block's nodes and their
+    """The 7x7 block in 2 chunks, shown exact on its own (proofs/float16_proof.py): the block's nodes and their
     chunks, with the producers ORT rounds their inputs by and the index chain that clamps the gathers, held to
     ORT CPU's graphs of the model without the split and of the written file; no whole-model check is run."""
     out = tmp_path / "fp16.split.onnx"

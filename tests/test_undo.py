@@ -3,7 +3,7 @@
 A check that fails undoes only the rewrite(s) that make the difference (found by a search over the rewrites the
 check covered, as `bisect` searches over prefixes), names each with the difference measured, and writes the rest;
 a float16 rewrite is shown exact on the nodes around it when ORT CPU rounds them as in the whole models
-(passes/precision.py); the report gives each stage's wall time and peak RSS.
+(proofs/precision.py); the report gives each stage's wall time and peak RSS.
 """
 
 from __future__ import annotations

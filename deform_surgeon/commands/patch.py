@@ -57,9 +57,9 @@ from ..graph.pipeline import SUM_MODES, Action, Context, Options, Outcome, Refus
 from ..graph.region import Region, find_region, region_model, splice, type_boundary
 from ..passes.bands import BandOversize
 from ..passes.float16_slices import split_to_slices
-from ..passes.local_proof import unshown_threads
 from ..passes.registry import PASS_NAMES, check_pass_names, make_passes
 from ..passes.split import SplitBlocks, SplitPlan
+from ..proofs.local_proof import unshown_threads
 from .report import PatchReport
 
 PATCH_STAGES = ("prove", "export", "write", "verify")  # what `patch(progress=...)` reports, in this order
@@ -340,7 +340,7 @@ def patch(model_path: str | Path, output_path: str | Path | None = None, *, allo
     With `strict`, nothing is written on a finding: a node refused, or a tensor staying over the device profile
     (`PatchReport.findings`; the report's `status` is then `refused` either way).
     A rewrite that is not exact by construction (`Action.needs_verify`: a split Conv, a band, a channel group) is
-    written only once shown exact on its own (`_prove_locally`, passes/local_proof.py); one that is not is undone
+    written only once shown exact on its own (`_prove_locally`, proofs/local_proof.py); one that is not is undone
     (the report says why) and the rest is written. One without such a proof is written only after the whole
     patched model verified byte-identical, with or without `verify`.
     Raises `SurgeonError` (one line: file and problem) on bad input and `VerificationError` when the patched
@@ -602,13 +602,13 @@ class _Writing:
                          candidates=[a.node for a in unproven], options=kwargs) if unproven else None)
 
     def _prove_float16(self, actions: list, tmp: Path) -> None:
-        """The float16 rewrites' proofs (passes/float16_proof.py): each connected group of the nodes they changed,
+        """The float16 rewrites' proofs (proofs/float16_proof.py): each connected group of the nodes they changed,
         between the model without them and the written file, held to ORT CPU's graphs of both. A group shown exact
         marks its rewrites so, one that differs is raised (its rewrites undone), and one whose proof cannot stand
         for the model leaves its rewrites to the whole-model check."""
-        from ..passes.float16_proof import ModelView, Unshown, groups, verdict
-        from ..passes.local_proof import LEVELS
-        from ..passes.precision import file_roundings
+        from ..proofs.float16_proof import ModelView, Unshown, groups, verdict
+        from ..proofs.local_proof import LEVELS
+        from ..proofs.precision import file_roundings
 
         shown, disproved, left, starts, counts = set(), {}, {}, {}, {}
         rows = {x: r for by_conv in self.plan.rows.values() for x, r in by_conv.items()}  # (the written lift's)
@@ -776,12 +776,12 @@ def _threads_said(options: dict) -> str:
 
 def _prove_locally(model_path: str | Path, options: Options, plan: SplitPlan, lifted: Lifted, memory: str,
                    rounds: int = 3) -> tuple[Lifted, str]:
-    """Show each rewrite that is not exact by construction exact on its own (passes/local_proof.py): the nodes
+    """Show each rewrite that is not exact by construction exact on its own (proofs/local_proof.py): the nodes
     it replaced and the nodes it made, each with the nodes reading them, on ORT CPU at the real shapes. One that
     is not shown exact is kept whole (`plan.keep_whole`) and the model lifted again, and the proofs run again
     (keeping a node whole changes its neighbours' context). A rewrite without a proof is left to the whole-model
     check `patch` runs before writing."""
-    from ..passes.local_proof import LEVELS, refusal
+    from ..proofs.local_proof import LEVELS, refusal
 
     undone = 0
     for _ in range(rounds):
@@ -871,7 +871,7 @@ def _outside_constants(lifted: Lifted, limit: int = 32):
 
 def _outside_readers(lifted: Lifted):
     """name -> the nodes outside the lifted region reading that tensor, as NodeSpecs with their facts."""
-    from ..passes.local_proof import Facts, NodeSpec
+    from ..proofs.local_proof import Facts, NodeSpec
 
     graph = lifted.model.graph
     inside = set(lifted.region.nodes)

@@ -15,8 +15,8 @@ import onnx_graphsurgeon as gs
 
 from ..graph.pipeline import Action, Context, Outcome
 from ..graph.shapes import Shapes
+from ..proofs.local_proof import LocalProof, record
 from .cut_and_join import FLOAT16_NOTE
-from .local_proof import LocalProof, record
 from .split import SplitPlan
 
 

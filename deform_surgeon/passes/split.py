@@ -76,8 +76,8 @@ from ..graph.budget import human
 from ..graph.ops import ELEMENTWISE_NARY, ELEMENTWISE_UNARY, SHAPE_OPS
 from ..graph.pipeline import Action, Context, Outcome, Pass, Refuse
 from ..graph.shapes import Shapes
+from ..proofs.local_proof import LocalProof, proof_threads, record
 from .cut_and_join import FLOAT16_NOTE, cut, float16_details, join
-from .local_proof import LocalProof, proof_threads, record
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Show float16 rewrites exact on the nodes around them, at the cost of those nodes, not of the whole model.
 
 Why a proof of its own: in a float16 model ORT CPU decides where values are rounded to float16 from the graph
-around each node (passes/cut_and_join.py, passes/precision.py), so a rewrite run on its own, its inputs given as float16
+around each node (passes/cut_and_join.py, proofs/precision.py), so a rewrite run on its own, its inputs given as float16
 graph inputs, would be rounded elsewhere than in the model. This proof therefore takes its nodes from the two
 models ORT will really run, and holds it to ORT's own graphs of them:
 
