@@ -22,7 +22,7 @@ from deform_surgeon import files as model_io
 from deform_surgeon.commands import patch as surgeon
 from deform_surgeon.graph import pipeline
 from deform_surgeon.graph.pipeline import Options
-from deform_surgeon.passes.split import SplitPlan
+from deform_surgeon.passes.run_state import RunState
 
 
 def _gs_tidy(graph: gs.Graph) -> gs.Graph:
@@ -40,7 +40,7 @@ def main() -> int:
         pipeline.tidy = surgeon.tidy = model_io.tidy if side == "tidy" else _gs_tidy
         gc.collect()
         t0 = time.process_time()
-        lifted = surgeon._run(args.model, Options(), SplitPlan())
+        lifted = surgeon._run(args.model, Options(), RunState())
         lifted.patched()
         seconds[side].append(time.process_time() - t0)
         print(f"{side:<8} {seconds[side][-1]:6.2f} s CPU  (region of {len(lifted.graph.nodes)} nodes)", flush=True)

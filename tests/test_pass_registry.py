@@ -17,7 +17,7 @@ from helpers import FIXTURES, one_error_line, op_count, run, snapshot
 import deform_surgeon as ds
 from deform_surgeon.commands.patch import default_passes
 from deform_surgeon.passes.registry import PASS_NAMES, REGISTRY, make_passes
-from deform_surgeon.passes.split import SplitPlan
+from deform_surgeon.passes.run_state import RunState
 
 WHOLE_MODEL_STEPS = {"input-shape", "fold", "slices"}  # model-level steps before the passes: not in the registry
 
@@ -36,9 +36,9 @@ def test_default_passes_are_the_registry_in_order():
     assert [p.name for p in default_passes()] == list(PASS_NAMES)
     assert [type(p) for p in default_passes()] == [r.cls for r in REGISTRY]
     assert all(r.summary and "\n" not in r.summary for r in REGISTRY)
-    plan = SplitPlan()
-    split, bands = make_passes(plan, ("deform_conv", "gathernd", "gather_elements", "residency", "sum_chain", "fit"))
-    assert split.plan is plan and bands.plan is plan  # one run's passes share its plan
+    state = RunState()
+    split, bands = make_passes(state, ("deform_conv", "gathernd", "gather_elements", "residency", "sum_chain", "fit"))
+    assert split.run_state is state and bands.run_state is state  # one run's passes share its state
 
 
 def test_every_action_of_a_patch_names_a_registered_pass(tmp_path):

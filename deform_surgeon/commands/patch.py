@@ -8,7 +8,6 @@ import functools
 import gc
 import math
 import os
-import re
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -58,7 +57,8 @@ from ..graph.region import Region, find_region, region_model, splice, type_bound
 from ..passes.bands import BandOversize
 from ..passes.float16_slices import split_to_slices
 from ..passes.registry import PASS_NAMES, check_pass_names, make_passes
-from ..passes.split import SplitBlocks, SplitPlan
+from ..passes.run_state import RunState
+from ..passes.split import SplitBlocks
 from ..proofs.local_proof import unshown_threads
 from .report import PatchReport
 
@@ -68,7 +68,7 @@ PATCH_STAGES = ("prove", "export", "write", "verify")  # what `patch(progress=..
 MEMORY_ROUNDS = 6  # --max-memory: at most this many re-chunkings after the first patch
 
 
-def default_passes(plan: SplitPlan | None = None, skip: tuple[str, ...] = ()) -> list:
+def default_passes(plan: RunState | None = None, skip: tuple[str, ...] = ()) -> list:
     """The passes `patch` runs, in order (to a fixed point): the pass registry's (passes/registry.py), but those
     named in `skip` (`--skip-pass`); the split and bands passes share `plan`."""
     return make_passes(plan, skip)
@@ -92,7 +92,7 @@ def _fewer_gc_passes() -> Iterator[None]:
         gc.set_threshold(*old)
 
 
-def _run(model_path: str | Path, options: Options, plan: SplitPlan | None = None) -> Lifted:
+def _run(model_path: str | Path, options: Options, plan: RunState | None = None) -> Lifted:
     """Load, check, fold what is static, prove/rewrite, never copying weights: checker and shape inference see the
     model's skeleton, on a second core while the deform regions are found (background.py); the static float16
     computations are folded and float16 Splits become Slices on the whole model (fold.py, float16_slices.py); only the
@@ -131,8 +131,7 @@ def _run(model_path: str | Path, options: Options, plan: SplitPlan | None = None
     ctx = Context(graph, types, options, reserved=region.names, stored=weights,
                   made_by_ort=_made_by_ort(model_path) if reduced and oversize else None)
     if plan is not None:
-        plan.proofs.clear()  # the proofs of an earlier lift name the nodes of its graph
-        plan.rows.clear()
+        plan.start_lift()
     actions = whole + run_passes(ctx, default_passes(plan, options.skip_passes))
     return Lifted(model, weights, region, sub, graph, actions, ops_before, types, ctx, oversize, over_at_smallest)
 
@@ -225,7 +224,7 @@ class Lifted:
         return kernel_report(whole, self.types, region_types)
 
 
-def _lift(model_path: str | Path, options: Options, plan: SplitPlan, rounds: int = MEMORY_ROUNDS
+def _lift(model_path: str | Path, options: Options, plan: RunState, rounds: int = MEMORY_ROUNDS
           ) -> tuple[Lifted, str]:
     """`_run`, and with `--max-memory` more chunks per deform block until budget's peak of live tensors of the
     whole patched model fits; returns the lifted model and a line on the peak for the report ("" without it).
@@ -268,21 +267,17 @@ def _lift(model_path: str | Path, options: Options, plan: SplitPlan, rounds: int
     return lifted, line
 
 
-_BLOCK_LABEL = re.compile(r"^Conv '(?P<conv>.+?)'(?: \(|$)")
-
-
-def _more_chunks(peak, plan: SplitPlan, limit: int) -> dict[str, int]:
+def _more_chunks(peak, plan: RunState, limit: int) -> dict[str, int]:
     """Chunks for the deform block holding most of the peak so that, were its live bytes proportional to its rows,
     the peak would fit; {} when no block can help (the rest of the peak alone is over the limit, or the block got
     no more chunks than asked last round)."""
     if not peak.peak_blocks:
         return {}
     label, held = max(peak.peak_blocks.items(), key=lambda kv: kv[1])
-    m = _BLOCK_LABEL.match(label)
+    conv = peak.block_convs.get(label)
     rest = peak.peak_bytes - held
-    if m is None or rest >= limit:
+    if conv is None or rest >= limit:
         return {}
-    conv = m.group("conv")
     have = plan.chunks.get(conv, 1)
     if plan.min_chunks.get(conv, 1) > have:
         return {}  # asked for more than the block could give (one row per chunk, or refused)
@@ -299,7 +294,7 @@ def inspect(model_path: str | Path, *, allow_unproven: bool = False, sum_mode: s
     split Conv needs before it is written is not run either)."""
     model_path = user_path(model_path, "the model")
     options = _options(allow_unproven, sum_mode, max_buffer, max_memory, device_profile, input_shapes, skip_passes)
-    lifted, memory = _lift(model_path, options, SplitPlan())
+    lifted, memory = _lift(model_path, options, RunState())
     report = PatchReport(str(model_path), None, False, vars(options), lifted.ops_before, {}, lifted.actions,
                          passes=passes_run(options))
     _annotate(report, lifted, "inspect: dry run, nothing written", memory)  # (before the splice changes the model)
@@ -381,7 +376,7 @@ def _stages(model_path: Path, output_path: Path | None, options: Options, clock:
     rewrite that is not exact by construction on its own, export (splice the region into the model), then write
     while the checks run (`_Writing`), each a stage of `clock`."""
     clock.enter("lift")
-    plan = SplitPlan(check_in_pass=output_path is None)  # written: each rewrite's own proof decides (below)
+    plan = RunState(check_in_pass=output_path is None)  # written: each rewrite's own proof decides (below)
     lifted, memory = _lift(model_path, options, plan)
     weights = lifted.weights
     if output_path is not None:
@@ -473,7 +468,7 @@ class _Writing:
     model_path: Path
     output_path: Path
     options: Options
-    plan: SplitPlan
+    plan: RunState
     report: PatchReport
     lifted: Lifted
     memory: str
@@ -711,7 +706,7 @@ class _Writing:
     def _aside(self, undo: list[str], what: str) -> Iterator[Path]:
         """The patched model with `undo` kept whole, written to a `scratch` folder (removed after), the plan as it
         was after: what the undo search compares, and what a float16 proof's whole side is held to."""
-        saved = {k: dict(getattr(self.plan, k)) for k in ("keep_whole", "proofs", "chunks", "min_chunks", "rows")}
+        saved = self.plan.snapshot()
         self.plan.keep_whole.update({n: Refuse("kept whole aside") for n in undo})
         try:
             lifted, _ = _lift(self.model_path, self.options, self.plan, rounds=0)
@@ -722,9 +717,7 @@ class _Writing:
                 del lifted, patched
                 yield path
         finally:
-            for k, v in saved.items():
-                getattr(self.plan, k).clear()
-                getattr(self.plan, k).update(v)
+            self.plan.restore(saved)
 
     def _undo(self, found: dict[str, Refuse]) -> None:
         """Keep `found` whole, lift again and prove again (keeping a node whole changes its neighbours' context)."""
@@ -774,7 +767,7 @@ def _threads_said(options: dict) -> str:
     return f"intra-op threads {', '.join(map(str, counts))}" if counts else "ORT's default intra-op threads"
 
 
-def _prove_locally(model_path: str | Path, options: Options, plan: SplitPlan, lifted: Lifted, memory: str,
+def _prove_locally(model_path: str | Path, options: Options, plan: RunState, lifted: Lifted, memory: str,
                    rounds: int = 3) -> tuple[Lifted, str]:
     """Show each rewrite that is not exact by construction exact on its own (proofs/local_proof.py): the nodes
     it replaced and the nodes it made, each with the nodes reading them, on ORT CPU at the real shapes. One that

@@ -187,7 +187,7 @@ def verdict(group: Group, before: ModelView, after: ModelView, roundings: Roundi
     """Whether the group's rewritten side gives the whole side's bytes where ORT runs both as in the models: a
     `Verdict` whose `why` is None when it does, `Unshown` when the proof cannot stand for them, a `Refuse` with the
     level and the difference otherwise. `rows` (chunk input -> (whole Conv input, axis, first row, end row),
-    `SplitPlan.rows`): split blocks whose proof may start at their Conv's input (`cut_at_conv_inputs`); where that
+    `RunState.rows`): split blocks whose proof may start at their Conv's input (`cut_at_conv_inputs`); where that
     proof cannot stand for the models, the whole group is proven as it is."""
     cut = cut_at_conv_inputs(group, before, after, rows or {}, roundings)
     ran: set[int] = set()
