@@ -338,17 +338,18 @@ def test_without_max_buffer_the_tail_is_left_alone(tmp_path):
 
 
 def test_a_band_not_shown_exact_on_the_whole_model_is_undone(tmp_path):
-    """What `patch` does when the whole patched model differs: it keeps those nodes whole (the plan's
-    keep_whole, here given up front as the fallback gives it), says why, and writes the rest."""
-    from deform_surgeon.commands.patch import _lift, _options
+    """What `patch` does when the whole patched model differs: it keeps those nodes whole (the run
+    state's keep_whole, here given up front as the fallback gives it), says why, and writes the rest."""
+    from deform_surgeon.commands.patch import PatchRun
+    from deform_surgeon.commands.patching.options import rewrite_options
     from deform_surgeon.passes.run_state import RunState
 
     src = tmp_path / "tail.onnx"
     onnx.save(decoder_tail(), src)
     why = "not shown exact on the whole model: (test)"
-    plan = RunState(keep_whole={"Conv_mask": Refuse(why, undone="whole_model"),
+    state = RunState(keep_whole={"Conv_mask": Refuse(why, undone="whole_model"),
                                  "Resize_dec_up": Refuse(why, undone="whole_model")})
-    lifted, _ = _lift(src, _options(False, None, 300 * KiB), plan)
+    lifted, _ = PatchRun(src, rewrite_options(max_buffer=300 * KiB), state=state).lift()
     acts = {a.node: a for a in bands_actions(lifted.actions)}
     assert acts["Conv_mask"].action == Outcome.REFUSED and acts["Conv_mask"].details["undone"] == "whole_model"
     assert acts["Conv_mask"].reason.endswith(why)  # the reason says why, for a person
@@ -448,17 +449,19 @@ def test_nested_decoder_form_fits_and_is_byte_identical(tmp_path, one_thread_cou
 
 
 def test_nested_form_with_the_last_conv_kept_whole(tmp_path):
-    """When the last Conv's bands are not shown exact (here: the plan's keep_whole, as a failed proof gives it),
+    """When the last Conv's bands are not shown exact (here: the run state's keep_whole, as a failed proof gives it),
     it is refused with the reason, and the image branch's Conv gets row bands of its own, as before the nested form
     was fitted; the Concat stays over the limit and `patch --max-memory` says what holds the peak."""
-    from deform_surgeon.commands.patch import _lift, _options
+    from deform_surgeon.commands.patch import PatchRun
+    from deform_surgeon.commands.patching.options import rewrite_options
     from deform_surgeon.passes.run_state import RunState
 
     src = tmp_path / "full.onnx"
     onnx.save(decoder_tail_full(), src)
     why = "not shown exact on its own: (test)"
-    options = _options(False, None, FULL_LIMIT, FULL_MEMORY)
-    lifted, line = _lift(src, options, RunState(keep_whole={"Conv_mask": Refuse(why, undone="on_its_own")}))
+    options = rewrite_options(max_buffer=FULL_LIMIT, max_memory=FULL_MEMORY)
+    state = RunState(keep_whole={"Conv_mask": Refuse(why, undone="on_its_own")})
+    lifted, line = PatchRun(src, options, state=state).lift()
     acts = {a.node: a for a in bands_actions(lifted.actions)}
     assert acts["Conv_mask"].action == Outcome.REFUSED and acts["Conv_mask"].details["undone"] == "on_its_own"
     inner = acts["Conv_ipt_conv_out"]
