@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import onnx
+
 from ..base.errors import SurgeonError, api_call
 from ..base.stages import StageClock
 from ..files import check_external_output, check_spliced, load_model, user_path
@@ -30,7 +32,7 @@ from .patching.options import (
     write_options,
 )
 from .patching.prove import prove_locally
-from .patching.writing import Writing, write_unchanged
+from .patching.writing import Writing
 from .report import PatchReport
 
 PATCH_STAGES = ("prove", "export", "write", "verify")  # what `patch(progress=...)` reports, in this order
@@ -58,8 +60,8 @@ class PatchRun(Writing):
     Its options by concern: `rewrite` (what the passes do and the device they fit), `writing` (where and how OUT
     is written; no output: nothing is), `comparison` (the whole-model check on ORT CPU). What the run owns:
     `state`, what it carries from one lift to the next (passes/run_state.py); `lifted`, the latest lift;
-    `memory_note`, the report's line on `--max-memory` and on the rewrites the proofs undid; `report`;
-    `undone`, the rewrites a check undid."""
+    `lift_note`, what the lifts and proofs put in the report's note (the `--max-memory` line, the rewrites the
+    proofs undid); `report`; `undone`, the rewrites a check undid."""
 
     model_path: Path
     rewrite: Options = field(default_factory=Options)
@@ -68,7 +70,7 @@ class PatchRun(Writing):
     clock: StageClock = field(default_factory=StageClock)
     state: RunState = field(default_factory=RunState)
     lifted: Lifted | None = None
-    memory_note: str = ""
+    lift_note: str = ""
     report: PatchReport | None = None
     undone: dict[str, Refuse] = field(default_factory=dict)
 
@@ -79,56 +81,62 @@ class PatchRun(Writing):
     def lift(self, rounds: int = MEMORY_ROUNDS) -> tuple[Lifted, str]:
         """`lift_once`, lifted again with more chunks until `--max-memory` fits (at most `rounds` more times);
         returns the lift and the report's line on the peak ("" without `--max-memory`)."""
-        self.lifted, self.memory_note = lift_within_memory(self.lift_once, self.state, self.rewrite.max_memory,
+        self.lifted, self.lift_note = lift_within_memory(self.lift_once, self.state, self.rewrite.max_memory,
                                                            rounds)
-        return self.lifted, self.memory_note
+        return self.lifted, self.lift_note
 
     def prove(self) -> None:
         """Each rewrite not exact by construction shown exact on its own; one that is not is kept whole and the
         model lifted again (prove.py)."""
-        self.lifted, self.memory_note = prove_locally(self.lifted, self.memory_note, self.state, self.lift)
+        self.lifted, self.lift_note = prove_locally(self.lifted, self.lift_note, self.state, self.lift)
 
     def run(self) -> PatchReport:
-        """The stages, each timed by `clock`, once the arguments are checked; the report."""
-        output, lifted = self.writing.output, self._lift_and_report()
-        report = self.report
-        if self.writing.strict and report.findings and output is not None:
+        """The road, each stage timed by `clock`: lift, prove, export, then write while verify runs (undo where a
+        check shows a rewrite not exact); the report."""
+        output, strict = self.writing.output, self.writing.strict
+        self.clock.enter("lift")
+        self.state.check_in_pass = output is None  # written: each rewrite's own proof decides (`prove`)
+        lifted, note = self.lift()
+        if output is not None:
+            check_external_output(output, lifted.weights, self.writing.form)
+        report = self.report = self._report(lifted, note)
+        if strict and report.findings and output is not None:
             strict_note(report)
             return report
         if not report.changed:
-            return write_unchanged(report, lifted, output, self.writing.copy_unchanged, self.writing.form,
-                                   self.clock)
+            return self.write_unchanged()
         if output is not None:
             self.clock.enter("prove")
             self.prove()
             report.actions = self.lifted.actions
-            annotate(report, self.lifted, self.memory_note)
-            if self.writing.strict and report.findings:  # a rewrite its proof undid is refused now
+            annotate(report, self.lifted, self.lift_note)
+            if strict and report.findings:  # a rewrite its proof undid is refused now
                 strict_note(report)
                 return report
-        self.clock.enter("export")
-        patched, region = self.lifted.patched()
-        report.ops_after, report.webgpu = op_histogram(patched), self.lifted.kernels(patched=True)
+        patched, region = self.export()
         if output is None:
             check_spliced(patched, region, f"{self.model_path} (patched)", self.lifted.weights)
             return report
         return self.write()
 
-    def _lift_and_report(self) -> Lifted:
-        """The `lift` stage, and the report of what it did (`report`)."""
-        self.clock.enter("lift")
+    def export(self) -> tuple[onnx.ModelProto, onnx.ModelProto]:
+        """The whole model with the rewritten region spliced in, and the region; the report's op counts and
+        WebGPU kernels are the patched model's from here on."""
+        self.clock.enter("export")
+        patched, region = self.lifted.patched()
+        self.report.ops_after, self.report.webgpu = op_histogram(patched), self.lifted.kernels(patched=True)
+        return patched, region
+
+    def _report(self, lifted: Lifted, note: str) -> PatchReport:
+        """The report of the first lift: its actions, notes and where the output's weights go."""
         output = self.writing.output
-        self.state.check_in_pass = output is None  # written: each rewrite's own proof decides (`prove`)
-        lifted, memory = self.lift()
-        if output is not None:
-            check_external_output(output, lifted.weights, self.writing.form)
-        self.report = report = PatchReport(str(self.model_path), None if output is None else str(output), False,
-                                           vars(self.rewrite), lifted.ops_before, lifted.ops_before, lifted.actions,
-                                           passes=passes_run(self.rewrite))
+        report = PatchReport(str(self.model_path), None if output is None else str(output), False,
+                             vars(self.rewrite), lifted.ops_before, lifted.ops_before, lifted.actions,
+                             passes=passes_run(self.rewrite))
         report.stages = self.clock.rows
-        annotate(report, lifted, memory)
+        annotate(report, lifted, note)
         report.weights = weights_form(self.model_path, output, lifted.weights, self.writing.form)
-        return lifted
+        return report
 
 
 @api_call
@@ -143,10 +151,10 @@ def inspect(model_path: str | Path, *, allow_unproven: bool = False, sum_mode: s
     options = rewrite_options(allow_unproven=allow_unproven, sum_mode=sum_mode, max_buffer=max_buffer,
                               max_memory=max_memory, device_profile=device_profile, input_shapes=input_shapes,
                               skip_passes=skip_passes)
-    lifted, memory = PatchRun(model_path, options).lift()
+    lifted, note = PatchRun(model_path, options).lift()
     report = PatchReport(str(model_path), None, False, vars(options), lifted.ops_before, {}, lifted.actions,
                          passes=passes_run(options))
-    annotate(report, lifted, "inspect: dry run, nothing written", memory)  # (before the splice changes the model)
+    annotate(report, lifted, "inspect: dry run, nothing written", note)  # (before the splice changes the model)
     report.ops_after, report.webgpu = op_histogram(lifted.patched()[0]), lifted.kernels(patched=True)
     return report
 

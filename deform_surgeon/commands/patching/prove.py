@@ -17,14 +17,14 @@ from ...passes.run_state import RunState
 from .lift import Lifted
 
 
-def prove_locally(lifted: Lifted, memory: str, state: RunState, relift: Callable[[], tuple[Lifted, str]],
+def prove_locally(lifted: Lifted, note: str, state: RunState, relift: Callable[[], tuple[Lifted, str]],
                   rounds: int = 3) -> tuple[Lifted, str]:
     """Show each rewrite that is not exact by construction exact on its own (proofs/local_proof.py): the nodes
     it replaced and the nodes it made, each with the nodes reading them, on ORT CPU at the real shapes. One that
     is not shown exact is kept whole (`state.keep_whole`) and the model lifted again (`relift`), and the proofs
     run again (keeping a node whole changes its neighbours' context). A rewrite without a proof is left to the
-    whole-model check `patch` runs before writing. Returns the lift and the report's memory line, with how many
-    rewrites were undone."""
+    whole-model check `patch` runs before writing. Returns the lift and the report's `note` (the --max-memory
+    line), with how many rewrites were undone before it."""
     from ...proofs.local_proof import LEVELS, refusal
 
     undone = 0
@@ -53,11 +53,11 @@ def prove_locally(lifted: Lifted, memory: str, state: RunState, relift: Callable
         state.keep_whole.update({node: why.prefixed("not shown exact: ", undone="on_its_own")
                                  for node, why in failed.items()})
         undone += len(failed)
-        lifted, memory = relift()
+        lifted, note = relift()
     if undone:
-        memory = "; ".join(x for x in (f"{undone} rewrite(s) undone: not shown exact on their own (see their "
-                                       "lines)", memory) if x)
-    return lifted, memory
+        note = "; ".join(x for x in (f"{undone} rewrite(s) undone: not shown exact on their own (see their lines)",
+                                     note) if x)
+    return lifted, note
 
 
 def every_count(counts: tuple[int, ...]) -> str:

@@ -1,6 +1,6 @@
 """The last stages of a patch run: write OUT while its checks run on the written file, and undo a rewrite a check
 shows not exact (`Writing`, part of `PatchRun`); with nothing to rewrite, the copy `--copy-unchanged` asks for
-(`write_unchanged`)."""
+(`Writing.write_unchanged`)."""
 
 from __future__ import annotations
 
@@ -29,32 +29,6 @@ from ..report import PatchReport
 from .lift import Lifted, lift_within_memory
 from .notes import annotate, data_written, strict_note, weights_form
 from .options import ComparisonOptions, WriteOptions
-
-
-def write_unchanged(report: PatchReport, lifted: Lifted, output_path: Path | None, copy_unchanged: bool,
-                    form: DataForm, clock: StageClock) -> PatchReport:
-    """Nothing to rewrite: nothing written unless `copy_unchanged` (then an exact copy of the input)."""
-    model_path, weights = Path(report.model), lifted.weights
-    report.webgpu = lifted.kernels(patched=False)
-    nothing = f"nothing to rewrite in {model_path}" + (
-        f" ({len(report.refused)} node(s) refused: see their reasons)" if report.refused else "")
-    report.note = "; ".join(x for x in (nothing, report.note) if x)
-    if output_path is not None and copy_unchanged:
-        if weights.external or report.weights["external_data"] or form.choice == "always":
-            clock.enter("write")  # its data must move beside the copy (same tensors, re-pointed), or out of it
-            written = save_model_atomic(lifted.model, output_path, weights=weights, form=form)
-        else:  # (the copy's size as one file is the input's: "auto" decided by it)
-            copy_atomic(model_path, output_path, check=weights.check_unchanged, inputs=weights.inputs.values())
-            written = Written(None, os.path.getsize(output_path))
-        report.written = True
-        data_written(report, written, weights, form)
-        report.note += f"; wrote an unchanged copy to {output_path}"
-    elif output_path is not None:
-        report.note += "; no output written (--copy-unchanged writes an unchanged copy)"
-    if not report.written:  # what a page would be given is the input, as it is
-        report.weights = weights_form(model_path, None, weights, DataForm(), as_is=True)
-    return report
-
 
 # what a model kept aside (`Writing._aside`) is for, in the words TMPDIR's line names it by (base/scratch.py)
 _KEPT_ASIDE = {"float16": "the model kept aside for the float16 proofs",
@@ -95,17 +69,44 @@ class Writing:
     state: RunState
     report: PatchReport
     lifted: Lifted
-    memory_note: str
+    lift_note: str
     undone: dict[str, Refuse]
 
     def lift_once(self) -> Lifted:
-        raise NotImplementedError  # PatchRun.lift_once
+        """One lift of the model (`PatchRun.lift_once`): what the undo search keeps aside."""
+        raise NotImplementedError
 
     def lift(self, rounds: int) -> tuple[Lifted, str]:
-        raise NotImplementedError  # PatchRun.lift
+        """The model lifted again (`PatchRun.lift`), after an undo."""
+        raise NotImplementedError
 
     def prove(self) -> None:
-        raise NotImplementedError  # PatchRun.prove
+        """The local proofs run again (`PatchRun.prove`), after an undo."""
+        raise NotImplementedError
+
+    def write_unchanged(self) -> PatchReport:
+        """Nothing to rewrite: nothing written unless `copy_unchanged` (then an exact copy of the input)."""
+        report, lifted, output_path, form = self.report, self.lifted, self.writing.output, self.writing.form
+        model_path, weights = Path(report.model), lifted.weights
+        report.webgpu = lifted.kernels(patched=False)
+        nothing = f"nothing to rewrite in {model_path}" + (
+            f" ({len(report.refused)} node(s) refused: see their reasons)" if report.refused else "")
+        report.note = "; ".join(x for x in (nothing, report.note) if x)
+        if output_path is not None and self.writing.copy_unchanged:
+            if weights.external or report.weights["external_data"] or form.choice == "always":
+                self.clock.enter("write")  # its data must move beside the copy (same tensors, re-pointed), or out
+                written = save_model_atomic(lifted.model, output_path, weights=weights, form=form)
+            else:  # (the copy's size as one file is the input's: "auto" decided by it)
+                copy_atomic(model_path, output_path, check=weights.check_unchanged, inputs=weights.inputs.values())
+                written = Written(None, os.path.getsize(output_path))
+            report.written = True
+            data_written(report, written, weights, form)
+            report.note += f"; wrote an unchanged copy to {output_path}"
+        elif output_path is not None:
+            report.note += "; no output written (--copy-unchanged writes an unchanged copy)"
+        if not report.written:  # what a page would be given is the input, as it is
+            report.weights = weights_form(model_path, None, weights, DataForm(), as_is=True)
+        return report
 
     def write(self) -> PatchReport:
         """Write OUT, checked; undo what a check shows not exact and write again; the report as written."""
@@ -335,7 +336,7 @@ class Writing:
 
     @contextmanager
     def _aside(self, undo: list[str], what: str) -> Iterator[Path]:
-        """The patched model with `undo` kept whole, written to a `scratch` folder (removed after), the plan as it
+        """The patched model with `undo` kept whole, written to a `scratch` folder (removed after), the run state as it
         was after: what the undo search compares, and what a float16 proof's whole side is held to."""
         saved = self.state.snapshot()
         self.state.keep_whole.update({n: Refuse("kept whole aside") for n in undo})
@@ -363,7 +364,7 @@ class Writing:
         kinds = Counter(a.pass_name for a in self.report.actions if a.node in self.undone)
         annotate(self.report, self.lifted, f"{len(self.undone)} rewrite(s) undone ("
                   + ", ".join(f"{c} {k}" for k, c in sorted(kinds.items())) + "): not shown exact (see their lines); "
-                  "the others written", self.memory_note)
+                  "the others written", self.lift_note)
 
 
 def covers(run: dict, needed: dict) -> bool:
