@@ -10,7 +10,7 @@ from pathlib import Path
 import deform_surgeon
 
 PACKAGE = Path(deform_surgeon.__file__).parent
-LAYERS = ["base", "files", "graph", "passes", "checks", "commands", "webgpu"]  # bottom to top
+LAYERS = ["base", "files", "graph", "proofs", "passes", "checks", "commands", "webgpu"]  # bottom to top
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:

@@ -46,7 +46,7 @@ class PatchReport:
     note: str = ""
     webgpu: KernelReport | None = None  # the nodes without a WebGPU kernel, of the output (or the input if unchanged)
     passes: list[str] = field(default_factory=list)  # the registered passes that ran, in order (--skip-pass: not all)
-    weights: dict | None = None  # where OUT's weights go and why (surgeon._weights_form), with a browser problem
+    weights: dict | None = None  # where OUT's weights go and why (`notes.weights_form`), with a browser problem
     stays_over: list[str] = field(default_factory=list)  # tensors the output still makes over the profile's binding
     stages: list[dict] = field(default_factory=list)  # each stage's wall time and peak RSS (stages.py), in order
 

@@ -118,6 +118,7 @@ class DeformBlock:
     sampling: frozenset[int]
     tail: tuple[int, ...]
     feeders: frozenset[int]
+    conv_name: str | None = None  # the name of the Conv it ends in, as its label gives it (None: no Conv)
 
     @property
     def nodes(self) -> frozenset[int]:
@@ -154,8 +155,15 @@ def find_blocks(index: GraphIndex) -> list[DeformBlock]:
         else:
             found[label] = (k, conv, set(sampling))
     return [DeformBlock(label, start, conv, frozenset(sampling), index.tail(conv) if conv is not None else (),
-                        _feeders(index, frozenset(sampling or {start})))
+                        _feeders(index, frozenset(sampling or {start})), _conv_name(index, conv))
             for label, (start, conv, sampling) in found.items()]
+
+
+def _conv_name(index: GraphIndex, conv: int | None) -> str | None:
+    """The name a block's Conv (or a q8 file's ConvInteger) is labelled by; None for a DeformConv or no Conv."""
+    if conv is None or index.ops[conv] not in ("Conv", "ConvInteger"):
+        return None
+    return block_conv_name(index.name(conv))
 
 
 def _label(index: GraphIndex, conv: int) -> str:
@@ -173,14 +181,30 @@ def _label(index: GraphIndex, conv: int) -> str:
     return f"{kind} '{block_conv_name(index.name(conv))}'" + (f" ({weight})" if named else "")
 
 
-def deform_blocks(model: onnx.ModelProto) -> dict[str, str]:
-    """Map node name -> block label for every node of every deform block (the first block wins a shared node)."""
+@dataclass(frozen=True)
+class ModelBlocks:
+    """A model's deform blocks by name: which block each node belongs to, and the Conv each block ends in."""
+
+    owner: dict[str, str]  # node name -> block label (the first block wins a shared node)
+    convs: dict[str, str]  # block label -> the name of the Conv it ends in (blocks without one: absent)
+
+
+def model_blocks(model: onnx.ModelProto) -> ModelBlocks:
+    """The deform blocks of `model` by name (`ModelBlocks`)."""
     index = GraphIndex(model)
     owner: dict[str, str] = {}
+    convs: dict[str, str] = {}
     for block in find_blocks(index):
         for k in sorted(block.nodes):
             owner.setdefault(index.name(k), block.label)
-    return owner
+        if block.conv_name is not None:
+            convs[block.label] = block.conv_name
+    return ModelBlocks(owner, convs)
+
+
+def deform_blocks(model: onnx.ModelProto) -> dict[str, str]:
+    """Map node name -> block label for every node of every deform block (the first block wins a shared node)."""
+    return model_blocks(model).owner
 
 
 def _forward(index: GraphIndex, start: int) -> set[int] | None:

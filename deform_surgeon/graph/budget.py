@@ -35,7 +35,7 @@ import onnx
 
 from ..base.sizes import human, parse_size  # noqa: F401 (the sizes every report and option use; imported from here too)
 from ..files import TypeTable, Weights, check_and_infer, infer_value_types, load_model
-from .blocks import deform_blocks
+from .blocks import model_blocks
 from .device import SPEC_DEFAULT_LIMITS
 from .device import storage_buffers as bindings
 
@@ -85,6 +85,7 @@ class BudgetReport:
     peak_node: str | None = None
     peak_live: list[TensorSize] = field(default_factory=list)
     peak_blocks: dict[str, int] = field(default_factory=dict)  # deform block -> bytes of its tensors live at the peak
+    block_convs: dict[str, str] = field(default_factory=dict)  # deform block -> the Conv it ends in (by name)
     # the same measure with the nodes run in the file's own order (a runtime that follows it: not ORT's default)
     peak_file_bytes: int = 0
     peak_ort_bytes: int = 0  # ... and in ORT's own default order (`execution_order(highest_first=True)`)
@@ -207,10 +208,12 @@ def analyze(model_or_path: onnx.ModelProto | str | Path, max_buffer: int = SPEC_
         name = str(model_or_path)
     graph = model.graph
     nodes = list(graph.node)
-    blocks = deform_blocks(model)
+    found = model_blocks(model)
+    blocks = found.owner
     order = execution_order(model)
 
     report = BudgetReport(name, max_buffer, max_binding, limits_source)
+    report.block_convs = found.convs
     report.blocks = len(set(blocks.values()))
     sizes, unknown = sized_tensors(model, types, blocks)
     report.tensors_unknown, report.unknown_examples = len(unknown), unknown[:5]

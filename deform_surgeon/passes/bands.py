@@ -33,7 +33,7 @@ What, and why each is exact:
   Conv fusions see the same pattern in every band. Each output pixel reads the same values as before, but whether
   a Conv kernel sums them in the same order for fewer output rows is the implementation's choice: the action is
   marked `needs_verify`, `patch` writes it only after the whole patched model verified byte-identical, and
-  undoes it otherwise (`SplitPlan.keep_whole`, shared with the split pass).
+  undoes it otherwise (`RunState.keep_whole`, shared with the split pass).
 
 * **MatMul chain in row chunks.** The full BiRefNet's Swin backbone (swin_v1_l) runs its stage-1 MLP on 65,536
   tokens at 1024x1024: LayerNorm -> MatMul [1, 65536, 192] x [192, 768] -> bias Add -> GELU (Div, Erf, Add, Mul,
@@ -71,7 +71,7 @@ from .conv_bands import ConvRowBands
 from .matmul_chunks import MatMulRowChunks
 from .oversize import OversizeRun, concat_axis
 from .resize_groups import ResizeGroups
-from .split import SplitPlan
+from .run_state import RunState
 
 
 class BandOversize(Pass):
@@ -87,14 +87,15 @@ class BandOversize(Pass):
 
     name = "bands"
 
-    def __init__(self, plan: SplitPlan | None = None) -> None:
-        self.plan = plan if plan is not None else SplitPlan()
+    def __init__(self, run_state: RunState | None = None) -> None:
+        self.run_state = run_state if run_state is not None else RunState()
 
     def matches(self, ctx: Context) -> Iterator[tuple[str, gs.Node, Any]]:
         limit = ctx.options.max_buffer
         if limit is None:
             return
-        state = self.state = OversizeRun(self.name, self.plan, Shapes(ctx), limit, {id(t) for t in ctx.graph.outputs})
+        state = self.state = OversizeRun(self.name, self.run_state, Shapes(ctx), limit,
+                                         {id(t) for t in ctx.graph.outputs})
         self.groups, self.bands, self.chunks = ResizeGroups(state), ConvRowBands(state), MatMulRowChunks(state)
         shapes = self.shapes = state.shapes
         self.refused_ids: set[int] = set()

@@ -191,7 +191,7 @@ class ConvRowBands:
         x = conv.inputs[0]
         size, xs = shapes.nbytes(x), shapes.shape(x)
         head = f"input '{x.name}' ({human(size)}) stays over the {human(limit)} limit"
-        why = self.run.plan.keep_whole.get(conv.name)
+        why = self.run.run_state.keep_whole.get(conv.name)
         if why is not None:
             raise why.prefixed(f"{head}: ")
         window = Window.of(conv, xs, shapes.shape(conv.inputs[1]))

@@ -58,7 +58,7 @@ def made_by_ort(model_path: str | Path) -> frozenset[str]:
 
     Why ask ORT: which ops have float16 CPU kernels, and which nodes its isolated-node rule moves to float32, is
     ORT's kernel registry and ORT's walk of the graph; a table here would drift from the installed ORT."""
-    from .precision import rounding
+    from ..proofs.precision import rounding
 
     return rounding(model_path, "disable").made_by_model()
 

@@ -160,7 +160,7 @@ class MatMulRowChunks:
         big = max([*(i for i in seed.inputs if i.name), *seed.outputs], key=lambda t: shapes.nbytes(t) or 0)
         head = f"'{big.name}' ({human(shapes.nbytes(big))}) stays over the {human(limit)} limit"
         nodes, sliced, ends, carried, axis, rows = self._row_chain(ctx, seed, shapes, limit, outside, head)
-        why = self.run.plan.keep_whole.get(seed.name)
+        why = self.run.run_state.keep_whole.get(seed.name)
         if why is not None:
             raise why.prefixed(f"{head}: ")
         tensors = [*sliced, *(o for n in nodes for o in n.outputs)]

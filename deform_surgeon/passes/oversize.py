@@ -1,5 +1,5 @@
 """What one run of the bands pass (bands.py) knows and its three planners share: the limit, the tensors read outside
-the rewritten part, the plan `patch` passes between lifts, and which channel group is a part of which tensor.
+the rewritten part, the run state `patch` carries between lifts, and which channel group is a part of which tensor.
 
 Why a module of its own: the pass computes a Resize in channel groups (resize_groups.py), a Conv in row bands
 (conv_bands.py) and a MatMul chain in row chunks (matmul_chunks.py), each deciding on its own, but all three cut a
@@ -15,9 +15,9 @@ import onnx_graphsurgeon as gs
 
 from ..graph.pipeline import Action, Context, Outcome
 from ..graph.shapes import Shapes
+from ..proofs.local_proof import LocalProof, record
 from .cut_and_join import FLOAT16_NOTE
-from .local_proof import LocalProof, record
-from .split import SplitPlan
+from .run_state import RunState
 
 
 def even_parts(count: int, n: int) -> list[tuple[int, int]]:
@@ -44,7 +44,7 @@ class OversizeRun:
     `origin`: a channel group -> the tensor it is a part of (`held`)."""
 
     name: str
-    plan: SplitPlan
+    run_state: RunState
     shapes: Shapes
     limit: int
     outside: set[int]
@@ -61,7 +61,7 @@ class OversizeRun:
         float16 graph inputs, rounded already, so only the whole model shows where ORT CPU rounds (cut_and_join.py)."""
         if float16:
             return None
-        proof = self.plan.proofs[key] = record(ctx, self.shapes, nodes, ends)
+        proof = self.run_state.proofs[key] = record(ctx, self.shapes, nodes, ends)
         return proof
 
     def live(self, node: gs.Node, seen: set[int] | None = None) -> bool:

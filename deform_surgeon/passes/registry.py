@@ -28,17 +28,18 @@ from .fit import FitStorageBuffers
 from .gather_elements import LowerGatherElements
 from .gathernd import LowerGatherND
 from .residency import IndexChainResidency
-from .split import SplitBlocks, SplitPlan
+from .run_state import RunState
+from .split import SplitBlocks
 from .sum_chain import ChainSum
 
 
 @dataclass(frozen=True)
 class Registered:
     """One pass in the registry: its class and how `patch` makes it for one run (the split, bands and deform_conv
-    passes share the run's `SplitPlan`: the blocks to keep whole, the chunks asked for)."""
+    passes share the run's `RunState`: the blocks to keep whole, the chunks asked for)."""
 
     cls: type
-    make: Callable[[SplitPlan], Pass]
+    make: Callable[[RunState], Pass]
 
     @property
     def name(self) -> str:
@@ -51,14 +52,14 @@ class Registered:
 
 
 REGISTRY: tuple[Registered, ...] = (
-    Registered(LowerDeformConv, lambda plan: LowerDeformConv(plan.keep_whole)),
-    Registered(LowerGatherND, lambda plan: LowerGatherND()),
-    Registered(LowerGatherElements, lambda plan: LowerGatherElements()),
-    Registered(IndexChainResidency, lambda plan: IndexChainResidency()),
-    Registered(ChainSum, lambda plan: ChainSum()),
-    Registered(FitStorageBuffers, lambda plan: FitStorageBuffers()),
-    Registered(SplitBlocks, lambda plan: SplitBlocks(plan)),
-    Registered(BandOversize, lambda plan: BandOversize(plan)),
+    Registered(LowerDeformConv, lambda state: LowerDeformConv(state.keep_whole)),
+    Registered(LowerGatherND, lambda state: LowerGatherND()),
+    Registered(LowerGatherElements, lambda state: LowerGatherElements()),
+    Registered(IndexChainResidency, lambda state: IndexChainResidency()),
+    Registered(ChainSum, lambda state: ChainSum()),
+    Registered(FitStorageBuffers, lambda state: FitStorageBuffers()),
+    Registered(SplitBlocks, lambda state: SplitBlocks(state)),
+    Registered(BandOversize, lambda state: BandOversize(state)),
 )
 PASS_NAMES: tuple[str, ...] = tuple(r.name for r in REGISTRY)
 
@@ -82,8 +83,8 @@ def check_pass_names(names: Iterable[str] | None, option: str = "skip_passes") -
     return tuple(n for n in PASS_NAMES if n in set(names))
 
 
-def make_passes(plan: SplitPlan | None = None, skip: Iterable[str] = ()) -> list[Pass]:
-    """The registered passes but those named in `skip`, made for one run that shares `plan`."""
-    plan = plan if plan is not None else SplitPlan()
+def make_passes(state: RunState | None = None, skip: Iterable[str] = ()) -> list[Pass]:
+    """The registered passes but those named in `skip`, made for one run that shares `state`."""
+    state = state if state is not None else RunState()
     skipped = set(check_pass_names(skip))
-    return [r.make(plan) for r in REGISTRY if r.name not in skipped]
+    return [r.make(state) for r in REGISTRY if r.name not in skipped]

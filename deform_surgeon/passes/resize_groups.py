@@ -95,7 +95,7 @@ class ResizeGroups:
         readers = list({id(r): r for t in grouped for r in t.outputs if r.op == "Concat"}.values())  # on the
         # channels (`_carriers` checked)
         self._channelwise(ctx, node, shapes, head)
-        why = self.run.plan.keep_whole.get(node.name)
+        why = self.run.run_state.keep_whole.get(node.name)
         if why is not None:
             raise why.prefixed(f"{head}: ")
         groups = self._fewest_groups(node, head)

@@ -31,7 +31,7 @@ CPU, at graph optimisation levels none and all, gives the whole Conv's bytes; ot
 whole and the report says it REMAINS OVER the limit, with the measured difference. That run sees the Conv and its
 tail only, while ORT optimises the whole graph (fusions, NCHWc layout): the action is marked `needs_verify`, and
 `patch` writes it only after the whole patched model verified byte-identical, keeping the Conv whole otherwise
-(`SplitPlan.keep_whole`). On the real BiRefNet-lite export the BatchNorm's parameters are Identity nodes of
+(`RunState.keep_whole`). On the real BiRefNet-lite export the BatchNorm's parameters are Identity nodes of
 initializers torch's exporter shared; the prover reads constants through them, so the tail includes the
 BatchNorm and each chunk fuses as the whole did.
 
@@ -47,7 +47,7 @@ float16 graph inputs, rounded already): the split is `needs_verify` with levels 
 once the whole patched model is byte-identical at both, and the block is kept whole otherwise (docs/variants.md).
 
 Chunks for `--max-memory`: `patch` measures the peak of live tensors of the whole patched model (budget) and asks
-this pass, through `SplitPlan.min_chunks`, for more chunks of the block holding it; the Conv is then split too,
+this pass, through `RunState.min_chunks`, for more chunks of the block holding it; the Conv is then split too,
 as its joined input would be as large as what the chunks avoid.
 
 Chunk count: the smallest `n` for which every chunk tensor, with `ceil(h / n)` rows, fits the limit; rows are
@@ -64,7 +64,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -76,8 +76,9 @@ from ..graph.budget import human
 from ..graph.ops import ELEMENTWISE_NARY, ELEMENTWISE_UNARY, SHAPE_OPS
 from ..graph.pipeline import Action, Context, Outcome, Pass, Refuse
 from ..graph.shapes import Shapes
+from ..proofs.local_proof import proof_threads, record
 from .cut_and_join import FLOAT16_NOTE, cut, float16_details, join
-from .local_proof import LocalProof, proof_threads, record
+from .run_state import RunState
 
 
 @dataclass(frozen=True)
@@ -190,30 +191,6 @@ class RowWalk:
         self.side[(k, 0)] = None
 
 
-@dataclass
-class SplitPlan:
-    """What `patch` learned about the blocks from the whole model, for the next run of the pass on a fresh lift.
-
-    Why: the pass sees only the deform regions, while two of its decisions depend on the whole model: how many
-    chunks a block needs for the peak of live tensors to fit `--max-memory` (budget's measure of the whole patched
-    model), and whether a split Conv is exact where ORT optimises the whole graph (a verification of the whole
-    patched model). `patch` measures them and runs the pass again with this plan.
-    """
-
-    min_chunks: dict[str, int] = field(default_factory=dict)  # Conv name -> chunks --max-memory asks for
-    keep_whole: dict[str, Refuse] = field(default_factory=dict)  # node name -> why its parts are not shown exact
-    chunks: dict[str, int] = field(default_factory=dict)  # Conv name -> chunks made (written by the pass)
-    checked: dict[tuple, Refuse | None] = field(default_factory=dict)  # isolated Conv checks, by Conv and chunks
-    # False: the Conv chunks are not checked in the pass (a run of the whole Conv input and its chunks in one
-    # session: 4 GB at 1024), since `patch` shows each of them exact with its proof (local_proof.py) anyway
-    check_in_pass: bool = True
-    proofs: dict[str, LocalProof] = field(default_factory=dict)  # node name -> what shows its rewrite exact
-    # (local_proof.py; written by the passes on each lift, read by `patch` before it writes)
-    # Conv name -> its chunks' inputs -> (the whole Conv input, axis, first row, end row) they hold: where a proof
-    # starts at the Conv's input (written by the pass on each lift; the Conv split or whole)
-    rows: dict[str, dict[str, tuple[str, int, int, int]]] = field(default_factory=dict)
-
-
 @dataclass(frozen=True)
 class BlockMatch:
     """A block with something to cut: its largest tensor over the limit, or chunks `--max-memory` asks for."""
@@ -240,21 +217,21 @@ class ChunkPlan:
 
 class SplitBlocks(Pass):
     """Split each deformable-conv block whose tensors exceed `--max-buffer` into the fewest row chunks that fit
-    (or into as many as `plan.min_chunks` asks for, for `--max-memory`)."""
+    (or into as many as `RunState.min_chunks` asks for, for `--max-memory`)."""
 
     name = "split"
 
-    def __init__(self, plan: SplitPlan | None = None) -> None:
-        self.plan = plan if plan is not None else SplitPlan()
+    def __init__(self, run_state: RunState | None = None) -> None:
+        self.run_state = run_state if run_state is not None else RunState()
 
     def matches(self, ctx: Context) -> Iterator[BlockMatch]:
         """The blocks over the limit (or asked for chunks), each sized just before its turn."""
         limit = getattr(ctx.options, "max_buffer", None)
-        if limit is None and not self.plan.min_chunks:
+        if limit is None and not self.run_state.min_chunks:
             return
         self.shapes = Shapes(ctx)
         for block, why in gather_blocks(ctx.graph):
-            want = self.plan.min_chunks.get(block.conv.name, 1) if block.conv is not None else 1
+            want = self.run_state.min_chunks.get(block.conv.name, 1) if block.conv is not None else 1
             match = BlockMatch(block, why, self._largest(block), limit, want)
             if match.over or want > 1:  # else nothing of it is over the limit (or its size is unknown): left alone
                 yield match
@@ -322,7 +299,7 @@ class SplitBlocks(Pass):
                        and np.dtype(shapes.dtype(t)).itemsize < 4})
         if any(d != "float16" for d in half):
             raise Refuse(f"{'/'.join(half)} block: where ORT CPU rounds such a chain was not measured", dtype=half)
-        if half and (why := self.plan.keep_whole.get(block.conv.name)) is not None:
+        if half and (why := self.run_state.keep_whole.get(block.conv.name)) is not None:
             raise why  # the whole model was not byte-identical with the float16 split: the block stays whole
         region = [o for n in block.nodes for o in n.outputs]
         sizes = []
@@ -360,13 +337,13 @@ class SplitBlocks(Pass):
         # (the joined input is as large as the tensors the chunks were made to avoid)
         over = limit is not None and sink_size > limit
         why_whole = self._why_conv_whole(ctx, block, tail, counts) if over or want > 1 else ""
-        self.plan.rows[conv.name] = self._rows_of(chunks, counts, sink, shapes.shape(sink)[2] // h)
+        self.run_state.rows[conv.name] = self._rows_of(chunks, counts, sink, shapes.shape(sink)[2] // h)
         if why_whole is None:
             end = (tail[-1] if tail else conv).outputs[0]
             proof = None if plan.float16 else record(ctx, shapes, [conv, *tail], [end])
             if proof is not None:  # (a float16 block's proof is float16_proof.py's, on the written file)
-                proof.parts_inputs.update(self.plan.rows[conv.name])
-                self.plan.proofs[conv.name] = proof
+                proof.parts_inputs.update(self.run_state.rows[conv.name])
+                self.run_state.proofs[conv.name] = proof
             joined = [self._chunk_tail(ctx, conv, tail, shapes, c, chunk, rows)
                       for c, (chunk, rows) in enumerate(zip(chunks, counts, strict=True))]
             for node in [conv, *tail]:
@@ -388,13 +365,13 @@ class SplitBlocks(Pass):
                        + (", within the limit" if not over else " and REMAINS OVER the limit")
                        + (f": {why_whole}" if why_whole else ""))
         new_nodes = tuple(x.name for x in ctx.graph.nodes[first:])
-        self.plan.chunks[conv.name] = len(counts)
+        self.run_state.chunks[conv.name] = len(counts)
         return self._action(match, plan, tail, sink_size, why_whole, verdict, new_nodes)
 
     @staticmethod
     def _rows_of(chunks: list[gs.Tensor], counts: list[int], sink: gs.Tensor, rows_per_output_row: int
                  ) -> dict[str, tuple[str, int, int, int]]:
-        """Each chunk's Conv input -> (the whole Conv input, axis 2, first row, end row) it holds (`plan.rows`:
+        """Each chunk's Conv input -> (the whole Conv input, axis 2, first row, end row) it holds (`RunState.rows`:
         where a proof starts at the Conv's input)."""
         found, r0 = {}, 0
         for chunk, rows in zip(chunks, counts, strict=True):
@@ -406,18 +383,18 @@ class SplitBlocks(Pass):
                         ) -> Refuse | None:
         """Why the block's Conv stays whole where its whole input would be over the limit or undo a --max-memory
         split, or None when it is split into the chunks too: what the whole patched model showed
-        (`plan.keep_whole`), else its chunks against it whole on ORT CPU (`_conv_split_refusal`, once per Conv and
-        chunks, and not at all without `plan.check_in_pass`: `patch` shows the split exact with its proof)."""
+        (`RunState.keep_whole`), else its chunks against it whole on ORT CPU (`_conv_split_refusal`, once per Conv and
+        chunks, and not at all without `RunState.check_in_pass`: `patch` shows the split exact with its proof)."""
         conv = block.conv
-        why_whole = self.plan.keep_whole.get(conv.name)
+        why_whole = self.run_state.keep_whole.get(conv.name)
         if why_whole is None:
             key = (conv.name, tuple(counts))
-            if key not in self.plan.checked:
-                if self.plan.check_in_pass:
+            if key not in self.run_state.checked:
+                if self.run_state.check_in_pass:
                     step(f"Conv '{conv.name}' in {len(counts)} chunks against it whole, on ORT CPU")
-                self.plan.checked[key] = (self._conv_split_refusal(ctx, block, tail, self.shapes, counts)
-                                          if self.plan.check_in_pass else None)
-            why_whole = self.plan.checked[key]
+                self.run_state.checked[key] = (self._conv_split_refusal(ctx, block, tail, self.shapes, counts)
+                                          if self.run_state.check_in_pass else None)
+            why_whole = self.run_state.checked[key]
         return why_whole
 
     def _action(self, match: BlockMatch, plan: ChunkPlan, tail: list[gs.Node], sink_size: int,

@@ -10,8 +10,8 @@ heap, which cannot grow past 4 GiB, and the WebGPU EPs hold them there before up
 
 Which: ORT itself says. Whether a tensor is static depends on shapes ONNX's shape inference does not know (a
 Swin block's window count comes from Shape -> Gather -> Div chains that ORT folds one after another), so the
-model is optimized once by ORT CPU at level `basic` (constant folding; `optimized_model_filepath`), in a child
-process, and the stored tensors larger than `FOLD_LIMIT` that a node of a broadcasting elementwise op makes, at
+model is optimized once by ORT CPU at level `basic` (constant folding; `optimized_model_filepath`), on a second
+core, and the stored tensors larger than `FOLD_LIMIT` that a node of a broadcasting elementwise op makes, at
 least twice the size of its inputs, are the candidates.
 
 How: the node's smallest input goes through `Where(flag, t, t)`, `flag` being the first element of the model's
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,13 +36,14 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ..base.ort_cpu import run_ort_cpu
+from ..base.ort_cpu import optimized_graph, run_ort_cpu
+from ..base.scratch import scratch
 from ..base.threads import thread_counts
 from ..files import TypeTable, elem_nbytes
 from ..graph.budget import human
 from ..graph.fold import FOLD_LIMIT
 from ..graph.pipeline import Action, Outcome
-from .local_proof import LEVELS, kernels_of
+from ..proofs.local_proof import LEVELS, kernels_of
 
 PASS = "unfold"
 BROADCASTS = {"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow", "Where"}
@@ -70,28 +70,13 @@ class Candidate:
         return min(range(len(self.inputs)), key=lambda i: math.prod(self.inputs[i]))
 
 
-def stored_by_ort(model_path: str | os.PathLike[str], dims: dict[str, int], limit: int = FOLD_LIMIT
-                  ) -> dict[str, tuple[int, ...]]:
+def stored_by_ort(model_path: str | os.PathLike[str], limit: int = FOLD_LIMIT) -> dict[str, tuple[int, ...]]:
     """Name -> shape of every initializer over `limit` bytes that ORT CPU keeps after folding `model_path` at level
-    `basic` (`dims`: symbolic input dims fixed by name, as `--input-shapes` fixes them). The optimized model is
-    written to a temporary folder: its large initializers as external data, which is never read back."""
-    import onnxruntime as ort
-
-    with tempfile.TemporaryDirectory(prefix="ds-unfold-") as tmp:
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-        options.intra_op_num_threads = 1
-        options.log_severity_level = 3
-        options.optimized_model_filepath = str(Path(tmp) / "folded.onnx")
-        options.add_session_config_entry("session.disable_prepacking", "1")
-        options.add_session_config_entry("session.optimized_model_external_initializers_file_name", "folded.data")
-        options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes",
-                                         str(limit))
-        for name, value in dims.items():
-            options.add_free_dimension_override_by_name(name, value)
-        ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
-        folded = onnx.load(str(Path(tmp) / "folded.onnx"), load_external_data=False)
-    return {t.name: tuple(t.dims) for t in folded.graph.initializer if (elem_nbytes(t.data_type, t.dims) or 0) > limit}
+    `basic` (prepacking off: it changes no graph, and it costs memory)."""
+    with scratch("ds-unfold-", "ORT CPU's folded graph of the model") as tmp:
+        graph = optimized_graph(str(model_path), "basic", Path(tmp), external_over=limit,
+                                config={"session.disable_prepacking": "1"})
+    return {t.name: tuple(t.dims) for t in graph.initializer if (elem_nbytes(t.data_type, t.dims) or 0) > limit}
 
 
 def candidates(model: onnx.ModelProto, types: TypeTable, stored: dict[str, tuple[int, ...]],

@@ -67,14 +67,14 @@ def test_sigterm_stops_a_batch_and_its_workers(tmp_path):
 _STOP_THE_PARENT_WHILE_THE_CHILD_REPORTS = """
 import os, signal, sys
 from deform_surgeon.commands import cli
-from deform_surgeon.commands import patch as surgeon
+from deform_surgeon.commands.patching import lift
 from deform_surgeon.base.errors import SurgeonError
 
 def checker_that_fails(model, path, weights):  # runs in the background child (background.py)
     os.kill(os.getppid(), signal.SIGTERM)  # the parent is stopped now...
     raise SurgeonError(path, "fails onnx.checker: " + "x" * (1 << 20))  # ...while this (1 MB) is being sent
 
-surgeon.checked_types = checker_that_fails
+lift.checked_types = checker_that_fails
 sys.exit(cli.main(["inspect", sys.argv[1]]))
 """
 

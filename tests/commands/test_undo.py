@@ -3,7 +3,7 @@
 A check that fails undoes only the rewrite(s) that make the difference (found by a search over the rewrites the
 check covered, as `bisect` searches over prefixes), names each with the difference measured, and writes the rest;
 a float16 rewrite is shown exact on the nodes around it when ORT CPU rounds them as in the whole models
-(passes/precision.py); the report gives each stage's wall time and peak RSS.
+(proofs/precision.py); the report gives each stage's wall time and peak RSS.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from helpers.bands import LEVELS, KiB, bands_actions, feeds_for, over, run
 from helpers.graphs import decoder_tail
 
 from deform_surgeon import patch
-from deform_surgeon.commands import patch as surgeon_module
 from deform_surgeon.commands.cli import main as cli_main
+from deform_surgeon.commands.patch import PatchRun
 from deform_surgeon.graph.pipeline import Outcome
 
 LIMIT = 300 * KiB  # the decoder tail's four rewrites (test_bands.py)
@@ -43,11 +43,11 @@ def _plant_wrong(monkeypatch, node: str, proofs: bool = False) -> list[str]:
     """Every lift of the decoder tail gets one wrong rewrite: the first band Conv made for `node` reads its weights
     scaled by 1.001 (a rewrite whose proof was wrong). Without `proofs`, no rewrite is shown exact on its own, so
     all four are left to the whole-model check. Returns the lifts' planted node names (one per lift with it)."""
-    real_run = surgeon_module._run
+    real_lift = PatchRun.lift_once
     planted: list[str] = []
 
-    def run_with_a_wrong_rewrite(model_path, options, plan=None):
-        lifted = real_run(model_path, options, plan)
+    def lift_with_a_wrong_rewrite(run):
+        lifted = real_lift(run)
         act = next((a for a in lifted.actions if a.node == node and a.action == Outcome.REWRITTEN), None)
         if act is not None:
             made = set(act.new_nodes)
@@ -56,10 +56,9 @@ def _plant_wrong(monkeypatch, node: str, proofs: bool = False) -> list[str]:
             planted.append(conv.name)
         return lifted
 
-    monkeypatch.setattr(surgeon_module, "_run", run_with_a_wrong_rewrite)
+    monkeypatch.setattr(PatchRun, "lift_once", lift_with_a_wrong_rewrite)
     if not proofs:
-        monkeypatch.setattr(surgeon_module, "_prove_locally", lambda path, options, plan, lifted, memory: (
-            lifted, memory))
+        monkeypatch.setattr(PatchRun, "prove", lambda run: None)
     return planted
 
 
@@ -98,17 +97,17 @@ def test_a_wrong_rewrite_planted_among_correct_ones_is_the_only_one_undone(tmp_p
 def test_two_wrong_rewrites_are_both_found(tmp_path, monkeypatch):
     """Two planted wrong: each found by its own search, both undone, the other two written."""
     _plant_wrong(monkeypatch, "Conv_att_conv1")
-    second = surgeon_module._run
+    second = PatchRun.lift_once
 
-    def and_the_mask(model_path, options, plan=None):
-        lifted = second(model_path, options, plan)
+    def and_the_mask(run):
+        lifted = second(run)
         act = next((a for a in lifted.actions if a.node == "Conv_mask" and a.action == Outcome.REWRITTEN), None)
         if act is not None:
             conv = next(n for n in lifted.graph.nodes if n.name in set(act.new_nodes) and n.op == "Conv")
             _scale(lifted.graph, conv, 0.999)
         return lifted
 
-    monkeypatch.setattr(surgeon_module, "_run", and_the_mask)
+    monkeypatch.setattr(PatchRun, "lift_once", and_the_mask)
     src, out = tmp_path / "tail.onnx", tmp_path / "tail.patched.onnx"
     onnx.save(decoder_tail(), src)
     report = patch(src, out, max_buffer=LIMIT)
@@ -158,10 +157,10 @@ def test_a_rewrite_wrong_on_the_second_input_only_is_found_with_it_and_no_exact_
     assert peaks[1] != peaks[0]
     threshold = (peaks[0] + peaks[1]) / 2
     _plant_wrong(monkeypatch, "Conv_att_conv1")
-    first = surgeon_module._run
+    first = PatchRun.lift_once
 
-    def and_the_mask_on_input_one(model_path, options, plan=None):
-        lifted = first(model_path, options, plan)
+    def and_the_mask_on_input_one(run):
+        lifted = first(run)
         act = next((a for a in lifted.actions if a.node == "Conv_mask" and a.action == Outcome.REWRITTEN), None)
         if act is not None:  # y * (1.001 where max(x) is past the threshold on input 1's side, else 1)
             conv = next(n for n in lifted.graph.nodes if n.name in set(act.new_nodes) and n.op == "Conv")
@@ -180,7 +179,7 @@ def test_a_rewrite_wrong_on_the_second_input_only_is_found_with_it_and_no_exact_
                 gs.Node("Mul", f"{conv.name}/planted", inputs=[raw, by], outputs=[out_t])]
         return lifted
 
-    monkeypatch.setattr(surgeon_module, "_run", and_the_mask_on_input_one)
+    monkeypatch.setattr(PatchRun, "lift_once", and_the_mask_on_input_one)
     report = patch(src, out, max_buffer=LIMIT)
     acts = {a.node: a for a in bands_actions(report.actions)}
     assert {n for n, a in acts.items() if a.action == Outcome.REFUSED} == {"Conv_att_conv1", "Conv_mask"}
@@ -219,15 +218,15 @@ def test_a_difference_none_of_the_rewrites_makes_is_not_blamed_on_them(tmp_path,
     from deform_surgeon.base.errors import VerificationError
 
     _plant_wrong(monkeypatch, "Conv_att_conv1")
-    real_run = surgeon_module._run
+    real_lift = PatchRun.lift_once
 
-    def everything_wrong(model_path, options, plan=None):
-        lifted = real_run(model_path, options, plan)
+    def everything_wrong(run):
+        lifted = real_lift(run)
         relu = next(n for n in lifted.graph.nodes if n.op == "Relu")
         relu.op = "Sigmoid"  # outside any rewrite the search can undo
         return lifted
 
-    monkeypatch.setattr(surgeon_module, "_run", everything_wrong)
+    monkeypatch.setattr(PatchRun, "lift_once", everything_wrong)
     src, out = tmp_path / "tail.onnx", tmp_path / "tail.patched.onnx"
     onnx.save(decoder_tail(), src)
     with pytest.raises(VerificationError, match="patched model differs from the original, not written"):

@@ -157,7 +157,7 @@ def test_an_input_removed_after_it_was_loaded_is_one_line(tmp_path, removed, sta
 ], ids=["patch-lift", "patch-float16-proofs", "verify"])
 def test_a_nearly_full_tmpdir_is_one_line_and_nothing_is_left_there(tmp_path, size, argv, needed_for):
     """Fifth round: `patch` of the float16 fixture with TMPDIR nearly full died with onnxruntime's traceback from
-    passes/precision.py (exit 1) and left a `ds-rounding-*` folder there (a child stopped while ORT wrote in a folder
+    proofs/precision.py (exit 1) and left a `ds-rounding-*` folder there (a child stopped while ORT wrote in a folder
     of its own). Each use of TMPDIR is now a folder the command removes whatever happens, and a TMPDIR out of space is
     one line naming it, what the command keeps there and the space it had. (A small tmpfs: root only.)"""
     tmpdir = tmp_path / "tmpdir"

@@ -21,11 +21,9 @@ from helpers import FIXTURES, assert_bytes_equal, graphs, one_error_line, snapsh
 from onnx import TensorProto, helper, numpy_helper
 
 from deform_surgeon import files as model_io
-from deform_surgeon.commands import patch as surgeon
-from deform_surgeon.commands.patch import default_passes
+from deform_surgeon.commands.patch import PatchRun, default_passes
 from deform_surgeon.graph import pipeline
 from deform_surgeon.graph.pipeline import Context, Options, run_passes
-from deform_surgeon.passes.split import SplitPlan
 
 CMD = [sys.executable, "-m", "deform_surgeon"]
 
@@ -88,7 +86,7 @@ def test_the_prover_reads_only_what_it_needs(tmp_path):
     save_external(model, tmp_path / "external.onnx")
     index_constants = {t.name for t in model.graph.initializer} - {"big_weight"}
     for name in ("embedded.onnx", "external.onnx"):
-        lifted = surgeon._run(tmp_path / name, Options(), SplitPlan())  # patch's own road
+        lifted = PatchRun(tmp_path / name, Options()).lift_once()  # patch's own road
         weights = lifted.weights
         assert set(weights.tensors) == ({"big_weight"} if name == "embedded.onnx" else index_constants | {"big_weight"})
         assert sum(a.op == "GatherND" and a.action == "rewritten" for a in lifted.actions) == 4

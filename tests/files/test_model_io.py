@@ -19,7 +19,7 @@ from deform_surgeon import patch
 from deform_surgeon.base import background
 from deform_surgeon.base.background import Background
 from deform_surgeon.base.errors import SurgeonError
-from deform_surgeon.commands import patch as surgeon
+from deform_surgeon.commands.patch import PatchRun
 from deform_surgeon.files import (
     STORED_WEIGHT_BYTES,
     Weights,
@@ -31,7 +31,6 @@ from deform_surgeon.files import (
 )
 from deform_surgeon.graph.pipeline import Options
 from deform_surgeon.graph.region import find_region, splice
-from deform_surgeon.passes.split import SplitPlan
 
 
 def constant_grid_model() -> onnx.ModelProto:
@@ -51,7 +50,7 @@ def test_a_stored_constant_is_a_region_input_read_through_weights_and_written_as
     model = constant_grid_model()
     path, out = tmp_path / "m.onnx", tmp_path / "out.onnx"
     onnx.save(model, path)
-    lifted = surgeon._run(path, Options(), SplitPlan())
+    lifted = PatchRun(path, Options()).lift_once()
     assert lifted.weights.constants == {"grid"} and "grid" in lifted.weights.loaded  # the prover read it
     assert "grid" in {t.name for t in lifted.graph.inputs}  # the region sees a typed input, not the node
     assert sum(a.op == "GatherND" and a.action == "rewritten" for a in lifted.actions) == 4

@@ -269,7 +269,8 @@ def test_budget_sees_the_sizes_patch_sees(tmp_path, symbolic):
     height (the pads are then not static), the same tensors for both."""
     from helpers import graphs
 
-    from deform_surgeon.commands.patch import _options, _run
+    from deform_surgeon.commands.patch import PatchRun
+    from deform_surgeon.commands.patching.options import rewrite_options
     from deform_surgeon.files import TypeTable
     from deform_surgeon.graph.budget import sized_tensors
 
@@ -278,7 +279,7 @@ def test_budget_sees_the_sizes_patch_sees(tmp_path, symbolic):
         model.graph.input[0].type.tensor_type.shape.dim[1].dim_param = "height"
     path = tmp_path / "swin_pad.onnx"
     onnx.save(model, path)
-    patch_types = _run(path, _options(False, None)).types  # what `patch` proves and fits with
+    patch_types = PatchRun(path, rewrite_options()).lift_once().types  # what `patch` proves and fits with
     patch_unknown = sized_tensors(model, patch_types)[1]
     report = analyze(path)
     assert report.tensors_unknown == len(patch_unknown) and report.unknown_examples == patch_unknown[:5]

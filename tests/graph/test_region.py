@@ -36,7 +36,7 @@ def run(model: onnx.ModelProto | Path, data: dict) -> list[np.ndarray]:
     return ort.InferenceSession(src, providers=["CPUExecutionProvider"]).run(None, data)
 
 
-# what showed a Conv split exact or not: `patch` shows it with its local proof (passes/local_proof.py), the passes
+# what showed a Conv split exact or not: `patch` shows it with its local proof (proofs/local_proof.py), the passes
 # alone with their own check of the chunks
 _HOW_SHOWN = {"shown_exact", "levels", "undone", "level", "max_diff", "neighbours"}
 

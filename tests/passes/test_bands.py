@@ -1,5 +1,5 @@
 """Bands pass: ordinary tensors over --max-buffer (BiRefNet's decoder tail) are computed in row bands (Conv) and
-channel groups (Resize), each shown exact on its own (passes/local_proof.py) before anything is written."""
+channel groups (Resize), each shown exact on its own (proofs/local_proof.py) before anything is written."""
 
 from __future__ import annotations
 
@@ -273,7 +273,7 @@ def test_the_proofs_run_without_neighbours_at_level_disable_only(tmp_path, monke
 def test_the_guard_sees_what_ort_changes_at_level_disable():
     """The proofs drop the neighbours at level `disable` only where ORT runs the graph as it is: a float32 chain,
     yes; a float16 one, no (ORT inserts Casts around the nodes it has no float16 kernel for)."""
-    from deform_surgeon.passes.local_proof import _untransformed
+    from deform_surgeon.proofs.local_proof import _untransformed
 
     def chain(elem: int) -> onnx.ModelProto:
         graph = helper.make_graph([helper.make_node("Sin", ["x"], ["y"], name="sin"),
@@ -288,7 +288,7 @@ def test_the_guard_sees_what_ort_changes_at_level_disable():
 
 def test_a_chunk_is_seeded_with_the_same_bytes_as_its_rows_of_the_whole():
     """A split Conv's chunks are fed their rows of the whole input's seeded values, made without the whole."""
-    from deform_surgeon.passes.local_proof import SEED_PERIOD, _seeded
+    from deform_surgeon.proofs.local_proof import SEED_PERIOD, _seeded
 
     f32 = np.dtype(np.float32)
     for shape, rows in [((1, 3, 10, 7), (2, 3, 8)), ((2, 5, 700, 301), (2, 111, 530)), ((1, 4, 9), (1, 0, 4)),
@@ -311,17 +311,18 @@ def test_without_max_buffer_the_tail_is_left_alone(tmp_path):
 
 
 def test_a_band_not_shown_exact_on_the_whole_model_is_undone(tmp_path):
-    """What `patch` does when the whole patched model differs: it keeps those nodes whole (the plan's
-    keep_whole, here given up front as the fallback gives it), says why, and writes the rest."""
-    from deform_surgeon.commands.patch import _lift, _options
-    from deform_surgeon.passes.split import SplitPlan
+    """What `patch` does when the whole patched model differs: it keeps those nodes whole (the run
+    state's keep_whole, here given up front as the fallback gives it), says why, and writes the rest."""
+    from deform_surgeon.commands.patch import PatchRun
+    from deform_surgeon.commands.patching.options import rewrite_options
+    from deform_surgeon.passes.run_state import RunState
 
     src = tmp_path / "tail.onnx"
     onnx.save(decoder_tail(), src)
     why = "not shown exact on the whole model: (test)"
-    plan = SplitPlan(keep_whole={"Conv_mask": Refuse(why, undone="whole_model"),
+    state = RunState(keep_whole={"Conv_mask": Refuse(why, undone="whole_model"),
                                  "Resize_dec_up": Refuse(why, undone="whole_model")})
-    lifted, _ = _lift(src, _options(False, None, 300 * KiB), plan)
+    lifted, _ = PatchRun(src, rewrite_options(max_buffer=300 * KiB), state=state).lift()
     acts = {a.node: a for a in bands_actions(lifted.actions)}
     assert acts["Conv_mask"].action == Outcome.REFUSED and acts["Conv_mask"].details["undone"] == "whole_model"
     assert acts["Conv_mask"].reason.endswith(why)  # the reason says why, for a person
@@ -381,7 +382,7 @@ def one_thread_count(monkeypatch):
     rewrites' own structure at a replica size where no bands are exact at every count (the test above)."""
     import os
 
-    from deform_surgeon.passes import local_proof
+    from deform_surgeon.proofs import local_proof
 
     monkeypatch.setattr(local_proof, "thread_counts", lambda kernels, default: (os.cpu_count() or 1,))
 
@@ -421,17 +422,19 @@ def test_nested_decoder_form_fits_and_is_byte_identical(tmp_path, one_thread_cou
 
 
 def test_nested_form_with_the_last_conv_kept_whole(tmp_path):
-    """When the last Conv's bands are not shown exact (here: the plan's keep_whole, as a failed proof gives it),
+    """When the last Conv's bands are not shown exact (here: the run state's keep_whole, as a failed proof gives it),
     it is refused with the reason, and the image branch's Conv gets row bands of its own, as before the nested form
     was fitted; the Concat stays over the limit and `patch --max-memory` says what holds the peak."""
-    from deform_surgeon.commands.patch import _lift, _options
-    from deform_surgeon.passes.split import SplitPlan
+    from deform_surgeon.commands.patch import PatchRun
+    from deform_surgeon.commands.patching.options import rewrite_options
+    from deform_surgeon.passes.run_state import RunState
 
     src = tmp_path / "full.onnx"
     onnx.save(decoder_tail_full(), src)
     why = "not shown exact on its own: (test)"
-    options = _options(False, None, FULL_LIMIT, FULL_MEMORY)
-    lifted, line = _lift(src, options, SplitPlan(keep_whole={"Conv_mask": Refuse(why, undone="on_its_own")}))
+    options = rewrite_options(max_buffer=FULL_LIMIT, max_memory=FULL_MEMORY)
+    state = RunState(keep_whole={"Conv_mask": Refuse(why, undone="on_its_own")})
+    lifted, line = PatchRun(src, options, state=state).lift()
     acts = {a.node: a for a in bands_actions(lifted.actions)}
     assert acts["Conv_mask"].action == Outcome.REFUSED and acts["Conv_mask"].details["undone"] == "on_its_own"
     inner = acts["Conv_ipt_conv_out"]

@@ -1,4 +1,4 @@
-"""The float16 proof of a split block that starts at the Conv's input (passes/float16_proof.py
+"""The float16 proof of a split block that starts at the Conv's input (proofs/float16_proof.py
 `cut_at_conv_inputs`): when the chunks' nodes before the Conv count as computing each element as the whole block's
 nodes do. Each case is one way the chunks could round or read otherwise, on a two-node chain read from synthetic
 graphs of ORT CPU (`Rounding`): a proof must not start at the Conv's input then."""
@@ -9,8 +9,8 @@ import dataclasses
 
 from onnx import helper
 
-from deform_surgeon.passes import float16_proof
-from deform_surgeon.passes.precision import FLOAT32, TYPED, Rounding
+from deform_surgeon.proofs import float16_proof
+from deform_surgeon.proofs.precision import FLOAT32, TYPED, Rounding
 
 
 def _chain(chunk_op: str = "Mul", reads: str = "x/rows") -> tuple[dict, dict]:

@@ -4,6 +4,7 @@ the Python API and batch manifests, and the report lists the passes that ran."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -16,8 +17,9 @@ from helpers import FIXTURES, one_error_line, op_count, run, snapshot
 
 import deform_surgeon as ds
 from deform_surgeon.commands.patch import default_passes
+from deform_surgeon.graph.pipeline import Refuse
 from deform_surgeon.passes.registry import PASS_NAMES, REGISTRY, make_passes
-from deform_surgeon.passes.split import SplitPlan
+from deform_surgeon.passes.run_state import RunState
 
 WHOLE_MODEL_STEPS = {"input-shape", "fold", "slices"}  # model-level steps before the passes: not in the registry
 
@@ -36,9 +38,33 @@ def test_default_passes_are_the_registry_in_order():
     assert [p.name for p in default_passes()] == list(PASS_NAMES)
     assert [type(p) for p in default_passes()] == [r.cls for r in REGISTRY]
     assert all(r.summary and "\n" not in r.summary for r in REGISTRY)
-    plan = SplitPlan()
-    split, bands = make_passes(plan, ("deform_conv", "gathernd", "gather_elements", "residency", "sum_chain", "fit"))
-    assert split.plan is plan and bands.plan is plan  # one run's passes share its plan
+    state = RunState()
+    split, bands = make_passes(state, ("deform_conv", "gathernd", "gather_elements", "residency", "sum_chain", "fit"))
+    assert split.run_state is state and bands.run_state is state  # one run's passes share its state
+
+
+def test_the_run_state_is_saved_and_restored_whole():
+    """`RunState.snapshot` and `restore` cover every field, whatever it is named (the undo search lifts the model
+    with some rewrites kept aside, then puts the run's state back as it was), a dict keeping its identity (a pass
+    made for the run holds it); `start_lift` forgets the per-lift records only."""
+    state = RunState()
+    dicts = {f.name: getattr(state, f.name) for f in dataclasses.fields(state) if isinstance(getattr(state, f.name),
+                                                                                              dict)}
+    saved = state.snapshot()
+    for f in dataclasses.fields(state):
+        value = getattr(state, f.name)
+        if isinstance(value, dict):
+            value["changed"] = Refuse("changed")
+        else:
+            setattr(state, f.name, not value)
+    state.restore(saved)
+    assert state == RunState() and all(getattr(state, name) is d for name, d in dicts.items())
+    state.keep_whole["Conv_1"] = Refuse("kept whole")
+    state.min_chunks["Conv_1"] = 3
+    state.proofs["Conv_1"] = None
+    state.rows["Conv_1"] = {}
+    state.start_lift()
+    assert (state.proofs, state.rows, state.min_chunks) == ({}, {}, {"Conv_1": 3}) and "Conv_1" in state.keep_whole
 
 
 def test_every_action_of_a_patch_names_a_registered_pass(tmp_path):

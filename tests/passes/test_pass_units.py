@@ -22,9 +22,9 @@ from helpers import assert_bytes_equal
 from deform_surgeon.base.ort_cpu import run_ort_cpu
 from deform_surgeon.files import export_graph, infer_value_types
 from deform_surgeon.graph.pipeline import Action, Context, Options, Outcome, run_passes
-from deform_surgeon.passes.local_proof import refusal
 from deform_surgeon.passes.registry import REGISTRY
-from deform_surgeon.passes.split import SplitPlan
+from deform_surgeon.passes.run_state import RunState
+from deform_surgeon.proofs.local_proof import refusal
 
 LEVELS = ("disable", "all")
 
@@ -64,14 +64,14 @@ def initializer(dtype: str, name: str, array: np.ndarray) -> str:
 class Ran:
     """One pass run on one model: its actions, the model before and after, the context it ran in."""
 
-    def __init__(self, name: str, text: str, plan: SplitPlan | None = None, **options) -> None:
+    def __init__(self, name: str, text: str, state: RunState | None = None, **options) -> None:
         self.before = onnx.shape_inference.infer_shapes(onnx.parser.parse_model(text), strict_mode=True)
         onnx.checker.check_model(self.before, full_check=True)
-        self.plan = plan if plan is not None else SplitPlan()
+        self.state = state if state is not None else RunState()
         (registered,) = [r for r in REGISTRY if r.name == name]
         graph = gs.import_onnx(self.before)
         self.ctx = Context(graph, infer_value_types(self.before), Options(**options))
-        self.actions: list[Action] = run_passes(self.ctx, [registered.make(self.plan)])
+        self.actions: list[Action] = run_passes(self.ctx, [registered.make(self.state)])
         assert all(a.pass_name == name for a in self.actions)
         graph.cleanup().toposort()
         self.after = export_graph(graph, self.before)
@@ -193,7 +193,7 @@ def test_sum_chain_refuses_a_sum_of_unknown_element_type():
     graph = gs.import_onnx(model)
     (registered,) = [r for r in REGISTRY if r.name == "sum_chain"]
     ctx = Context(graph, infer_value_types(model), Options())
-    (refused,) = run_passes(ctx, [registered.make(SplitPlan())])
+    (refused,) = run_passes(ctx, [registered.make(RunState())])
     assert refused.action == Outcome.REFUSED and refused.details == {}
     assert [n.op for n in graph.nodes] == ["Unknown", "Sum"]
 
@@ -288,7 +288,7 @@ def test_split_cuts_a_block_into_row_chunks():
     assert (d["chunks"], d["chunk_rows"], d["rows"], d["gathers"]) == (4, [1, 1, 1, 1], 4, 1)
     assert (d["size_bytes"], d["chunk_bytes"], d["limit_bytes"]) == (512, 128, 200)
     assert d["conv_split"] and not d["over_limit"] and d["conv_input_bytes"] == 512
-    assert ran.ops()["Conv"] == 4 and ran.ops()["Gather"] == 4 and ran.plan.chunks == {done.node: 4}
+    assert ran.ops()["Conv"] == 4 and ran.ops()["Gather"] == 4 and ran.state.chunks == {done.node: 4}
     for seed in range(2):  # integer-valued data and weights: any summation order gives the same bytes
         ran.same_bytes({"data": _rng(seed).integers(-8, 8, (20, 2)).astype(np.float32)})
 
@@ -332,7 +332,7 @@ def test_bands_compute_a_conv_in_row_bands_and_local_proof_shows_them_exact():
         ran.same_bytes(_integers(seed))
     # the local proof `patch` runs before writing: shown exact (None), or, when a run differs, a refusal that
     # carries the level and the measured difference
-    proof = ran.plan.proofs[done.node]
+    proof = ran.state.proofs[done.node]
     assert refusal(ran.ctx, proof) is None
     runs: list[str] = []
     why = _refusal_one_ulp_off(ran, proof, runs)
@@ -382,7 +382,7 @@ def test_bands_compute_a_matmul_chain_in_row_chunks_and_local_proof_shows_them_e
     assert ran.ops() == {"Slice": 2, "MatMul": 4, "Relu": 2, "Add": 2, "Concat": 1}
     for seed in range(2):
         ran.same_bytes({"x": _rng(seed).standard_normal((1, 16, 4)).astype(np.float32)})
-    proof = ran.plan.proofs[done.node]
+    proof = ran.state.proofs[done.node]
     assert refusal(ran.ctx, proof) is None
     why = _refusal_one_ulp_off(ran, proof, [])
     assert why.details["level"] == "disable" and 0 < why.details["max_diff"] < 1e-3

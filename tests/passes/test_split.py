@@ -171,7 +171,7 @@ def _row_cuts(model: onnx.ModelProto) -> list[onnx.NodeProto]:
 
 
 def test_a_float16_block_is_cut_by_pads_and_the_whole_model_stays_byte_identical_at_both_levels(tmp_path):
-    """The 7x7 block in 2 chunks, shown exact on its own (passes/float16_proof.py): the block's nodes and their
+    """The 7x7 block in 2 chunks, shown exact on its own (proofs/float16_proof.py): the block's nodes and their
     chunks, with the producers ORT rounds their inputs by and the index chain that clamps the gathers, held to
     ORT CPU's graphs of the model without the split and of the written file; no whole-model check is run."""
     out = tmp_path / "fp16.split.onnx"
@@ -616,11 +616,11 @@ def test_the_fitted_file_lists_its_nodes_in_the_order_its_peak_was_measured_in(t
     second): in the file's own order the chunks' temporaries are live at once. `patch` writes the nodes in the
     order budget measured the peak in (depth-first, one chunk after another), so a runtime that follows the file
     gets that peak."""
-    from deform_surgeon.commands import patch as surgeon
+    from deform_surgeon.commands.patching import lift
 
     src, out, spliced = FIXTURES / "decoder_gathernd.onnx", tmp_path / "m.onnx", tmp_path / "spliced.onnx"
     with monkeypatch.context() as m:
-        m.setattr(surgeon, "write_in_execution_order", lambda model: False)  # the splice's order, as before
+        m.setattr(lift, "write_in_execution_order", lambda model: False)  # the splice's order, as before
         patch(src, spliced, max_memory=800_000)
     report = patch(src, out, max_memory=800_000)
     assert "within the limit" in report.note

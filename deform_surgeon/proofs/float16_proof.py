@@ -1,7 +1,7 @@
 """Show float16 rewrites exact on the nodes around them, at the cost of those nodes, not of the whole model.
 
 Why a proof of its own: in a float16 model ORT CPU decides where values are rounded to float16 from the graph
-around each node (passes/cut_and_join.py, passes/precision.py), so a rewrite run on its own, its inputs given as float16
+around each node (passes/cut_and_join.py, proofs/precision.py), so a rewrite run on its own, its inputs given as float16
 graph inputs, would be rounded elsewhere than in the model. This proof therefore takes its nodes from the two
 models ORT will really run, and holds it to ORT's own graphs of them:
 
@@ -187,7 +187,7 @@ def verdict(group: Group, before: ModelView, after: ModelView, roundings: Roundi
     """Whether the group's rewritten side gives the whole side's bytes where ORT runs both as in the models: a
     `Verdict` whose `why` is None when it does, `Unshown` when the proof cannot stand for them, a `Refuse` with the
     level and the difference otherwise. `rows` (chunk input -> (whole Conv input, axis, first row, end row),
-    `SplitPlan.rows`): split blocks whose proof may start at their Conv's input (`cut_at_conv_inputs`); where that
+    `RunState.rows`): split blocks whose proof may start at their Conv's input (`cut_at_conv_inputs`); where that
     proof cannot stand for the models, the whole group is proven as it is."""
     cut = cut_at_conv_inputs(group, before, after, rows or {}, roundings)
     ran: set[int] = set()

@@ -83,22 +83,12 @@ def rounding(model: str | Path | onnx.ModelProto, level: str = "disable", folder
     """ORT CPU's graph of `model` (a file, or a model in memory) at `level`, read as a `Rounding`. ORT saves it in a
     folder of its own inside `folder` (a `scratch` folder its caller removes: `file_roundings`), or else in a
     `scratch` folder for `what` (the words TMPDIR's line names it by)."""
-    import onnxruntime as ort
-
-    from ..base.ort_cpu import ort_level
+    from ..base.ort_cpu import optimized_graph
 
     with (tempfile.TemporaryDirectory(prefix="ds-rounding-", dir=folder) if folder is not None else
           scratch("ds-rounding-", what)) as tmp:
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort_level(level)
-        options.log_severity_level = 3
-        options.enable_cpu_mem_arena = False
-        options.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")
-        options.add_session_config_entry("session.optimized_model_external_initializers_file_name", "weights.bin")
-        options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
         source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
-        ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
-        graph = onnx.load(options.optimized_model_filepath, load_external_data=False).graph
+        graph = optimized_graph(source, level, Path(tmp))
     return _read(graph, keep_reads=level == "disable")
 
 
