@@ -62,14 +62,14 @@ def _unfold_actions(report) -> list[dict]:
 
 def test_wasm_profile_computes_the_stored_sum_at_run_time_and_the_bytes_stay(tmp_path: Path) -> None:
     original = _swin_scores(tmp_path / "swin.onnx")
-    assert stored_by_ort(original, {}) == {SUM: (WINDOWS, HEADS, N, N)}  # ORT folds and keeps the 19.7 MB sum
+    assert stored_by_ort(original) == {SUM: (WINDOWS, HEADS, N, N)}  # ORT folds and keeps the 19.7 MB sum
     patched = tmp_path / "swin.wasm.onnx"
     report = ds.patch(original, patched, device_profile="wasm", verify=True)
     (action,) = _unfold_actions(report)
     assert action["action"] == "rewritten" and action["node"] == "/attn/Add", action
     assert "shown exact with its readers on ORT CPU at levels 'disable' and 'all'" in action["reason"]
     assert action["details"] == {"stored_bytes": WINDOWS * HEADS * N * N * 4, "shape": [WINDOWS, HEADS, N, N]}
-    assert stored_by_ort(patched, {}) == {}  # nothing over the limit is stored any more
+    assert stored_by_ort(patched) == {}  # nothing over the limit is stored any more
     model = onnx.load(str(patched))
     (where,) = [n for n in model.graph.node if n.op_type == "Where"]
     assert list(where.input) == [FLAG, "bias", "bias"] and where.output[0] in model.graph.node[-3].input
