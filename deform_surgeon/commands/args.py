@@ -139,10 +139,9 @@ def _val_range_problem(ranges: dict) -> str | None:
 
 def profile_help(what: str) -> str:
     """`--device-profile`'s help, after what the command does with the device."""
-    return (f"{what}: spec-default, adapter (the limits of this machine's adapter), wasm (spec-default's, and "
-            "onnxruntime-web's wasm backend, whose heap cannot pass 4 GiB: what ORT would store of its folding, "
-            "large, is computed at run time), or limits captured by `placement --device-limits-out` (default "
-            "spec-default)")
+    return (f"{what}: spec-default, adapter (the limits of this machine's adapter), wasm (spec-default's; `patch` "
+            "also fits the file to the 4 GiB heap of onnxruntime-web's wasm backend), or limits captured by "
+            "`placement --device-limits-out` (default spec-default)")
 
 
 SWITCH = {"action": "store_true"}
