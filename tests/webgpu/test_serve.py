@@ -169,6 +169,9 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert r.returncode == 2 and "not a readable ONNX model" in r.stderr
     r = _cli(str(ORIGINAL), "--headless", str(ORIGINAL))
     assert r.returncode == 2 and "output path is one of the models" in r.stderr
+    for flag in ("--no-webgpu", "--screenshot"):  # each only means something for the headless page
+        r = _cli(str(ORIGINAL), *([flag] if flag == "--no-webgpu" else [flag, str(tmp_path / "p.png")]))
+        assert r.returncode == 2 and r.stderr.strip().endswith(f"{flag} needs --headless RESULT.json"), r.stderr
 
 
 needs_runtimes = pytest.mark.skipif(runtimes.runtimes_dir() is None, reason="run `deform-surgeon setup` first")
