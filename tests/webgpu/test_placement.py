@@ -43,7 +43,7 @@ from deform_surgeon.webgpu.placement import (
     parse_ort_log,
 )
 from deform_surgeon.webgpu.placement import harness as harness_mod
-from deform_surgeon.webgpu.placement.command import format_placement
+from deform_surgeon.webgpu.placement.command import format_comparison, format_placement
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 REQUIRED_KEYS = {
@@ -464,6 +464,8 @@ def test_wasm_bundle_runs_on_the_cpu_backend_and_reads_its_heap(tmp_path: Path) 
         assert out["max_abs_diff"] is not None and out["max_abs_diff"] < 1e-4, out
         assert 0 < p.wasm_heap["after_session"]["bytes"] <= p.wasm_heap["after_run"]["bytes"] <= 4294901760
     assert runs[0].run["outputs"]["mask"]["sha256"] == runs[1].run["outputs"]["mask"]["sha256"]
+    table = format_comparison(*runs)
+    assert "wasm heap after the session" in table and "wasm heap after the run" in table, table
     big = measure_placement(_expand_model(tmp_path / "expand.onnx", 300_000_000), runtime="browser",
                             bundle="wasm", run=True, timeout=300)
     assert big.run["ok"] and big.wasm_heap["after_session"]["bytes"] < 10**8 <= 1.2e9 \

@@ -389,6 +389,9 @@ def format_comparison(a: Placement, b: Placement) -> str:
         ("no WebGPU kernel", str(len(a.kernel_not_found)), str(len(b.kernel_not_found))),
         ("over device limits", str(len(a.limit_violations)), str(len(b.limit_violations))),
     ]
+    for step in ("session", "run") if a.wasm_heap or b.wasm_heap else ():  # the heap's peak after each step
+        rows.append((f"wasm heap after the {step}", *(human(((p.wasm_heap or {}).get(f"after_{step}") or {})
+                                                            .get("bytes")) for p in (a, b))))
     if a.run is not None or b.run is not None:
 
         def rv(p: Placement) -> str:
