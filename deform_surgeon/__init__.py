@@ -9,8 +9,8 @@ Public API (the CLI is a thin shell over it):
 
 Every name is imported when first used: `import deform_surgeon` imports nothing of its own, so that the command
 (`__main__.py`, which Python runs after this file) installs its Ctrl-C and SIGTERM handlers before anything else
-is imported (this file used to import `device`, and through it `runtimes` and `ctypes`: 0.18 s in which a
-Ctrl-C was a KeyboardInterrupt traceback).
+is imported (importing `device` here would bring in `runtimes` and `ctypes`: 0.18 s in which a Ctrl-C would be
+a KeyboardInterrupt traceback).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ then gets other partial sums. The values never decide it; the thread count, the 
 constant (prepacked: fixed blocks of 256, no dependence) do. So two thread counts that give every modelled node the
 same blocking of every element give the same bytes, and a proof run at one thread count of each such class holds
 at all of them (docs/runtime-facts.md, "Threads": the model is checked element by element against ORT in
-tests/test_threads.py).
+tests/base/test_threads.py).
 
 The model covers the float32 NCHW Conv at batch x group 1 (other batch/group counts give each thread whole
 images: no dependence), the Conv computed as a GEMM (1x1, or more filters than output pixels) and MatMul/Gemm of

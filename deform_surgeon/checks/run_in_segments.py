@@ -11,11 +11,11 @@ back mapped from the file, and removed after its last reader.
 
 Why the bytes are the whole model's: at ONNX Runtime's level `disable` no node is fused with another or changed
 in layout, so each node runs its own kernel on its inputs, and a kernel does not know whether an input came from
-the node before it or from a file (tests/test_segments.py compares both runs byte for byte; docs/verify.md on the
-real HR 2048). At the other levels ORT rewrites across a segment's edge differently than across the whole graph,
-so segments run at `disable` only. A model with float16 tensors is refused: ORT CPU runs a float16 node on a
-float32 kernel behind inserted Casts depending on its neighbours (cuts.made_by_ort), and a segment's edge changes
-its neighbours, so where values are rounded to float16 would change.
+the node before it or from a file (tests/checks/test_run_in_segments.py compares both runs byte for byte;
+docs/verify.md on the real HR 2048). At the other levels ORT rewrites across a segment's edge differently than
+across the whole graph, so segments run at `disable` only. A model with float16 tensors is refused: ORT CPU runs a
+float16 node on a float32 kernel behind inserted Casts depending on its neighbours (cuts.made_by_ort), and a
+segment's edge changes its neighbours, so where values are rounded to float16 would change.
 """
 
 from __future__ import annotations

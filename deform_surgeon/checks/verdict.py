@@ -1,8 +1,9 @@
 """One verdict vocabulary for every comparison this tool prints (`verify`, `placement --run`, `placement --compare`,
 `serve`), and one way to show repeated runtime errors.
 
-Why one vocabulary: the same 8.9e-7 difference of a WebGPU run from ORT CPU used to read "DIFFERENT" in `placement`
-and "agrees" on the `serve` page. There are exactly three verdicts, and each shows its number:
+Why one vocabulary: the same 8.9e-7 difference of a WebGPU run from ORT CPU must read alike in `placement` and on
+the `serve` page, not "DIFFERENT" in one and "agrees" in the other. There are exactly three verdicts, and each shows
+its number:
 
 - **byte-identical**: every output has the reference's bytes (max |diff| 0). The only verdict that passes when both
   sides ran on the same runtime (`verify`: ORT CPU against ORT CPU; `serve`: patched against original on the same
@@ -16,7 +17,7 @@ and "agrees" on the `serve` page. There are exactly three verdicts, and each sho
 
 The page of `serve` shows the verdicts the server computes with this module; the only JS copy is of
 `summarize_errors` (`placement/harness_node_and_page.mjs`, `summarizeErrors`), because the page collects its WebGPU
-errors before any server round trip; tests/test_verdict.py runs both on the same text.
+errors before any server round trip; tests/checks/test_verdict.py runs both on the same text.
 """
 
 from __future__ import annotations

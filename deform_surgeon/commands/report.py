@@ -69,9 +69,9 @@ class PatchReport:
     @property
     def status(self) -> str:
         """The one word for what this patch came to: `refused` on a finding (`findings`), else `unchanged` when
-        nothing was rewritten, else `ok`. Why here: `patch` and `batch` used to judge the same file apart (exit 0
-        with a note, and "refused" with exit 3); `patch`'s exit code and `batch`'s status (read from the JSON's
-        `status`, which its workers send) both come from this."""
+        nothing was rewritten, else `ok`. Why here: `patch` and `batch` must judge the same file alike (not exit 0
+        with a note in one and "refused" with exit 3 in the other); `patch`'s exit code and `batch`'s status (read
+        from the JSON's `status`, which its workers send) both come from this."""
         if self.findings:
             return REFUSED
         return OK if self.changed else UNCHANGED

@@ -9,9 +9,9 @@ of such nodes are declared from the type rules of onnxruntime's docs/ContribOper
 run again from them.
 
 The rules are onnxruntime's own: `onnxruntime.tools.symbolic_shape_infer` computes MatMulNBits' output the same
-way (the type of input A, A's shape with its last dim replaced by the attribute N; tests/test_variants.py checks
-the two agree on the replicas). That tool is not used itself: it imports sympy, which onnxruntime does not depend
-on, and costs 1.6 s to import on every patch of such a model.
+way (the type of input A, A's shape with its last dim replaced by the attribute N;
+tests/commands/test_variants.py checks the two agree on the replicas). That tool is not used itself: it imports
+sympy, which onnxruntime does not depend on, and costs 1.6 s to import on every patch of such a model.
 """
 
 from __future__ import annotations

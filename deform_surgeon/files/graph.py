@@ -30,7 +30,7 @@ def tidy(graph: gs.Graph) -> gs.Graph:
     hierarchy level, ties in gs's depth-first discovery order), in linear time on graphs without subgraphs or local
     functions. gs's own methods recompute subgraph facts per node, and the passes tidy at every round of the fixed
     point: on the real BiRefNet-lite 512 export (a region of 2,407 nodes) patch's lift takes 2.38 s of CPU with
-    these walks and 2.86 s with gs's (`scripts/bench_fastgraph.py`, medians of 3, spread 0.37 s, 2026-12-01).
+    these walks and 2.86 s with gs's (`scripts/bench_fastgraph.py`, medians of 3, spread 0.37 s).
     Anything else (subgraphs, functions, a producer that is not in the graph, a cycle) goes to gs's methods, which
     also report the errors."""
     flat = _flat(graph)  # (a cleanup keeps it so)

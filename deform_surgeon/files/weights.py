@@ -9,7 +9,7 @@ tensor as a typed name only:
 
 - onnx.checker and shape inference see the model's *skeleton* (`skeleton_bytes`): stored tensors are typed graph
   inputs there (shape inference does not need their values; past 2 GB it could not take them; and the checker's
-  work no longer grows with the weights: the real BiRefNet-lite 1024 export's skeleton is 3 MB of its 221 MB);
+  work does not grow with the weights: the real BiRefNet-lite 1024 export's skeleton is 3 MB of its 221 MB);
   what the checker would have checked of them (a complete data field, an external file inside the model's folder)
   is checked when the model is loaded (load.py);
 - the lifted region (region.py) sees them as typed graph inputs too, and the range prover reads the few values it

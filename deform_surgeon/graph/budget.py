@@ -248,7 +248,7 @@ def execution_order(model: onnx.ModelProto, highest_first: bool = False) -> list
     """Node indices in a post-order depth-first walk back from the leaf nodes, a node's inputs (and the leaves)
     lowest index first; with `highest_first`, highest index first: ONNX Runtime's default order (GraphViewer's
     `ReverseDFSFrom` pushes the leaves and the sorted inputs on a stack, so it takes the last first; checked against
-    ORT's profiler in tests/test_budget.py)."""
+    ORT's profiler in tests/graph/test_budget.py)."""
     nodes = list(model.graph.node)
     ins = [list(n.input) for n in nodes]  # read each repeated field once: protobuf access is the cost here
     outs = [list(n.output) for n in nodes]
@@ -318,7 +318,7 @@ def sized_tensors(model: onnx.ModelProto, types: TypeTable, blocks: dict[str, st
     """The tensors of `model` (graph inputs, node outputs, initializers) whose size `types` tells, each named by
     its producer and deform block (`blocks`: node -> block), and the names of those whose size it does not tell
     (Constant outputs aside), in the graph's order. Why one function: `budget`'s count of tensors of unknown size
-    is this over the table it reads, and tests/test_budget.py checks it over `patch`'s type table the same way."""
+    is this over the table it reads, and tests/graph/test_budget.py checks it over `patch`'s type table the same way."""
     graph = model.graph
     nodes = list(graph.node)
     producer = {o: n for n in nodes for o in n.output if o}

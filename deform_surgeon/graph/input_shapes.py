@@ -40,7 +40,7 @@ def parse_input_shapes(items: Sequence[str] | None) -> dict[str, tuple[int, ...]
         if not m:
             raise SurgeonError(None, f"bad --input-shape '{item}'", "write NAME:DIMS, e.g. input_image:1,3,1024,1024")
         name = m.group("name")
-        if name in shapes:  # the last one used to win without a word
+        if name in shapes:  # two shapes for one input: neither is silently dropped
             raise SurgeonError(None, f"--input-shape names '{name}' twice ({name}:{_dims(shapes[name])} and '{item}')",
                                "give each input once")
         shapes[name] = _checked(name, tuple(int(d) for d in re.split(r"[,x]", m.group("dims"))))

@@ -6,7 +6,8 @@ element type); the real answer is `deform-surgeon placement`, but a patch report
 which nodes a user will still find on the CPU and why (a q8 file's ConvInteger, say), so that they can choose
 which dtype to ship. The table holds what the two EPs (the native WebGPU EP and JSEP) lack among the ops the
 BiRefNet exports and their dtype variants contain; docs/webgpu-kernels.md gives each entry its source, and
-tests/test_kernels_webgpu.py checks every entry a replica holds against the real runtime.
+tests/commands/test_variants.py holds the table's predictions to what the real runtimes place on the CPU (every
+dtype replica on onnxruntime-node; the JSEP-only entries in the browser's JSEP bundle).
 
 Nodes that only compute constants (all inputs stored or computed from stored tensors, or a `Shape` of a
 statically shaped tensor) are not counted: ORT folds them when the session is created, so they never run.

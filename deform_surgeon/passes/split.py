@@ -323,7 +323,6 @@ class SplitBlocks(Pass):
         block, shapes, limit, want = match.block, self.shapes, match.limit, match.want
         h, counts = block.rows, plan.counts
 
-        first = len(ctx.graph.nodes)
         self.memo.clear()  # shared by the chunks of this block only
         chunks = []
         r0 = 0
@@ -364,9 +363,8 @@ class SplitBlocks(Pass):
             verdict = (f"Conv input '{sink.name}' ({human(sink_size)}) stays whole"
                        + (", within the limit" if not over else " and REMAINS OVER the limit")
                        + (f": {why_whole}" if why_whole else ""))
-        new_nodes = tuple(x.name for x in ctx.graph.nodes[first:])
         self.run_state.chunks[conv.name] = len(counts)
-        return self._action(match, plan, tail, sink_size, why_whole, verdict, new_nodes)
+        return self._action(match, plan, tail, sink_size, why_whole, verdict)
 
     @staticmethod
     def _rows_of(chunks: list[gs.Tensor], counts: list[int], sink: gs.Tensor, rows_per_output_row: int
@@ -398,7 +396,7 @@ class SplitBlocks(Pass):
         return why_whole
 
     def _action(self, match: BlockMatch, plan: ChunkPlan, tail: list[gs.Node], sink_size: int,
-                why_whole: Refuse | str | None, verdict: str, new_nodes: tuple[str, ...]) -> Action:
+                why_whole: Refuse | str | None, verdict: str) -> Action:
         """What the report says of a block cut into `plan`'s chunks: its largest tensor before and after, and the
         `verdict` on its Conv (split too when `why_whole` is None, else whole and why)."""
         block, limit, want = match.block, match.limit, match.want
@@ -426,7 +424,7 @@ class SplitBlocks(Pass):
                   f"nodes per chunk): largest tensor {human(before_size)} ('{before_name}') -> "
                   f"{human(after_size)} per chunk, limit {shown}{asked}; "
                   f"{verdict}" + (FLOAT16_NOTE if plan.float16 else ""))
-        return Action(self.name, block.conv.name, block.conv.op, Outcome.REWRITTEN, reason, new_nodes, needs_verify,
+        return Action(self.name, block.conv.name, block.conv.op, Outcome.REWRITTEN, reason, needs_verify=needs_verify,
                       details=details)
 
     def _chunk_tail(self, ctx: Context, conv: gs.Node, tail: list[gs.Node], shapes: Shapes, c: int,

@@ -10,8 +10,8 @@ the difference because it wraps fp16 Adds in the same casts. So for 16-bit float
 explicitly and cast back once: exact by construction on both sides, not only on the CPU. (In the browser the
 original Sum runs on the CPU EP and is fed fp16 tensors made on the GPU; this is exactly that computation. Note
 that ORT CPU alone runs a whole fp16 Mul -> Sum island in fp32 without rounding the Mul results, so fp16 outputs
-of ORT CPU and of a GPU differ for the original model too; tests/test_sum_chain.py checks the replacement with the
-real fp16 tensors of the converted fixture, op by op as a GPU rounds.)
+of ORT CPU and of a GPU differ for the original model too; tests/passes/test_sum_chain.py checks the replacement with
+the real fp16 tensors of the converted fixture, op by op as a GPU rounds.)
 
 `tree` mode (`(x0 + x1) + (x2 + x3)`) has a shorter dependency chain but is NOT bit-identical to the original
 (float addition is not associative); `none` leaves Sums alone.

@@ -25,8 +25,9 @@ def test_a_ctrl_c_in_the_block_is_handled_after_it():
 
 def test_a_ctrl_c_while_the_handlers_are_put_back_leaves_none_of_the_recorders(monkeypatch):
     """A Ctrl-C marked after SIGINT's handler is back but before SIGTERM's: `signal.signal` runs the restored
-    SIGINT handler (KeyboardInterrupt) before it changes SIGTERM's, which stayed the block's recorder, and every
-    later SIGTERM of the process did nothing. Now each handler is put back, then the KeyboardInterrupt raised."""
+    SIGINT handler (KeyboardInterrupt) before it changes SIGTERM's, which would stay the block's recorder, so that
+    every later SIGTERM of the process would do nothing. So each handler is put back first, then the KeyboardInterrupt
+    raised."""
     sigterm = signal.getsignal(signal.SIGTERM)
     real = signal.signal
 

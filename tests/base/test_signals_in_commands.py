@@ -82,7 +82,7 @@ sys.exit(cli.main(["inspect", sys.argv[1]]))
 def test_stopping_the_parent_while_the_background_child_reports_an_error(tmp_path):
     """SIGTERM reaches the CLI while its background checker child sends its error (an answer too long for the pipe:
     the child is blocked sending it; the parent may be reading it, or not). The parent leaves with exit 143 and its
-    one line; the child is stopped quietly, not through the CLI's handler it inherited (which used to raise
+    one line; the child is stopped quietly, not through the CLI's handler it inherited (which would raise
     `Terminated` in the child and print two tracebacks), and nothing hangs. Eight at once on two cores: under
     load, each ordering of the two processes' steps is met."""
     copy_fixture("decoder_gathernd.onnx", tmp_path, "m.onnx")
@@ -158,7 +158,7 @@ def _signal_at_import(tmp_path: Path, argv: list, module: str, sig: int, as_impo
     (["patch", "m.onnx", "o.onnx", "--verify"], "onnxruntime", signal.SIGTERM, True, "module"),
     (["verify", "m.onnx", "m.onnx"], "polygraphy", signal.SIGINT, False, "module"),
     (["batch", "--glob", "m.onnx", "--no-progress"], "onnx", signal.SIGINT, False, "module"),
-    # the package's __init__ imported device -> runtimes -> ctypes before the handlers (issue 33): 0.18 s of start-up
+    # ctypes: were the package's __init__ to import device -> runtimes -> ctypes, 0.18 s before the handlers
     (["patch", "m.onnx", "o.onnx"], "ctypes", signal.SIGINT, False, "module"),
     (["patch", "m.onnx", "o.onnx"], "ctypes", signal.SIGINT, False, "script"),
     (["patch", "m.onnx", "o.onnx"], "ctypes", signal.SIGTERM, False, "module"),
@@ -166,7 +166,8 @@ def _signal_at_import(tmp_path: Path, argv: list, module: str, sig: int, as_impo
         "verify-polygraphy-int", "batch-onnx-int", "patch-ctypes-int", "script-ctypes-int", "patch-ctypes-term"])
 def test_a_signal_during_start_up_is_one_line(tmp_path, argv, module, sig, as_import_error, entry):
     """Ctrl-C or SIGTERM while the command imports its libraries: exit 130 / 143 and one line, like at any other
-    moment (it was a KeyboardInterrupt traceback and exit -2; in onnxruntime's import, an ImportError and exit 1)."""
+    moment (not a KeyboardInterrupt traceback and exit -2, nor, in onnxruntime's import, an ImportError and
+    exit 1)."""
     work = tmp_path / "work"
     work.mkdir()
     copy_fixture("decoder_gathernd.onnx", work, "m.onnx")
@@ -180,7 +181,7 @@ def test_a_signal_during_start_up_is_one_line(tmp_path, argv, module, sig, as_im
 
 def test_ctrl_c_stops_a_batch_and_its_workers_quietly(tmp_path):
     """Ctrl-C reaches the whole process group, the workers too: they leave it to the batch, which stops them
-    (a worker used to print KeyboardInterrupt or FileNotFoundError tracebacks)."""
+    (no worker prints a KeyboardInterrupt or FileNotFoundError traceback)."""
     for k in range(4):
         copy_fixture("decoder_gathernd.onnx", tmp_path, f"m{k}.onnx")
     before = state(tmp_path)
@@ -216,10 +217,11 @@ def _grandchildren(pid: int) -> int:
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the workers in /proc")
 def test_ctrl_c_while_batch_workers_start_is_one_line(tmp_path):
-    """Fourth round: about 1 Ctrl-C in 15 while the workers started printed a multiprocessing traceback after
-    "interrupted": a Ctrl-C inside `Process.start()` left a worker the batch did not know of, so did not stop; it
-    read its start-up data after the batch had exited and removed the queue's semaphore (FileNotFoundError). Ctrl-C
-    the moment the first, then the second worker exists, a few times over: one line, exit 130, every time."""
+    """A Ctrl-C inside `Process.start()` must not leave a worker the batch does not know of, so does not stop: it
+    would read its start-up data after the batch had exited and removed the queue's semaphore, and print a
+    multiprocessing traceback (FileNotFoundError) after "interrupted" (measured: about 1 Ctrl-C in 15 while the
+    workers start). Ctrl-C the moment the first, then the second worker exists, a few times over: one line, exit
+    130, every time."""
     for k in range(4):
         copy_fixture("decoder_gathernd.onnx", tmp_path, f"m{k}.onnx")
     before = state(tmp_path)
@@ -254,11 +256,11 @@ def _fork_server_of(pid: int) -> bool:
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the fork server in /proc")
 @pytest.mark.parametrize("wait", [0.0, 0.05, 0.1, 0.2, 0.3])
 def test_ctrl_c_while_the_fork_server_loads_is_one_line(tmp_path, wait):
-    """Campaign after the fourth round: a Ctrl-C reaches the whole process group, and the fork server batch starts
-    spends about half a second importing the patch stack; a Ctrl-C then printed its KeyboardInterrupt traceback (10
-    to 28 lines) before "interrupted", and one the batch took while a worker was being forked left that worker
-    reading its start-up data after the batch had gone (FileNotFoundError). Ctrl-C `wait` seconds after the fork
-    server exists (the signal lands in its start-up): one line, exit 130, no temporary file."""
+    """A Ctrl-C reaches the whole process group, and the fork server batch starts spends about half a second
+    importing the patch stack: a Ctrl-C then must print no KeyboardInterrupt traceback before "interrupted", and
+    one the batch takes while a worker is being forked must not leave that worker reading its start-up data after
+    the batch has gone (FileNotFoundError). Ctrl-C `wait` seconds after the fork server exists (the signal lands
+    in its start-up): one line, exit 130, no temporary file."""
     copy_fixture("decoder_gathernd.onnx", tmp_path, "m0.onnx")
     before = state(tmp_path)
     proc = subprocess.Popen([*DS, "batch", "--glob", "m*.onnx", "--jobs", "1", "--no-progress"], cwd=tmp_path,

@@ -24,10 +24,10 @@ FULL_LINE = f"{ERROR_PREFIX}stdout: could not be written (No space left on devic
     (["placement", "--help"], "no file was written"),
 ], ids=["patch", "inspect", "budget", "verify", "placement-help"])
 def test_a_full_stdout_is_one_line_naming_what_was_written(tmp_path, argv, fate):
-    """Fifth round: with stdout on /dev/full, `patch` wrote OUT, then ended in an OSError traceback (exit 1), as
-    the docs said nothing is written when a command fails; `inspect`, `budget`, `verify`, `placement`: tracebacks.
-    A command now writes its files before it prints its report, and a stdout that cannot take it is one line on
-    stderr naming the files written all the same, exit 2."""
+    """With stdout on /dev/full, every command (`patch`, `inspect`, `budget`, `verify`, `placement`) ends in one
+    line on stderr, exit 2, not a traceback: a command writes its files before it prints its report, and the line
+    names the files written all the same (the docs say nothing is written when a command fails, so a silent OUT
+    beside an OSError traceback would contradict them)."""
     copy_fixture("decoder_gathernd.onnx", tmp_path, "m.onnx")
     with open("/dev/full", "w") as full:
         proc = subprocess.run([*DS, *argv], cwd=tmp_path, stdout=full, stderr=subprocess.PIPE, text=True,
@@ -38,9 +38,9 @@ def test_a_full_stdout_is_one_line_naming_what_was_written(tmp_path, argv, fate)
 
 
 def test_a_reader_that_left_ends_the_command_quietly_with_141(tmp_path):
-    """Fifth round: `patch ... | head -1` ended in a BrokenPipeError traceback, exit 1, after OUT was written. A
-    reader of stdout that left (here before the command started: the same every run) ends it as SIGPIPE ends a
-    command, quietly with 141; its files were written before its report."""
+    """`patch ... | head -1`: a reader of stdout that left (here before the command started: the same every run)
+    ends the command as SIGPIPE ends a command, quietly with 141, not with a BrokenPipeError traceback and exit 1;
+    its files were written before its report."""
     copy_fixture("decoder_gathernd.onnx", tmp_path, "m.onnx")
     read, write = os.pipe()
     os.close(read)
@@ -55,8 +55,8 @@ def test_a_reader_that_left_ends_the_command_quietly_with_141(tmp_path):
 
 @pytest.mark.parametrize("closed", ["stdout", "stderr"])
 def test_a_closed_stream_is_refused_in_one_line_on_the_other(tmp_path, closed):
-    """Fifth round: stdout closed (`>&-`) ended in an AttributeError traceback from base/background.py; stderr
-    closed (`2>&-`), exit 1 without a word. Either is refused before any work, one line on the other, exit 2."""
+    """Stdout closed (`>&-`) or stderr closed (`2>&-`) is refused before any work, one line on the other, exit 2
+    (not an AttributeError traceback from base/background.py, nor exit 1 without a word)."""
     copy_fixture("decoder_gathernd.onnx", tmp_path, "m.onnx")
     redirect = ">&-" if closed == "stdout" else "2>&-"
     proc = subprocess.run(["sh", "-c", f'exec "$@" {redirect}', "sh", *DS, "patch", "m.onnx", "out.onnx"],

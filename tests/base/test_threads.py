@@ -116,10 +116,10 @@ def _concat_conv(k: int, size: int = 40, inputs: int = 8, channels: int = 4) -> 
 
 @pytest.mark.parametrize("k", [5, 3])
 def test_row_bands_are_written_only_where_every_thread_count_gives_the_whole_conv_bytes(tmp_path, k):
-    """The round-six case: a Conv over an 8-input Concat in row bands was shown exact at this machine's 2 threads
-    and differed at level `disable` from 3 threads (5x5) or 6 (3x3). Its proof now runs at one count of each class
-    MLAS splits it by (base/threads.py): the bands are written only where they give the whole Conv's bytes at every
-    count, at both levels; else they are undone with the count that differed."""
+    """A Conv over an 8-input Concat in row bands can be exact at 2 threads and differ at level `disable` from 3
+    threads (5x5) or 6 (3x3), so a proof at one machine's thread count does not hold. Its proof runs at one count
+    of each class MLAS splits it by (base/threads.py): the bands are written only where they give the whole Conv's
+    bytes at every count, at both levels; else they are undone with the count that differed."""
     src, out = tmp_path / "m.onnx", tmp_path / "m.patched.onnx"
     onnx.save(_concat_conv(k), src)
     report = deform_surgeon.patch(src, out, max_buffer=131072)
@@ -158,10 +158,10 @@ def _float16_block_out(size: int, channels: int, planes: int, seed: int) -> onnx
 def test_a_float16_block_whose_output_is_the_graphs_is_written_only_where_exact_everywhere(tmp_path, size,
                                                                                           channels, planes, limit,
                                                                                           seed):
-    """The round-six case: a split float16 block whose output is the model's could not be shown exact on its own
-    ("'y' is fused away in the model"); the whole-model check then decided on one seeded input per level, where
-    rounding to float16 hid a 1-ulp float32 difference, and `verify`'s 3 inputs failed the written file. The
-    check now runs `verify`'s default inputs at each thread-count class: the written file gives the original's
+    """A split float16 block whose output is the model's cannot be shown exact on its own ("'y' is fused away in
+    the model"), so the whole model decides; one seeded input per level is not enough there (rounding to float16
+    can hide a 1-ulp float32 difference that `verify`'s 3 inputs find). The check runs `verify`'s default inputs
+    at each thread-count class: the written file gives the original's
     bytes at both levels, at every count of 1-16 tried, on random, large, tiny, zero, NaN and inf inputs, or the
     split is undone."""
     src, out = tmp_path / "block.onnx", tmp_path / "block.patched.onnx"

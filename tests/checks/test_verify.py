@@ -104,7 +104,7 @@ def test_threads_sets_the_sessions_intra_op_threads(tmp_path, threads, monkeypat
 
 
 def test_the_models_run_one_after_the_other_each_in_its_own_process(tmp_path, monkeypatch):
-    """Issue 34: the original's session and outputs are gone before the patched model's session is made, so the
+    """The original's session and outputs are gone before the patched model's session is made, so the
     peak is the larger model's, not the sum. Each run is a forked process (where the machine can fork) reaped before
     the next starts; the result reports each run's peak RSS and the caller's."""
     import onnxruntime
@@ -340,8 +340,8 @@ def test_cli_verify_model_that_cannot_run_one_stderr_line(tmp_path):
 
 
 def test_a_model_with_an_empty_input_passes_without_numpys_warnings(tmp_path):
-    """Fourth-round campaign: six lines of numpy's "Mean of empty slice" (polygraphy's statistics of an empty
-    output) came before PASSED on stderr; the verdict is the one line, stderr stays empty."""
+    """The verdict is the one line and stderr stays empty: numpy's "Mean of empty slice" warnings (polygraphy's
+    statistics of an empty output, six lines) are not printed before PASSED."""
     from onnx import TensorProto, helper
 
     x, y = (helper.make_tensor_value_info(n, TensorProto.FLOAT, [0, 3]) for n in ("x", "y"))

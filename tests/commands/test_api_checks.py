@@ -29,8 +29,9 @@ def test_python_api_errors_are_surgeon_errors(tmp_path):
 
 # ------------------------------------------------------------------------------------ the Python API, checked
 def test_api_options_of_the_wrong_type_are_refused_before_any_work(tmp_path):
-    """`allow_unproven="no"` is true to Python: it used to rewrite the 4 unproven gathers of this fixture (indices
-    down to -8 against a size of 42). Every option is checked: a wrong one is a one-line SurgeonError naming it."""
+    """`allow_unproven="no"` is true to Python: taken as given, it would rewrite the 4 unproven gathers of this
+    fixture (indices down to -8 against a size of 42). Every option is checked: a wrong one is a one-line
+    SurgeonError naming it, before any work."""
     import deform_surgeon as ds
 
     src = copy_fixture("gathernd_refused.onnx", tmp_path, "m.onnx")
@@ -91,8 +92,8 @@ def test_api_takes_the_command_lines_sizes_and_its_report_names_api_options(tmp_
 
 @pytest.mark.parametrize("value", [5, 3.5, None])
 def test_api_skip_passes_of_the_wrong_type_and_a_generator(tmp_path, value):
-    """`skip_passes=5` or `3.5` was a TypeError; a generator was consumed by the type check, so nothing was
-    skipped, silently: it is read once, and what it names is skipped."""
+    """`skip_passes=5` or `3.5` is a one-line SurgeonError, not a TypeError; a generator is read once, so the type
+    check does not consume it and leave nothing skipped, silently: what it names is skipped."""
     import deform_surgeon as ds
 
     src = FIXTURES / "decoder_gathernd.onnx"

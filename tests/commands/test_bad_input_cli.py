@@ -165,7 +165,7 @@ def _device_profile_missing(d: Path):
     return ["patch", "model.onnx", "out.onnx", "--device-profile", "gpu.json"], 2, "gpu.json", r"no such"
 
 
-# second round: names a system call would refuse, FIFOs among the options' files, numbers out of range
+# names a system call would refuse, FIFOs among the options' files, numbers out of range
 
 
 def _out_name_too_long(d: Path):
@@ -237,7 +237,7 @@ def _seed_out_of_range(d: Path):  # the seed is named, not the model
             r"^seed must be an integer from 0 to 4,294,967,295 - iterations \+ 1 \(got 99999999999999999999\)")
 
 
-def _iterations_out_of_range(d: Path):  # refused at once: it used to grow memory without end
+def _iterations_out_of_range(d: Path):  # refused at once: taken, it would grow memory without end
     copy_fixture("sum_only.onnx", d, "m.onnx")
     return (["patch", "m.onnx", "o.onnx", "--verify", "--iterations", "99999999999999999999"], 2, None,
             r"^iterations must be an integer from 1 to 10,000")

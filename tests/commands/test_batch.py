@@ -245,10 +245,10 @@ CANNOT_BE_WRITTEN_BACK = {
 
 @pytest.mark.parametrize("case", list(CANNOT_BE_WRITTEN_BACK))
 def test_a_config_json_that_cannot_be_written_back_is_decided_before_any_model_is_written(tmp_path, case):
-    """Fourth round: `use_external_data_format` of Infinity or 1e400, 5,000 levels of nesting, a lone surrogate
-    were tracebacks after the models were written, then a line "not updated" (exit 0: a folder transformers.js
-    would not fetch the data of). Now it is decided before anything is written: where the config would have to
-    change (here: --external-data always), one line naming it, exit 2, OUTDIR not made."""
+    """A config.json with `use_external_data_format` of Infinity or 1e400, 5,000 levels of nesting, or a lone
+    surrogate is judged before anything is written: where the config would have to change (here: --external-data
+    always), one line naming it, exit 2, OUTDIR not made. Found after the models are written, it would leave a
+    folder transformers.js does not fetch the data of, with a traceback or exit 0."""
     src = _tjs_folder(tmp_path, CANNOT_BE_WRITTEN_BACK[case])
     before = snapshot(tmp_path)
     proc = batch(src, tmp_path / "out", "--external-data", "always", "--no-progress", cwd=tmp_path)
@@ -270,7 +270,8 @@ def test_a_config_json_that_cannot_be_written_back_but_says_the_right_thing_is_c
 
 
 def test_a_config_json_with_a_bom_is_updated_and_keeps_it(tmp_path):
-    """transformers.js reads a config.json that starts with a UTF-8 BOM; it was left unread ("not JSON")."""
+    """transformers.js reads a config.json that starts with a UTF-8 BOM, so the tool reads it too (not "not
+    JSON") and writes it back with its BOM."""
     src = _tjs_folder(tmp_path, "\ufeff".encode() + b'{"model_type": "birefnet", "x": "\xc3\xa9"}')
     proc = batch(src, tmp_path / "out", "--external-data", "always", "--no-progress", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -321,9 +322,10 @@ def _transformers_js_files(tmp_path: Path, folder: Path, dtypes: list[str], valu
 
 
 def test_data_files_read_as_transformers_js_reads_them(tmp_path):
-    """Fourth round: a count was read as Python's int() reads it (1.5: 1; transformers.js fetches 2) and a file
-    was looked up by its own stem (`model_q4`) where transformers.js looks it up by full name, then by the name
-    every dtype's file shares (`model`). The tool's reading against transformers.js's own, value by value."""
+    """The tool reads a count as transformers.js does, not as Python's int() does (1.5: transformers.js fetches 2,
+    int() gives 1), and looks a file up as it does: by full name, then by the name every dtype's file shares
+    (`model`), not by the file's own stem (`model_q4`). The tool's reading against transformers.js's own, value
+    by value."""
     from deform_surgeon.commands.batch import data_files_read
 
     values = [1.5, 0.1, "2", " 3 ", "\u00a02", "0x2", "0b11", "1e0", "", "abc", "-1", -1, True, False, 0, None, [1],
@@ -348,11 +350,11 @@ def _fetched_data_files(tmp_path: Path, out: Path) -> dict[str, set[str]]:
 
 @pytest.mark.parametrize("case", ["base_name", "fraction", "stale"])
 def test_transformers_js_fetches_exactly_the_data_files_each_written_model_reads(tmp_path, case):
-    """Fourth round: `{"model": 1}` for a folder of `model_fp16.onnx` only was left as copied (the tool looked for
-    `model_fp16`), and transformers.js then fetched a `model_fp16.onnx_data` that does not exist; `1.5` for a model
-    written with one data file was left (transformers.js fetches `_data_1` too); a `model.onnx_data` an earlier
-    run left in OUTDIR was counted as written. Asked of transformers.js itself, from the written config.json as a
-    page's pipeline reads it: each model's data files are exactly those the written model refers to."""
+    """Asked of transformers.js itself, from the written config.json as a page's pipeline reads it: each model's
+    data files are exactly those the written model refers to. The cases: `{"model": 1}` for a folder of
+    `model_fp16.onnx` only (left as copied, transformers.js would fetch a `model_fp16.onnx_data` that does not
+    exist); `1.5` for a model written with one data file (transformers.js fetches `_data_1` too); a
+    `model.onnx_data` an earlier run left in OUTDIR (not written by this one)."""
     from deform_surgeon.files.io_check import external_locations
 
     config, models, args = {

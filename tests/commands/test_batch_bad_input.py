@@ -47,9 +47,9 @@ def test_batch_options_like_the_command_line_and_errors_that_name_the_entry(tmp_
     assert not any((tmp_path / n).exists() for n in ("b.onnx", "c.onnx", "d.onnx", "b.report.json"))
 
 
-# ------------------------------------------------------------------------------------------- batch, second round
+# ------------------------------------------------------------------------------- batch: sizes, links, folders
 def test_batch_sizes_like_the_command_line_and_bad_entries_fail_alone_while_planning(tmp_path):
-    """`max_memory = "1GB"` is taken as `--max-memory 1GB` is (it failed at run time); `max_memory = 0` and an
+    """`max_memory = "1GB"` is taken as `--max-memory 1GB` is (not failed at run time); `max_memory = 0` and an
     output name over 255 bytes fail their entry while planning (no report, no worker), and the rest runs."""
     copy_fixture("sum_only.onnx", tmp_path, "m.onnx")
     long_out = long_name("o", 256)
@@ -81,8 +81,8 @@ def _model_folder(d: Path) -> Path:
 
 
 def test_batch_folder_follows_a_link_to_a_folder_inside_dir_and_refuses_others(tmp_path):
-    """A linked subfolder of DIR was neither patched nor copied nor reported. Inside DIR it is followed (its
-    models patched under the link's name); a link out of DIR, or to a folder that holds it, is one line, exit 2."""
+    """A linked subfolder of DIR is never passed over without a word. Inside DIR it is followed (its models
+    patched under the link's name); a link out of DIR, or to a folder that holds it, is one line, exit 2."""
     src = _model_folder(tmp_path)
     proc = run("batch", "src", "out", "--no-progress", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -103,7 +103,8 @@ def test_batch_folder_follows_a_link_to_a_folder_inside_dir_and_refuses_others(t
 
 
 def test_batch_folder_output_through_a_link_in_outdir_is_refused(tmp_path):
-    """A linked subfolder the user has in OUTDIR was followed: the outputs landed in its target, outside OUTDIR."""
+    """A linked subfolder the user has in OUTDIR is refused: followed, it would land the outputs in its target,
+    outside OUTDIR."""
     _model_folder(tmp_path)
     (tmp_path / "out").mkdir()
     (tmp_path / "elsewhere").mkdir()
@@ -117,8 +118,8 @@ def test_batch_folder_output_through_a_link_in_outdir_is_refused(tmp_path):
 
 
 def test_batch_folder_refused_up_front_leaves_no_folders(tmp_path):
-    """A batch refused once the output folders were made (here: a file to copy onto a FIFO in OUTDIR) left them
-    behind, empty; they are taken back."""
+    """A batch refused once the output folders are made (here: a file to copy onto a FIFO in OUTDIR) takes them
+    back: no empty folders are left behind."""
     src = _model_folder(tmp_path)
     (src / "notes.txt").write_text("notes")
     (tmp_path / "out").mkdir()
@@ -144,7 +145,7 @@ def _a_socket(src: Path) -> tuple[str, str]:
     import socket
 
     with socket.socket(socket.AF_UNIX) as sock:
-        sock.bind(str(src / "zz.sock"))  # after the configs: they were copied before the socket failed the batch
+        sock.bind(str(src / "zz.sock"))  # after the configs: the batch must fail before it copies them
     return "src/zz.sock", "is a socket, not a regular file"
 
 
@@ -163,10 +164,11 @@ def _a_read_only_onnx_folder_in_outdir(src: Path) -> tuple[str, str]:
 @pytest.mark.parametrize("make", [_a_link_to_dev_zero, _a_link_to_a_file_outside, _a_socket, _a_fifo_config,
                                   _a_read_only_onnx_folder_in_outdir])
 def test_batch_folder_reads_only_regular_files_in_dir_and_refuses_before_writing(tmp_path, make):
-    """Fourth round: a link to /dev/zero in DIR was copied without end; a socket in DIR was exit 2 after the other
-    files were copied; a FIFO config.json left an empty OUTDIR/onnx/; a read-only OUTDIR/onnx/ left the configs
-    copied without the model; file links leading outside DIR were copied (folder links were refused). Only regular
-    files inside DIR are read: anything else is one line, exit 2, before anything is written. (The run's files are
+    """Only regular files inside DIR are read: anything else is one line, exit 2, before anything is written. Each
+    case would otherwise leave something behind: a link to /dev/zero in DIR copied without end; a socket in DIR
+    failing only after the other files were copied; a FIFO config.json leaving an empty OUTDIR/onnx/; a read-only
+    OUTDIR/onnx/ leaving the configs copied without the model; file links leading outside DIR copied (they are
+    refused, as folder links leading outside DIR are). (The run's files are
     limited to 64 MiB: a copy without end stops there instead of filling the disk.)"""
     import resource
 

@@ -259,8 +259,8 @@ def test_report_json(decoder):
 
 
 def test_the_reports_verification_names_out(decoder):
-    """Fifth round: `verification.patched` named the temporary file the comparison ran on, gone once OUT took its
-    place. The report names OUT, the file the verdict is about."""
+    """`verification.patched` names OUT, the file the verdict is about, not the temporary file the comparison ran
+    on, which is gone once OUT takes its place."""
     verification = json.loads(decoder.report.read_text())["verification"]
     assert verification["original"] == str(decoder.source) and verification["patched"] == str(decoder.out)
 

@@ -180,9 +180,9 @@ def test_batch_undoes_a_config_whose_data_files_are_gone(tmp_path):
 
 
 def test_the_report_names_a_data_file_only_where_one_was_written(tmp_path):
-    """Fourth round: `--external-data always` on a model with no stored tensor said a page needs
-    `externalData: [{path: 'out.onnx_data'}]`, and no such file was written. The report now says what was written:
-    one file there; the data file's own name where there is one."""
+    """The report says what was written: with `--external-data always` on a model with no stored tensor, one file
+    (no `externalData: [{path: 'out.onnx_data'}]` for a page to fetch, since no such file exists); the data file's
+    own name where there is one."""
     import deform_surgeon as ds
 
     small = tmp_path / "small.onnx"  # every initializer under 4 KiB: none is a stored tensor
@@ -196,7 +196,7 @@ def test_the_report_names_a_data_file_only_where_one_was_written(tmp_path):
     assert "externalData: [{path: 'big.onnx_data'" in big.format()
 
 
-# ------------------------------------------------------------------------ fourth round: the data file's name
+# ----------------------------------------------------------------------------------------- the data file's name
 def _linked_data(folder: Path, name: str = "model.onnx") -> Path:
     """A model whose data file `<name>_data`, as the model names it, is a link to `blob.bin` beside it."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -213,9 +213,9 @@ def _patch_cli(*args) -> subprocess.CompletedProcess:
 
 
 def test_a_data_file_reached_through_a_link_is_written_under_the_name_checked(tmp_path):
-    """Fourth round: the planner read the data file's name from the model (`model.onnx_data`: `<OUT>_data`), the
-    writer from where the link led (`blob.bin`: `<OUT>.data`), so `--report a/out.onnx.data` overwrote the weights
-    just written (exit 0, the output out of bounds in ORT). Both now take the name the model gives."""
+    """The planner and the writer both take the data file's name the model gives (`model.onnx_data`: `<OUT>_data`),
+    not where its link leads (`blob.bin` would give `<OUT>.data`): were they to differ, `--report a/out.onnx.data`
+    would overwrite the weights just written (exit 0, the output out of bounds in ORT)."""
     model = _linked_data(tmp_path / "a")
     out = tmp_path / "a" / "out.onnx"
     proc = _patch_cli(model, out, "--report", tmp_path / "a" / "out.onnx.data")
@@ -231,10 +231,9 @@ def test_a_data_file_reached_through_a_link_is_written_under_the_name_checked(tm
 
 
 def test_batch_of_a_transformers_js_folder_keeps_its_data_files_name(tmp_path):
-    """Fourth round: `batch` of a transformers.js folder whose `model.onnx_data` is a link wrote
-    `onnx/model.onnx.data` and set config.json to `{"model.onnx": 0}` (the folder no longer loaded); one whose data
-    was `model.onnx.data`, with `--external-data always`, wrote `.data` and left the config as it was. A
-    transformers.js folder's outputs keep `<name>.onnx_data`, the name it fetches, and the config says so."""
+    """A transformers.js folder's outputs keep `<name>.onnx_data`, the name it fetches, and the config says so:
+    for a `model.onnx_data` that is a link (not `onnx/model.onnx.data` with config.json `{"model.onnx": 0}`, a
+    folder that would not load), and for data in `model.onnx.data` with `--external-data always`."""
     config = {"model_type": "birefnet", "transformers.js_config": {"use_external_data_format": {"model.onnx": 1}}}
     src = _folder(tmp_path / "in", config, ())
     _linked_data(src / "onnx")
@@ -260,12 +259,12 @@ def test_batch_of_a_transformers_js_folder_keeps_its_data_files_name(tmp_path):
     _same_outputs(dotted / "onnx" / "model.onnx", out / "model.onnx")
 
 
-# ------------------------------------------------------------------ fourth round: the output's own size decides
+# ----------------------------------------------------------------------------------- the output's own size decides
 def test_the_512_mib_rule_reads_the_outputs_own_size(tmp_path, monkeypatch):
-    """Fourth round: the rule and its warning read the input's size: an output of 512 MiB + 13.9 KB from a
-    smaller input was written as one file without a word, and `never` on a model with an unused 2.4 GB
-    initializer warned of "one file of 2,289 MiB" for a 510 KB output. The size is now the output's, as
-    serialized (here with the limit lowered between the input's and the patched model's sizes)."""
+    """The 512 MiB rule and its warning read the output's size, as serialized, not the input's: an output over
+    the limit from a smaller input is not written as one file without a word, and `never` on a model with an unused
+    2.4 GB initializer does not warn of "one file of 2,289 MiB" for a 510 KB output (here with the limit lowered
+    between the input's and the patched model's sizes)."""
     patched_size = 510_231  # decoder_gathernd.onnx (488,140 bytes) patched, as one file
     assert FIXTURE.stat().st_size < 500_000 < patched_size
     monkeypatch.setattr(write, "BROWSER_SINGLE_FILE_LIMIT", 500_000)
@@ -289,7 +288,7 @@ def test_the_512_mib_rule_reads_the_outputs_own_size(tmp_path, monkeypatch):
     assert f"small.onnx is one file of {small.stat().st_size / 2**20:,.0f} MiB" in report.weights["browser_problem"]
 
 
-# ------------------------------------------------------------- fourth round: replacing an existing OUT and its data
+# ------------------------------------------------------------------------------ replacing an existing OUT and its data
 def _old_pair(out: Path) -> dict[str, bytes]:
     """An existing OUT with its data file (another model's: a new data file under an old OUT would be out of
     bounds), as the files' bytes."""
@@ -323,11 +322,11 @@ def _ctrl_c_after_the_data_rename(monkeypatch, send) -> None:
 
 
 def test_ctrl_c_between_the_pairs_renames_leaves_a_pair(tmp_path, monkeypatch):
-    """Fourth round: SIGINT right after the data file's rename left the old OUT naming the new data file (ORT:
-    out of bounds). The signal now waits for the pair's few renames: OUT and its data file are one pair.
+    """SIGINT right after the data file's rename waits for the pair's few renames: OUT and its data file are one
+    pair (the old OUT naming the new data file would be out of bounds in ORT).
     The signal is sent to the main thread (`pthread_kill`), where a terminal's Ctrl-C lands when the main thread
-    takes it: sent to the process (`os.kill`) the kernel may give it to any thread of pytest's (round five: the
-    one test that failed the suite on a fresh clone); the next test sends it to another thread on purpose."""
+    takes it: sent to the process (`os.kill`) the kernel may give it to any of pytest's threads, and the test would
+    depend on which; the next test sends it to another thread on purpose."""
     import signal
     import threading
 
@@ -382,8 +381,8 @@ def test_a_ctrl_c_another_thread_takes_is_held_too(tmp_path, monkeypatch):
 
 
 def test_an_out_that_cannot_be_replaced_leaves_its_data_file_as_it_was(tmp_path):
-    """Fourth round: with OUT immutable (`chattr +i`), "could not be written", yet `<OUT>_data` had already been
-    replaced. The existing pair now leaves together or not at all: nothing is replaced."""
+    """With OUT immutable (`chattr +i`), "could not be written" and `<OUT>_data` is not replaced either: the
+    existing pair leaves together or not at all."""
     import shutil
 
     out = tmp_path / "out.onnx"
@@ -400,7 +399,7 @@ def test_an_out_that_cannot_be_replaced_leaves_its_data_file_as_it_was(tmp_path)
 
 
 def test_a_data_file_of_the_users_own_is_not_replaced(tmp_path, monkeypatch):
-    """Fourth round: a user's existing `<OUT>_data` was replaced without a word. A file there that the existing
+    """A user's existing `<OUT>_data` is never replaced without a word. A file there that the existing
     OUT does not name is refused in one line (before any work where the form is known, else when it would be
     written); the data file of the OUT being replaced is replaced with it."""
     own = tmp_path / "out.onnx_data"
@@ -468,10 +467,10 @@ def test_the_next_patch_of_an_out_settles_what_a_killed_patch_moved_aside(tmp_pa
 
 
 def test_replacing_an_out_never_removes_an_input_named_as_its_data(tmp_path):
-    """Fourth-round campaign: an old OUT that names the input's own data file (a copied model), or an input that
-    bears OUT's data file name, was moved aside with the old OUT and removed once the new one was in place: the
-    input's weights, or the input itself, were gone, exit 0. An input is never moved or removed; what the old OUT
-    named of the input's stays where it is."""
+    """An input is never moved or removed when OUT is replaced: an old OUT that names the input's own data file (a
+    copied model), or an input that bears OUT's data file name, would otherwise be moved aside with the old OUT and
+    removed once the new one is in place (the input's weights, or the input itself, gone, exit 0). What the old
+    OUT named of the input's stays where it is."""
     model = onnx.load(str(FIXTURE))
     onnx.save(model, tmp_path / "in.onnx", save_as_external_data=True, location="out.onnx_data", size_threshold=0)
     (tmp_path / "out.onnx").write_bytes((tmp_path / "in.onnx").read_bytes())  # an old OUT naming the same data
@@ -491,9 +490,9 @@ def test_replacing_an_out_never_removes_an_input_named_as_its_data(tmp_path):
 
 
 def test_an_old_outs_data_file_leaves_with_it_whatever_the_new_forms_name(tmp_path):
-    """Fourth-round campaign: an OUT written with `<OUT>.data` (the input's form), then with `<OUT>_data`, left the
-    old `<OUT>.data` behind, and the next run refused it as a user's own. The old OUT's own data files leave with
-    it; a rerun of the first command works."""
+    """An OUT written with `<OUT>.data` (the input's form), then with `<OUT>_data`: the old OUT's own data files
+    leave with it, whatever the new form's name, so none is left behind for the next run to refuse as a user's own;
+    a rerun of the first command works."""
     onnx.save(onnx.load(str(FIXTURE)), tmp_path / "dotted.onnx", save_as_external_data=True,
               location="dotted.onnx.data", size_threshold=0)
     out = tmp_path / "o" / "out.onnx"
@@ -519,9 +518,9 @@ def _fetched(out: Path) -> dict[str, int]:
 
 
 def test_batch_config_says_what_onnx_holds_after_an_entry_fails_or_the_run_stops(tmp_path, monkeypatch):
-    """Fourth-round campaign: a rerun whose entry failed, or that was stopped, left OUTDIR's config.json as DIR's
-    copy while onnx/ kept the earlier run's pair: transformers.js fetched no data file for a model that names one.
-    The config counts the data files each model file in onnx/ names, after a failure and after a stop too."""
+    """The config counts the data files each model file in onnx/ names, after a rerun whose entry failed or that
+    was stopped too: DIR's copy of config.json beside the earlier run's pair in onnx/ would make transformers.js
+    fetch no data file for a model that names one."""
     from deform_surgeon.commands.batch import command as batch_command
 
     src, out = _folder(tmp_path / "in", {"model_type": "birefnet"}), tmp_path / "out"
@@ -562,9 +561,9 @@ def test_an_unchanged_copy_over_a_pair_takes_the_old_data_file_with_it(tmp_path)
 
 
 def test_an_unreadable_model_beside_its_data_file_fails_alone_in_a_batch(tmp_path):
-    """Campaign after the fourth round: a half-downloaded `onnx/model.onnx` beside its `model.onnx_data` refused the
-    whole folder (the data file, no longer recognized as the model's, was to be copied over the output's data file);
-    docs/batch.md says a model that cannot be read fails alone: it does, the other variant is patched, exit 1."""
+    """A half-downloaded `onnx/model.onnx` beside its `model.onnx_data` fails alone, as docs/batch.md says a model
+    that cannot be read does: the other variant is patched, exit 1 (the data file, not recognized as the model's,
+    must not refuse the whole folder as one to be copied over the output's data file)."""
     src, out = _folder(tmp_path / "in", {"model_type": "birefnet"}), tmp_path / "out"
     onnx.save(onnx.load(str(FIXTURE)), src / "onnx" / "model.onnx", save_as_external_data=True,
               location="model.onnx_data", size_threshold=1024)
@@ -578,8 +577,8 @@ def test_an_unreadable_model_beside_its_data_file_fails_alone_in_a_batch(tmp_pat
 
 
 def test_two_write_targets_that_are_hard_links_of_one_file_are_named_so(tmp_path):
-    """Campaign after the fourth round: a --report that is a hard link of OUT's data file was refused as "rep.json
-    and out.onnx_data are both .../rep.json" (the real path of a hard link is itself); it says what they are."""
+    """A --report that is a hard link of OUT's data file is refused as two names of one file, not as "rep.json
+    and out.onnx_data are both .../rep.json" (the real path of a hard link is itself)."""
     from deform_surgeon.files.io_check import FilePlan
 
     (tmp_path / "out.onnx_data").write_bytes(b"")
@@ -590,7 +589,7 @@ def test_two_write_targets_that_are_hard_links_of_one_file_are_named_so(tmp_path
         plan.write("--report", tmp_path / "rep.json")
 
 
-# ------------------------------------------------------------------------------------- fifth round (issue 46)
+# ------------------------------------------------------------------------------- two writers, killed writers
 # A writer run in a process of its own, made to stop before each rename whose target is one of `names` until told to
 # go on, and to say so, and to say when it waits for the folder's lock: the test decides how two writers interleave
 # by answering them, without a clock.
@@ -691,13 +690,13 @@ def _which(out: Path) -> str:
 @pytest.mark.parametrize("second, interleaved", [("patch", True), ("patch", False), ("batch", False)],
                          ids=["patch-interleaved", "patch-after-its-data", "batch-after-its-data"])
 def test_two_writers_of_one_out_leave_the_last_ones_pair_whole(tmp_path, second, interleaved):
-    """Fifth round: two `patch` runs to one OUT at once (`--external-data always`, other weights), their renames
-    interleaved (A's data file, B's data file, B's model, A's model), left A's model beside B's data file, both exit
-    0. Here the first writer stops before its data file's rename, the second (a `patch`, or a `batch DIR OUTDIR`
-    whose output is that OUT) goes as far as it can (`interleaved`: past its checks, to its own first rename), the
-    first puts its data file in place, the second goes on, then the first. Or the second starts only once the
-    first's data file is in place: it judged that file, without its OUT, a file of the user's own and refused it.
-    Now the second waits for the folder's lock, then replaces the first's pair whole."""
+    """Two `patch` runs to one OUT at once (`--external-data always`, other weights) leave one writer's pair
+    whole: with their renames interleaved (A's data file, B's data file, B's model, A's model) A's model would sit
+    beside B's data file, both exit 0. Here the first writer stops before its data file's rename, the second (a
+    `patch`, or a `batch DIR OUTDIR` whose output is that OUT) goes as far as it can (`interleaved`: past its
+    checks, to its own first rename), the first puts its data file in place, the second goes on, then the first.
+    Or the second starts only once the first's data file is in place, which without its OUT looks like a file of
+    the user's own. Either way the second waits for the folder's lock, then replaces the first's pair whole."""
     src, out = tmp_path / "src", tmp_path / "out"
     src.mkdir()
     out.mkdir()
@@ -769,13 +768,12 @@ _KILL_POINTS = [
                          ids=["before-rename-1", "before-rename-2", "before-rename-3", "before-rename-4",
                               "after-the-renames", "new-out-before-its-rename"])
 def test_the_next_patch_settles_every_point_a_killed_writer_stopped_at(tmp_path, point, old, left):
-    """Fifth round: a `patch` replacing an OUT pair, killed (SIGKILL) just before its 2nd rename (the old OUT moved
-    aside, its data file in place) or its 4th (the old pair aside, the new data file in place): the next `patch`
-    exited 2 with "model.onnx_data: exists and is not the external data file of model.onnx ... remove it" (at the
-    2nd point the old OUT's own data file) and the old OUT stayed hidden under its `.old` name; at every point the
-    killed run's temporaries stayed for good. The next write now settles what a killed writer left before it
-    judges the data file: the old pair put back (then replaced) or removed, the temporaries removed, and at a new
-    OUT's point the data file the killed writer had put in place."""
+    """A `patch` replacing an OUT pair, killed (SIGKILL) just before its 2nd rename (the old OUT moved aside, its
+    data file in place) or its 4th (the old pair aside, the new data file in place): the next write settles what
+    the killed writer left before it judges the data file: the old pair put back (then replaced) or removed, the
+    temporaries removed, and at a new OUT's point the data file the killed writer had put in place. Judged
+    unsettled, the data file would read "model.onnx_data: exists and is not the external data file of model.onnx
+    ... remove it" (exit 2), the old OUT would stay hidden under its `.old` name and the temporaries for good."""
     out = tmp_path / "model.onnx"
     if old:
         _old_pair(out)
@@ -791,8 +789,8 @@ def test_the_next_patch_settles_every_point_a_killed_writer_stopped_at(tmp_path,
 
 @pytest.mark.parametrize("point", ["rename2", "rename4"])
 def test_batch_settles_what_a_killed_patch_of_its_output_left(tmp_path, point):
-    """Fifth round: `batch DIR OUTDIR` refused an output a killed `patch` had left halfway (as the next `patch`
-    did); it settles it before it judges, and writes it."""
+    """`batch DIR OUTDIR` settles an output a killed `patch` left halfway before it judges it, as `patch` does,
+    and writes it instead of refusing it."""
     src, out = tmp_path / "src", tmp_path / "out"
     src.mkdir()
     out.mkdir()

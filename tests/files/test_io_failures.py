@@ -124,7 +124,7 @@ def test_a_folder_that_cannot_be_searched_is_one_line(tmp_path, argv, named, pro
 @pytest.mark.parametrize("removed", ["model", "embedded_model", "data"])
 def test_an_input_removed_after_it_was_loaded_is_one_line(tmp_path, removed, stage):
     """The model (weights in an external file, or embedded: read again when the output is written) or its data file
-    removed once loaded: a SurgeonError naming it (it was a FileNotFoundError traceback), nothing written."""
+    removed once loaded: a SurgeonError naming it (not a FileNotFoundError traceback), nothing written."""
     import deform_surgeon as ds
 
     if removed == "embedded_model":
@@ -156,10 +156,10 @@ def test_an_input_removed_after_it_was_loaded_is_one_line(tmp_path, removed, sta
      "the outputs verify compares"),
 ], ids=["patch-lift", "patch-float16-proofs", "verify"])
 def test_a_nearly_full_tmpdir_is_one_line_and_nothing_is_left_there(tmp_path, size, argv, needed_for):
-    """Fifth round: `patch` of the float16 fixture with TMPDIR nearly full died with onnxruntime's traceback from
-    proofs/precision.py (exit 1) and left a `ds-rounding-*` folder there (a child stopped while ORT wrote in a folder
-    of its own). Each use of TMPDIR is now a folder the command removes whatever happens, and a TMPDIR out of space is
-    one line naming it, what the command keeps there and the space it had. (A small tmpfs: root only.)"""
+    """TMPDIR nearly full: each use of TMPDIR is a folder the command removes whatever happens (also a child's,
+    stopped while ORT writes in a folder of its own: no `ds-rounding-*` folder is left), and a TMPDIR out of space is
+    one line naming it, what the command keeps there and the space it had, not onnxruntime's traceback from
+    proofs/precision.py. (A small tmpfs: root only.)"""
     tmpdir = tmp_path / "tmpdir"
     tmpdir.mkdir()
     if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(tmpdir)],

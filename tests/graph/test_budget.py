@@ -263,7 +263,7 @@ def test_orts_default_order_is_the_walk_taking_the_highest_index_first(name, tmp
 
 @pytest.mark.parametrize("symbolic", [False, True], ids=["static", "symbolic-height"])
 def test_budget_sees_the_sizes_patch_sees(tmp_path, symbolic):
-    """Issue 34: `budget` reads the type table `patch` reads (one strict inference, the Swin pads to whole windows
+    """`budget` reads the type table `patch` reads (one strict inference, the Swin pads to whole windows
     evaluated), so its count of tensors of unknown size is what `patch`'s type table leaves unknown: none on the
     Swin pad replica, where plain ONNX inference loses the Pad's output and the MatMul after it; with a symbolic
     height (the pads are then not static), the same tensors for both."""

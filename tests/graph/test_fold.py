@@ -219,7 +219,7 @@ REAL_FP16 = os.environ.get("DEFORM_SURGEON_REAL_BIREFNET_FP16")
                                           "(BiRefNet's own code, random weights) to compare")
 def test_the_fp16_replicas_have_the_real_exports_cast_pattern(tmp_path):
     """Development check of what the fp16 replicas stand for, against the real BiRefNet-lite fp16 export (run with
-    DEFORM_SURGEON_REAL_BIREFNET_FP16=/tmp/birefnet/out/birefnet_lite_512_fp16.onnx; measured 2026-12-01: passes).
+    DEFORM_SURGEON_REAL_BIREFNET_FP16=/tmp/birefnet/out/birefnet_lite_512_fp16.onnx: it passes).
     The Swin replica's static float16 cone has the real one's Casts: Gather -> Cast(INT64) -> Cast(FLOAT16) -> Div,
     Ceil -> Cast(INT64) -> Mul, Not / Equal -> Cast(BOOL) -> Where, Where -> Cast(FLOAT16) -> Shape, Unsqueeze
     (the Cast-fixed mask), ...; the real one has three more, all int64 -> int64 (each block's padding/roll

@@ -69,7 +69,7 @@ def test_decoder_tail_fits_the_limit_and_is_byte_identical(tmp_path, current):
 
 
 def test_a_resize_read_by_an_add_is_computed_in_channel_groups_with_the_add(tmp_path):
-    """BiRefNet_HR's form (issue 34): the Resize is read by an Add with a lateral Conv's output, and the Add by the
+    """BiRefNet_HR's form: the Resize is read by an Add with a lateral Conv's output, and the Add by the
     channel Concat. The Add is carried per channel group, reading the lateral Conv computed for the group's
     channels; nothing is over the limit and the bytes are those of the original at both levels."""
     src, out, limit = tmp_path / "hr.onnx", tmp_path / "hr.patched.onnx", 300 * KiB
@@ -97,7 +97,7 @@ def pyramid_tail(lateral_op: str = "Add") -> onnx.ModelProto:
 
 
 def test_a_channel_concat_several_nodes_read_is_taken_apart_by_its_readers(tmp_path):
-    """BiRefNet_HR's image pyramid (issue 34: '/Concat_3', 192 MiB at 2048): a channel Concat read by the lateral
+    """BiRefNet_HR's image pyramid ('/Concat_3', 192 MiB at 2048): a channel Concat read by the lateral
     Conv, a Resize (sizes from its Shape) and Shapes. Each reader takes its part from the Concat's inputs: the Shapes
     become Constants, the Resize one Resize per input joined on the channels (shown exact on its own), and the
     lateral Conv's channel groups (made for the upsampling's groups), its only readers then, are computed in row

@@ -89,7 +89,7 @@ def test_lowered_deform_conv_is_byte_identical_to_ort_cpu(tmp_path: Path, case: 
 def test_float16_deform_conv_is_lowered_between_casts_with_ort_cpus_bytes(tmp_path: Path, case: str) -> None:
     """ORT CPU has a float32 DeformConv kernel only: a float16 node runs between Casts it inserts (every input to
     float32, the output back), at every optimisation level. The lowering does the same; NaN, infinite and far
-    offsets included, the bytes are ORT's (it was refused as having "no float64")."""
+    offsets included, the bytes are ORT's (not refused as having "no float64")."""
     model = deform_conv(**CASES[case], dtype=np.float16)
     src, dst, report = patched(tmp_path, model)
     assert [(a.pass_name, a.action) for a in report.actions] == [("deform_conv", Outcome.REWRITTEN)]
@@ -112,8 +112,8 @@ def test_float16_deform_conv_is_lowered_between_casts_with_ort_cpus_bytes(tmp_pa
 ])
 def test_a_deform_conv_that_cannot_be_lowered_is_refused_before_anything_is_built(tmp_path: Path, kind: str,
                                                                                    argv: list, why: str) -> None:
-    """An empty batch or no channels (valid to onnx.checker) divided by zero in the chunking; a 16384 x 16384
-    input in a 372-byte file built gigabytes of constants and ended in MemoryError: each is refused with its
+    """An empty batch or no channels (valid to onnx.checker) would divide by zero in the chunking; a 16384 x 16384
+    input in a 372-byte file would build gigabytes of constants and end in MemoryError: each is refused with its
     reason, and the whole command stays small (run under a 3 GiB address-space limit; the refusal needs ~60 MB)."""
     model = {"empty_batch": lambda: deform_conv(n=0), "no_channels": lambda: deform_conv(c=0),
              "huge": lambda: deform_conv(c=1, m=1, h=16384, w=16384, mask=False, bias=False)}[kind]()

@@ -667,7 +667,7 @@ def test_an_8bit_block_is_refused_with_why_no_split_is_exact(tmp_path):
     """The 8-bit files (onnxruntime.quantization's dynamic quantization, as transformers.js's model_quantized): the
     block's sampled values are read by a DynamicQuantizeLinear, which quantizes the whole tensor with one scale. A
     split would need that scale from the chunks' min and max, the same as ORT's only without NaN: refused, saying
-    so (issue 34, item 2)."""
+    so."""
     from helpers.variant_replicas import build_variants
 
     import deform_surgeon as ds

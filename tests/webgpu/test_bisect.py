@@ -185,10 +185,10 @@ def test_an_interrupted_search_goes_on_from_its_replay_file(chain64: Path, tmp_p
 
 
 def test_a_replay_file_the_runs_contradict_is_not_believed(chain64: Path, tmp_path: Path) -> None:
-    """Fourth round: a file whose verdicts this run contradicts (every run timed out and was recorded `fails`; a
-    file saying the whole model agrees; a hand-edited one naming a node that differs where it does not) named a
-    wrong node or "nothing differs". The whole model is always run, and where a run contradicts the file the search
-    goes on from what was measured now, and says so."""
+    """A replay file whose verdicts this run contradicts (every run timed out and was recorded `fails`; a file
+    saying the whole model agrees; a hand-edited one naming a node that differs where it does not) must not name a
+    wrong node or "nothing differs": the whole model is always run, and where a run contradicts the file the search
+    goes on from what this run measured, and says so."""
     replay = tmp_path / "search.json"
     bisect_with(chain64, PlantedRuntime(planted={"n37"}), "stub", replay=replay)
     data = json.loads(replay.read_text())
@@ -226,7 +226,8 @@ def test_a_replay_file_of_another_model_or_timeout_is_refused(chain64: Path, tmp
                                   "[" * 5000 + "]" * 5000], ids=["infinity", "deep"])
 def test_a_replay_file_with_an_infinite_step_or_deep_nesting_is_one_line(chain64: Path, tmp_path: Path,
                                                                         text: str) -> None:
-    """Fourth round: OverflowError and RecursionError tracebacks (the file of an empty search is another search)."""
+    """An infinite step or deep nesting is refused in one line naming the file, not an OverflowError or
+    RecursionError traceback (the file of an empty search is another search)."""
     replay = tmp_path / "search.json"
     replay.write_text(text)
     with pytest.raises(ds.SurgeonError, match="is not a bisect replay file|records another search: model") as info:
@@ -315,8 +316,8 @@ def test_inputs_from_a_file_and_bad_input_are_one_line(chain64: Path, tmp_path: 
 
 @pytest.mark.parametrize("case", ["empty", "not_a_zip", "huge_header", "fifo", "dtype", "shape"])
 def test_bad_inputs_files_are_one_line(chain64: Path, tmp_path: Path, case: str) -> None:
-    """Fourth round: an empty .npz (EOFError), a header claiming 37 GiB (MemoryError), a FIFO (hung), an array of
-    the wrong dtype or shape (reported as "ORT CPU fails on this model"): each one line naming the file."""
+    """An empty .npz (else EOFError), a header claiming 37 GiB (else MemoryError), a FIFO (else a hang), an array of
+    the wrong dtype or shape (else "ORT CPU fails on this model"): each is one line naming the file."""
     import os
     import zipfile
 
@@ -344,7 +345,8 @@ def test_bad_inputs_files_are_one_line(chain64: Path, tmp_path: Path, case: str)
 
 
 def test_a_model_with_duplicate_node_names_is_one_line(chain64: Path, tmp_path: Path) -> None:
-    """Fourth round: onnx.checker passes it, ORT refuses it, and bisect ended in a traceback in the repro window."""
+    """onnx.checker passes such a model and ORT refuses it: bisect says so in one line naming the file, not in a
+    traceback in the repro window."""
     model = onnx.load(str(chain64))
     model.graph.node[3].name = model.graph.node[2].name
     path = tmp_path / "twice.onnx"
@@ -538,8 +540,8 @@ def test_a_tensor_shape_inference_cannot_type_is_typed_from_ort_cpu(tmp_path: Pa
 
 @pytest.mark.parametrize("step", [-1, 100_000, 9.5, True, "9", None])
 def test_a_replay_file_with_an_impossible_step_is_one_line(chain64: Path, tmp_path: Path, step) -> None:
-    """Fourth-round campaign: steps of -1, past the model, 9.5, true or "9" were taken (a string read as its
-    number); a step is a whole number of nodes of this model, or the file is refused in one line."""
+    """Steps of -1, past the model, 9.5, true or "9" (a string not read as its number) are not taken: a step is a
+    whole number of nodes of this model, or the file is refused in one line."""
     import json
 
     replay = tmp_path / "search.json"
@@ -553,7 +555,8 @@ def test_a_replay_file_with_an_impossible_step_is_one_line(chain64: Path, tmp_pa
 
 
 def test_a_replay_file_with_a_key_this_search_has_not_names_it(chain64: Path, tmp_path: Path) -> None:
-    """Fourth-round campaign: an extra key in `search` gave "records another search: " with nothing after it."""
+    """An extra key in `search` is named in the refusal ("records another search: extra 1"), not left as
+    "records another search: " with nothing after it."""
     import json
 
     replay = tmp_path / "search.json"

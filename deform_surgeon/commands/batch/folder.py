@@ -110,7 +110,7 @@ def _data_name(model: Path, src: Path) -> dict:
 def _folder_link(path: Path, src: Path) -> bool:
     """Whether the walk of DIR goes into `path`: yes for a folder, and for a link to a folder inside DIR (its
     models and files are patched and copied under the link's name, as `cp -rL` would); a link to a folder outside
-    DIR, or to one that holds the link (a loop), is refused, one line: it used to be skipped without a word."""
+    DIR, or to one that holds the link (a loop), is refused, one line, never skipped without a word."""
     if not path.is_symlink():
         return True
     try:

@@ -23,8 +23,9 @@ export function errorText(e) {
   return msg;
 }
 
-// The one JS copy of deform_surgeon/checks/verdict.py's split_errors / summarize_errors (tests/test_verdict.py runs both
-// on the same text): the page collects its WebGPU errors before any server round trip.
+// The one JS copy of deform_surgeon/checks/verdict.py's split_errors / summarize_errors
+// (tests/checks/test_verdict.py runs both on the same text): the page collects its WebGPU errors before any
+// server round trip.
 const ERROR_START = /^(?=GPU validation error for kernel |GPUValidationError: |GPUOutOfMemoryError: |GPUInternalError: |device lost )/m;
 const KERNEL_NAME = /kernel "\[([^\]"]+)\] [^"]*"/g;
 

@@ -23,7 +23,7 @@ from ...base import js_runtimes as runtimes
 # What `setup` downloads for this package-lock.json, said before it starts: the npm tarballs of the 49 packages it
 # installs (sizes from npm's cache after `npm ci`) and the folder they unpack to (`du -sb` of the install);
 # onnxruntime-node is most of it (114 MB download, 301 MB on disk), then transformers.js with its own
-# onnxruntime-web. tests/test_runtimes.py checks the installed size against an install of this lock, so a new lock
+# onnxruntime-web. tests/base/test_runtimes.py checks the installed size against an install of this lock, so a new lock
 # cannot leave these numbers stale.
 DOWNLOAD_BYTES = 247_034_791
 INSTALLED_BYTES = 784_283_499
