@@ -24,7 +24,7 @@ WINDOWS, HEADS, N = 300, 4, 64  # the stored sum: 300 x 4 x 64 x 64 float32, 19.
 SUM = "/attn/Add_output_0"
 
 
-def _swin_scores(path: Path, input_type: int = TensorProto.FLOAT) -> Path:
+def _swin_scores(path: Path, input_type: int = TensorProto.FLOAT, windows: int | str = WINDOWS) -> Path:
     rng = np.random.default_rng(0)
     table = numpy_helper.from_array(rng.standard_normal((N * N, HEADS)).astype(np.float32), "table")
     index = numpy_helper.from_array(rng.integers(0, N * N, N * N).astype(np.int64), "index")
@@ -41,14 +41,14 @@ def _swin_scores(path: Path, input_type: int = TensorProto.FLOAT) -> Path:
         helper.make_node("Unsqueeze", ["m", "ax1"], ["window_mask"], name="/attn/Unsqueeze_mask"),
         helper.make_node("Add", ["bias", "window_mask"], [SUM], name="/attn/Add"),
     ]
-    inputs = [helper.make_tensor_value_info("scores", input_type, [WINDOWS, HEADS, N, N])]
+    inputs = [helper.make_tensor_value_info("scores", input_type, [windows, HEADS, N, N])]
     if input_type != TensorProto.FLOAT:
         nodes.append(helper.make_node("Cast", ["scores"], ["scores_f"], to=TensorProto.FLOAT, name="/Cast"))
     nodes += [helper.make_node("Add", ["scores" if input_type == TensorProto.FLOAT else "scores_f", SUM], ["a"],
                                name="/attn/Add_1"),
               helper.make_node("Softmax", ["a"], ["probs"], axis=-1, name="/attn/Softmax")]
     graph = helper.make_graph(nodes, "swin_scores", inputs,
-                              [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [WINDOWS, HEADS, N, N])],
+                              [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [windows, HEADS, N, N])],
                               [table, index, mask, *shapes])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     onnx.checker.check_model(model, full_check=True)
@@ -95,6 +95,16 @@ def test_without_a_float32_input_it_is_left_and_says_why(tmp_path: Path) -> None
     (action,) = _unfold_actions(report)
     assert action["action"] == "refused" and action["reason"].endswith(
         "left: no float32 graph input to compute the run-time flag from"), action
+
+
+def test_with_input_shapes_it_is_not_asked_and_says_why(tmp_path: Path) -> None:
+    """ORT reads the file, whose dims --input-shapes fixes only in memory: what it would store there is not what
+    the written model holds, so the wasm profile does not ask and the report says so."""
+    original = _swin_scores(tmp_path / "swin_dynamic.onnx", windows="windows")
+    report = ds.patch(original, tmp_path / "out.onnx", device_profile="wasm", copy_unchanged=True,
+                      input_shapes={"scores": [WINDOWS, HEADS, N, N]})
+    (action,) = _unfold_actions(report)
+    assert action["action"] == "refused" and action["reason"].startswith("not asked: ORT reads the file"), action
 
 
 @pytest.mark.webgpu

@@ -126,6 +126,9 @@ def lift_model(model_path: str | Path, options: Options, state: RunState | None 
         unfolded = stored.unfold(model, types)
         early = None if any(a.action is Outcome.REWRITTEN for a in unfolded) else early
         whole += unfolded
+    elif options.device_profile == WASM and fixed and not reduced:
+        whole.append(Action(UNFOLD, "(the model)", "-", Outcome.REFUSED, "not asked: ORT reads the file, whose input "
+                            "dims --input-shapes fixed only in memory; patch a file with fixed dims for the wasm heap"))
     oversize, over_at_smallest = over_limit(types, options.max_buffer)
     if oversize:  # the region grows by the nodes that make or read them: the early lift does not hold them
         early = None
