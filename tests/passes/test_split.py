@@ -328,7 +328,7 @@ def small_1024_runs(tmp_path_factory) -> dict:
     """birefnet4_1024_small split at 1 MiB (256x below 256 MiB, as its 7x7 block is 256x below BiRefNet's), run
     once on each runtime; on node also the unsplit patched model, to compare the GPU outputs byte for byte."""
     from deform_surgeon.webgpu.placement import measure_placement, missing_setup
-    from deform_surgeon.webgpu.placement import runner as runner_mod
+    from deform_surgeon.webgpu.placement import outcome as outcome_mod  # finish_run compares the outputs there
 
     if missing_setup() is not None:
         pytest.skip(f"WebGPU runtimes not set up: {missing_setup()}")
@@ -338,7 +338,7 @@ def small_1024_runs(tmp_path_factory) -> dict:
     report = patch(src, split, max_buffer=MiB, verify=True, verify_options={"iterations": 1})
     patch(src, unsplit)
     captured: dict = {}
-    original = runner_mod.compare_outputs
+    original = outcome_mod.compare_outputs
     jobs = [(rt, split) for rt in _WEBGPU_RUNTIMES] + [("node", unsplit)]
     results = {}
     try:
@@ -349,11 +349,11 @@ def small_1024_runs(tmp_path_factory) -> dict:
                 captured[key] = {k: None if v is None else np.array(v) for k, v in got.items()}
                 return original(got, ref)
 
-            runner_mod.compare_outputs = capture
+            outcome_mod.compare_outputs = capture
             results[(rt, path.name)] = measure_placement(path, runtime=runtime, bundle=bundle or "webgpu", run=True,
                                                          timeout=1200)
     finally:
-        runner_mod.compare_outputs = original
+        outcome_mod.compare_outputs = original
     return {"report": report, "results": results, "outputs": captured, "split": split.name, "unsplit": unsplit.name}
 
 

@@ -8,7 +8,7 @@ Two kinds of tests:
   fail. It stands in for a WebGPU runtime so that the search itself (the node named at the start, middle and end of
   a long chain, the number of runs, nothing named for a model that agrees, the repro) is checked in seconds. The
   stub is a stand-in for the search's tests only; the verdicts come from the real comparison code
-  (`runner.compare_outputs`, `runner.reference_outputs`, verdict.py).
+  (`model_io.compare_outputs`, `model_io.reference_outputs`, verdict.py).
 - On the **real runtimes** (`webgpu` marker): the JSEP bug of the exporter's rank-5 GatherND on
   `decoder_gathernd.onnx` in headless Chromium, nothing for its patched form, and a 32-output Split that fails on
   onnxruntime-node's WebGPU EP.

@@ -82,7 +82,7 @@ def test_serves_its_page_models_and_runtime_files(server, patched: Path) -> None
     assert [m["label"] for m in config["models"]] == ["original", "patched"]
     assert config["models"][0]["inputs"] == [{"name": "image", "dtype": "float32", "dims": [1, 3, 64, 64]}]
     assert config["profile"]["name"] == "spec-default" and config["profile"]["limits"] == SPEC_DEFAULT_LIMITS
-    assert config["bundles"] == ["webgpu", "jsep"] and config["tolerance"] == GPU_TOLERANCE
+    assert config["bundles"] == ["webgpu", "jsep", "wasm"] and config["tolerance"] == GPU_TOLERANCE
 
 
 def test_default_profile_is_the_browser_adapters_own(tmp_path: Path) -> None:

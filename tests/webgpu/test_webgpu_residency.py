@@ -22,7 +22,8 @@ creates the session but could not run it.
 Cost: every measurement is a real session (a Chromium per browser measurement), ~25 of them; they are all
 started once, in a module-scoped pool of ``DS_WEBGPU_JOBS`` (default 2) workers, and every test reads the shared
 results. Raw GPU outputs are not part of :class:`Placement` (its ``run`` holds only the comparison with ORT CPU),
-so the pool captures them by wrapping ``runner.compare_outputs``, which receives them.
+so the pool captures them by wrapping ``outcome.compare_outputs``, which receives them (placement/outcome.py's
+``finish_run`` calls it).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from onnx import TensorProto, helper
 import deform_surgeon as ds
 from deform_surgeon.base import js_runtimes as runtimes
 from deform_surgeon.webgpu.placement import Placement, measure_placement, missing_setup
+from deform_surgeon.webgpu.placement import outcome as outcome_mod
 from deform_surgeon.webgpu.placement import runner as runner_mod
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
@@ -96,7 +98,7 @@ def _measure(model: Path, runtime_id: str, **kw: Any) -> Measured:
     p = measure_placement(model, runtime=runtime, bundle=bundle or "webgpu", timeout=TIMEOUT, **kw)
     outputs = _captured.outputs if p.run is not None and p.run.get("ok") else None
     if p.run is not None and p.run.get("ok") and outputs is None:
-        raise AssertionError("the run succeeded but its outputs were not captured: runner.compare_outputs moved?")
+        raise AssertionError("the run succeeded but its outputs were not captured: outcome.compare_outputs moved?")
     return Measured(p, outputs, time.monotonic() - t0)
 
 
@@ -223,7 +225,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory):
         "idx1": rng.integers(0, 660, 560).astype(np.int64),
     }
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(runner_mod, "compare_outputs", _capturing(runner_mod.compare_outputs))
+        mp.setattr(outcome_mod, "compare_outputs", _capturing(outcome_mod.compare_outputs))
         lab = Lab(work, models, (repro_model(work / "repro.onnx"), feeds))
         try:
             yield lab
