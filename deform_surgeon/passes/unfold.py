@@ -117,11 +117,12 @@ def unfold_large_broadcasts(model: onnx.ModelProto, types: TypeTable, stored: di
     wrapped: list[Candidate] = []
     for c in found:
         node = nodes[c.index]
+        read_by = readers.get(node.output[0], [])
         why = "no float32 graph input to compute the run-time flag from" if source is None else None
         if why is None:
-            question = _question(node, c, readers.get(node.output[0], []))
+            question = _question(node, c, read_by)
             if question not in proven:
-                proven[question] = _prove(model.opset_import, node, c, readers.get(node.output[0], []), types)
+                proven[question] = _prove(model.opset_import, node, c, read_by, types)
             why = proven[question]
         stored_text = f"ORT stores its float32{list(c.shape)} result ({human(c.nbytes)}) for the session's life"
         if why is not None:
@@ -179,7 +180,7 @@ def _apply(graph: onnx.GraphProto, nodes: list[onnx.NodeProto], wrapped: list[Ca
 def _question(node: onnx.NodeProto, c: Candidate, readers: list[onnx.NodeProto]) -> tuple:
     """What decides the proof: ops, attributes and shapes (values never decide how ORT fuses or splits)."""
     def attrs(n: onnx.NodeProto) -> tuple:
-        return tuple(sorted((a.name, str(helper.get_attribute_value(a))) for a in n.attribute))
+        return tuple(sorted((k, str(v)) for k, v in _attrs(n).items()))
     return (node.op_type, attrs(node), c.inputs, c.shape, c.smallest,
             tuple((r.op_type, attrs(r), tuple(j for j, i in enumerate(r.input) if i == node.output[0]))
                   for r in readers))
@@ -188,16 +189,18 @@ def _question(node: onnx.NodeProto, c: Candidate, readers: list[onnx.NodeProto])
 def _prove(opset, node: onnx.NodeProto, c: Candidate, readers: list[onnx.NodeProto], types: TypeTable) -> str | None:
     """None when the node stored (as ORT folds it) and computed (through the Where) give its readers' outputs the
     same bytes on ORT CPU at both levels and every thread-count class of their kernels; else why not."""
-    sides = [_side(opset, node, c, readers, types, at_run_time) for at_run_time in (False, True)]
-    if isinstance(sides[0], str):
-        return sides[0]
+    stored_side = _side(opset, node, c, readers, types, at_run_time=False)
+    if isinstance(stored_side, str):
+        return stored_side  # (the computed side would fail alike: the same readers)
+    computed_side = _side(opset, node, c, readers, types, at_run_time=True)
     rng = np.random.default_rng(SEED)
-    feeds = {v.name: _seeded(rng, v) for v in sides[0].graph.input}
+    feeds = {v.name: _seeded(rng, v) for v in stored_side.graph.input}
     flag = {"flag_source": np.ones(1, np.float32)}
+    counts = thread_counts(kernels_of(stored_side), os.cpu_count() or 1)  # shape inference: once, not per level
     for level in LEVELS:
-        for threads in thread_counts(kernels_of(sides[0]), os.cpu_count() or 1):
-            stored = run_ort_cpu(sides[0], feeds, level, threads=threads, quiet=True)
-            computed = run_ort_cpu(sides[1], feeds | flag, level, threads=threads, quiet=True)
+        for threads in counts:
+            stored = run_ort_cpu(stored_side, feeds, level, threads=threads, quiet=True)
+            computed = run_ort_cpu(computed_side, feeds | flag, level, threads=threads, quiet=True)
             if any(a.tobytes() != b.tobytes() for a, b in zip(stored, computed, strict=True)):
                 return f"its readers' outputs differ at level '{level}', {threads} thread(s)"
     return None
